@@ -1,0 +1,51 @@
+"""The ``neffcache`` command: one entry point, one module per subcommand.
+
+Every subcommand reports a bad input as one line on stderr and exit code 2, never a
+traceback: a CLI's users are people and shell scripts, not Python callers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from neffcache.keying import KeyingError
+
+from . import _key_cmd
+from ._common import CommandError
+
+_COMMANDS = (_key_cmd,)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="neffcache",
+        description="A shared compilation cache for AWS Neuron.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in _COMMANDS:
+        command.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    # Everything after the first "--" is compiler flags, passed through untouched:
+    # argparse would otherwise try to read "--model-type" as one of its own options.
+    extra: list[str] = []
+    if "--" in args_in:
+        cut = args_in.index("--")
+        args_in, extra = args_in[:cut], args_in[cut + 1 :]
+    parser = build_parser()
+    args = parser.parse_args(args_in)
+    try:
+        code: int = args.run(args, extra)
+    except (CommandError, KeyingError) as exc:
+        print(f"neffcache {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""Compiler flags: the normalized list that goes into neffcache's key, and the stock
+Neuron flags hash (the 8 hex digits after ``+`` in ``MODULE_<key>+<hash>``).
+
+Normalization (``normalize_flags``) answers "would the compiler produce the same NEFF?":
+
+* wrapper-only flags are removed: libneuronxla parses them out of NEURON_CC_FLAGS and
+  never passes them to neuronx-cc (facts §2, §15);
+* output-neutral flags are removed: they name files or set log verbosity (facts §4.3
+  item 7, §13 item 3), each listed below with its reason;
+* the ``compile`` command word and positional arguments (the input path) are removed;
+* spellings are unified: ``--k v`` becomes ``--k=v``, and documented aliases
+  (``-O2``, ``-O 2``, ``--optlevel 2``; ``-lnc``, ``--lnc``) take one name;
+* flags are ordered by name; flags of the same name keep their relative order, because
+  the compiler's argument parser lets the last one win (or appends), so that order
+  matters while the order of different flags does not.
+
+The stock hash (``neuron_flags_hash``) is the opposite: it reproduces the SDK's
+formula byte for byte, spelling and order included, so addresses interoperate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+
+from ._errors import KeyingError
+
+# Flags libneuronxla's wrapper consumes itself (facts §2): they never reach the compiler.
+WRAPPER_ONLY_FLAGS: Mapping[str, str] = {
+    "--cache_dir": "where the persistent cache lives; parsed by the wrapper",
+    "--no_cache": "turns the persistent cache off; parsed by the wrapper",
+    "--retry_failed_compilation": "whether to replay a cached failure; parsed by the wrapper",
+    "--log_level": "the wrapper's own log level",
+    "--dump": "where the wrapper dumps inputs for debugging",
+    "--compile_workdir": "the wrapper's scratch directory",
+}
+
+# Compiler flags that cannot change the NEFF's contents.
+OUTPUT_NEUTRAL_FLAGS: Mapping[str, str] = {
+    "--logfile": "a log path; NxD puts its per-run work dir here (facts §13.3), so keeping "
+    "it would miss whenever the work dir moves",
+    "--verbose": "log verbosity only; the wrapper adds --verbose=35 itself (facts §4.3.7)",
+    "--output": "where to write the NEFF, not what it contains",
+    "--framework": "the input format; neffcache only keys HloModuleProto input, which is "
+    "always --framework=XLA",
+}
+
+# Wrapper-only flags that take no value.
+_BOOLEAN_WRAPPER_FLAGS = frozenset({"--no_cache", "--retry_failed_compilation"})
+
+# Compiler flags documented as switches (neuronx-cc CLI reference): a word after one
+# of these is a positional argument, never its value.
+_BOOLEAN_FLAGS = frozenset(
+    {
+        "--enable-mixed-precision-accumulation",
+        "--enable-saturate-infinity",
+        "--enable-fast-context-switch",
+        "--enable-fast-loading-neuron-binaries",
+        "--enable-internal-neff-wrapper",
+        *_BOOLEAN_WRAPPER_FLAGS,
+    }
+)
+
+# Compiler flags documented as taking a value: the next word is their value even when
+# it starts with "-" (``--tensorizer-options '--foo'``).
+_VALUE_FLAGS = frozenset(
+    {
+        "--target",
+        "--model-type",
+        "--auto-cast",
+        "--auto-cast-type",
+        "--native-int64",
+        "--implicit-integer-downcast",
+        "--distribution-strategy",
+        "--logical-nc-config",
+        "--optlevel",
+        "--execute-repetition",
+        "--tensorizer-options",
+        "--logfile",
+        "--output",
+        "--verbose",
+        "--framework",
+        "--cache_dir",
+        "--log_level",
+        "--dump",
+        "--compile_workdir",
+    }
+)
+
+# Flags that take several words (``--pipeline compile SaveTemps``).
+_MULTI_VALUE_FLAGS = frozenset({"--pipeline"})
+
+# Alias -> the name the compiler documents.
+_ALIASES: Mapping[str, str] = {
+    "-O": "--optlevel",
+    "-lnc": "--logical-nc-config",
+    "--lnc": "--logical-nc-config",
+}
+
+_DROPPED = frozenset(WRAPPER_ONLY_FLAGS) | frozenset(OUTPUT_NEUTRAL_FLAGS)
+
+
+def split_flags(flags: str | Sequence[str]) -> list[str]:
+    """Split a flags string the way a shell would; a sequence is taken as tokens."""
+    if isinstance(flags, str):
+        try:
+            return shlex.split(flags)
+        except ValueError as exc:
+            raise KeyingError(f"cannot split compiler flags {flags!r}: {exc}") from exc
+    tokens = list(flags)
+    for token in tokens:
+        if not isinstance(token, str):
+            raise KeyingError(f"compiler flags must be strings, got {token!r}")
+    return tokens
+
+
+def normalize_flags(flags: str | Sequence[str]) -> list[str]:
+    """Return the flags that can change the compiled NEFF, in one canonical spelling.
+
+    >>> normalize_flags("--model-type transformer -O1 --cache_dir=/c --logfile=/w/log")
+    ['--model-type=transformer', '--optlevel=1']
+
+    Idempotent: normalizing a normalized list returns it unchanged.
+    """
+    options = _parse_options(split_flags(flags))
+    kept = [(name, value) for name, value in options if name not in _DROPPED]
+    # Stable: same-name flags keep their order (last one wins in the compiler).
+    kept.sort(key=lambda option: option[0])
+    return [name if value is None else f"{name}={value}" for name, value in kept]
+
+
+def _parse_options(tokens: list[str]) -> list[tuple[str, str | None]]:
+    """Pair each flag with its value; drop the command word and positional arguments."""
+    options: list[tuple[str, str | None]] = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        i += 1
+        if not token.startswith("-") or token in ("-", "--"):
+            continue  # "compile", the input path, or a bare separator
+        name, value = _split_token(token)
+        if value is None and name not in _BOOLEAN_FLAGS:
+            if name in _MULTI_VALUE_FLAGS:
+                words = []
+                while i < len(tokens) and not tokens[i].startswith("-"):
+                    words.append(tokens[i])
+                    i += 1
+                value = " ".join(words) if words else None
+            elif i < len(tokens) and (name in _VALUE_FLAGS or not tokens[i].startswith("-")):
+                value = tokens[i]
+                i += 1
+        options.append((name, value))
+    return options
+
+
+def _split_token(token: str) -> tuple[str, str | None]:
+    if token.startswith("-O") and not token.startswith("--") and len(token) > 2:
+        return "--optlevel", token[2:]  # -O2
+    name, sep, value = token.partition("=")
+    name = _ALIASES.get(name, name)
+    return name, (value if sep else None)
+
+
+def neuron_cache_flags(flags: str | Sequence[str], target: str | None) -> list[str]:
+    """The flag list libneuronxla hashes for a stock cache address (facts §4.3, §4.4).
+
+    Wrapper-only flags are removed; everything else keeps its spelling and order;
+    ``--target=<target>`` is prepended, as the torch-xla/PJRT path does, unless the
+    flags already carry a ``--target``.
+    """
+    tokens = split_flags(flags)
+    kept: list[str] = []
+    skip_value = False
+    for token in tokens:
+        if skip_value:
+            skip_value = False
+            if not token.startswith("-"):
+                continue
+        name = token.partition("=")[0]
+        if name in WRAPPER_ONLY_FLAGS:
+            skip_value = "=" not in token and name not in _BOOLEAN_WRAPPER_FLAGS
+            continue
+        kept.append(token)
+    has_target = any(token.partition("=")[0] == "--target" for token in kept)
+    if target is not None and not has_target:
+        kept.insert(0, f"--target={target}")
+    return kept
+
+
+def neuron_flags_hash(flags: Sequence[str], *, legacy: bool = False) -> str:
+    """The 8-hex flags suffix of a stock Neuron cache directory (facts §4.3).
+
+    Current libneuronxla: ``md5(json.dumps(flags))[:8]`` over the token list.
+    ``legacy=True`` (neuronxcc up to about 2.13): ``md5(" ".join(flags))[:8]``; a string
+    is then hashed exactly as given, so its spacing is preserved.
+
+    >>> neuron_flags_hash(["--target=trn1", "--model-type=transformer"])
+    '3cc9a3cb'
+    """
+    if isinstance(flags, str):
+        if not legacy:
+            raise KeyingError(
+                "neuron_flags_hash needs the flag tokens as a list for the current "
+                "(JSON) formula; pass legacy=True to hash a raw flags string"
+            )
+        preimage = flags
+    else:
+        tokens = split_flags(flags)
+        preimage = " ".join(tokens) if legacy else json.dumps(tokens)
+    return hashlib.md5(preimage.encode("utf-8"), usedforsecurity=False).hexdigest()[:8]

@@ -1,0 +1,61 @@
+"""The stock Neuron cache address: ``neuronxcc-<version>/MODULE_<key>+<flags8>``.
+
+neffcache stores this address beside its own key so existing caches, tools such as
+``neuron_parallel_compile`` and exports interoperate. The ``<key>`` part is whatever
+the SDK chose (a decimal uint64 on the PJRT path, 20 hex digits for NxD and
+transformers-neuronx; facts §4.2): its algorithm is not public, so it is observed,
+never computed here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ._compiler import check_compiler_version
+from ._errors import KeyingError
+
+_ADDRESS = re.compile(
+    r"^neuronxcc-(?P<version>[^/]+)/MODULE_(?P<module_key>[0-9A-Za-z]{1,128})"
+    r"\+(?P<flags_hash>[0-9a-f]{8})$"
+)
+_MODULE_KEY = re.compile(r"^[0-9A-Za-z]{1,128}$")
+_FLAGS_HASH = re.compile(r"^[0-9a-f]{8}$")
+
+
+@dataclass(frozen=True)
+class NeuronAddress:
+    """A parsed stock address; ``str()`` gives it back."""
+
+    compiler_version: str
+    module_key: str
+    flags_hash: str
+
+    def __post_init__(self) -> None:
+        check_compiler_version(self.compiler_version)
+        if not _MODULE_KEY.match(self.module_key):
+            raise KeyingError(f"module key {self.module_key!r} is not 1-128 letters or digits")
+        if not _FLAGS_HASH.match(self.flags_hash):
+            raise KeyingError(f"flags hash {self.flags_hash!r} is not 8 lowercase hex digits")
+
+    def __str__(self) -> str:
+        return f"neuronxcc-{self.compiler_version}/MODULE_{self.module_key}+{self.flags_hash}"
+
+
+def neuron_address(compiler_version: str, module_key: str, flags_hash: str) -> str:
+    """Format a stock address, validating every part.
+
+    >>> neuron_address("2.20.9961.0+0acef03a", "16518787498567201059", "3cc9a3cb")
+    'neuronxcc-2.20.9961.0+0acef03a/MODULE_16518787498567201059+3cc9a3cb'
+    """
+    return str(NeuronAddress(compiler_version, module_key, flags_hash))
+
+
+def parse_neuron_address(address: str) -> NeuronAddress:
+    """Parse ``neuronxcc-<ver>/MODULE_<key>+<flags8>``; KeyingError if it is not one."""
+    match = _ADDRESS.match(address)
+    if match is None:
+        raise KeyingError(
+            f"{address!r} is not a Neuron cache address neuronxcc-<version>/MODULE_<key>+<8 hex>"
+        )
+    return NeuronAddress(match["version"], match["module_key"], match["flags_hash"])
