@@ -1,0 +1,212 @@
+"""fingerprint_hlo on real XLA-serialized modules (tests/fixtures/make_hlo_fixtures.py)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from neffcache.keying import KeyingError, canonical_hlo, fingerprint_hlo
+from neffcache.keying._hlo_schema import HloModuleProto
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hlo"
+MANIFEST: dict[str, dict[str, Any]] = json.loads((FIXTURES / "fixtures.json").read_text())[
+    "fixtures"
+]
+
+
+def load(name: str) -> bytes:
+    return (FIXTURES / f"{name}.pb").read_bytes()
+
+
+def groups() -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for name, entry in MANIFEST.items():
+        out.setdefault(entry["group"], []).append(name)
+    return out
+
+
+SAME = [(g, a, b) for g, names in groups().items() for a, b in itertools.combinations(names, 2)]
+
+
+def test_every_variant_kind_the_keying_issue_names_has_a_fixture() -> None:
+    wanted = {"shape", "dtype", "op", "constant", "operand_order", "layout"}
+    wanted |= {"sharding_rows", "sharding_cols"}
+    assert {f"variant_{kind}" for kind in wanted} <= set(groups())
+    assert {"allreduce_pair", "allreduce_single"} <= set(groups())
+    assert len(groups()["block"]) >= 6
+
+
+@pytest.mark.parametrize(("group", "a", "b"), SAME, ids=[f"{a}={b}" for _, a, b in SAME])
+def test_same_program_same_fingerprint(group: str, a: str, b: str) -> None:
+    # The fixtures really differ as bytes: names, ids, metadata or map order.
+    assert load(a) != load(b)
+    assert fingerprint_hlo(load(a)) == fingerprint_hlo(load(b))
+
+
+def test_different_programs_never_share_a_fingerprint() -> None:
+    by_group: dict[str, set[str]] = {}
+    for name, entry in MANIFEST.items():
+        by_group.setdefault(entry["group"], set()).add(fingerprint_hlo(load(name)))
+    assert all(len(prints) == 1 for prints in by_group.values())
+    everyone = [next(iter(prints)) for prints in by_group.values()]
+    assert len(set(everyone)) == len(everyone)
+
+
+def test_metadata_and_names_really_were_in_the_inputs() -> None:
+    # Guards the equality tests against fixtures that lost what they are meant to vary.
+    assert b"block_a.py" in load("block_a")
+    assert b"block_b.py" in load("block_b_renamed")
+    assert b"encoder/layer_0" in load("block_b_renamed")
+    assert b"block_a.py" not in load("block_a_source_paths_stripped")
+    assert b"renamed_value_" in load("block_text_renamed")
+    assert b"jit_block" in load("block_a")
+
+
+def test_fingerprint_is_64_hex_and_deterministic() -> None:
+    data = load("block_a")
+    first = fingerprint_hlo(data)
+    assert len(first) == 64
+    assert int(first, 16) >= 0
+    assert fingerprint_hlo(bytearray(data)) == first
+    assert fingerprint_hlo(memoryview(data)) == first
+
+
+def test_canonical_form_drops_names_paths_and_metadata() -> None:
+    canonical = canonical_hlo(load("block_b_renamed"))
+    for debris in (b"block_b.py", b"layer_forward", b"encoder", b"inputs", b"weight"):
+        assert debris not in canonical
+    # ...and keeps what the compiler reads.
+    for kept in (b"tanh", b"dot", b"reduce"):
+        assert kept in canonical
+
+
+def _parse(data: bytes) -> Any:
+    module = HloModuleProto()
+    module.ParseFromString(data)
+    return module
+
+
+def test_unknown_fields_are_kept_so_nothing_semantic_is_dropped() -> None:
+    module = _parse(load("block_a"))
+    # Field 500 of an instruction: unknown to the schema (and to XLA today). A future
+    # semantic field must change the fingerprint, not vanish.
+    module.computations[-1].instructions[3].MergeFromString(b"\xa0\x1f\x01")
+    changed = module.SerializeToString()
+    assert fingerprint_hlo(changed) != fingerprint_hlo(load("block_a"))
+
+
+def test_computation_order_in_the_file_does_not_matter() -> None:
+    module = _parse(load("allreduce_groups_pair"))
+    assert len(module.computations) == 2
+    reordered = _parse(load("allreduce_groups_pair"))
+    first, second = (type(c)() for c in reordered.computations)
+    first.CopyFrom(reordered.computations[1])
+    second.CopyFrom(reordered.computations[0])
+    del reordered.computations[:]
+    reordered.computations.extend([first, second])
+    assert reordered.SerializeToString() != module.SerializeToString()
+    assert fingerprint_hlo(reordered.SerializeToString()) == fingerprint_hlo(
+        load("allreduce_groups_pair")
+    )
+
+
+def test_id_offsets_do_not_matter() -> None:
+    # torch-xla numbers instructions with process-wide counters: the same graph traced
+    # later has every id shifted.
+    module = _parse(load("block_a"))
+    shift = 1000
+    for comp in module.computations:
+        comp.id += shift
+        comp.root_id += shift
+        for instr in comp.instructions:
+            instr.id += shift
+            instr.operand_ids[:] = [i + shift for i in instr.operand_ids]
+            instr.called_computation_ids[:] = [i + shift for i in instr.called_computation_ids]
+    module.entry_computation_id += shift
+    shifted = module.SerializeToString()
+    assert shifted != load("block_a")
+    assert fingerprint_hlo(shifted) == fingerprint_hlo(load("block_a"))
+
+
+def test_a_rewired_operand_changes_the_fingerprint() -> None:
+    module = _parse(load("variant_operand_order"))
+    entry = module.computations[-1]
+    binary = next(i for i in entry.instructions if len(i.operand_ids) == 2)
+    binary.operand_ids[:] = [binary.operand_ids[0], binary.operand_ids[0]]
+    assert fingerprint_hlo(module.SerializeToString()) != fingerprint_hlo(
+        load("variant_operand_order")
+    )
+
+
+NOT_HLO = {
+    "empty": b"",
+    "text": b"HloModule jit_f, entry_computation_layout={()->f32[]}\n",
+    "garbage": bytes(range(256)) * 4,
+    "json": b'{"key": "value"}',
+    "truncated": None,  # filled from a fixture below
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_HLO))
+def test_bytes_that_are_not_an_hlo_module_raise_keying_error(kind: str) -> None:
+    data = NOT_HLO[kind]
+    if data is None:
+        data = load("block_a")[:-7]
+    with pytest.raises(KeyingError, match="not an HLO module"):
+        fingerprint_hlo(data)
+
+
+def test_text_hlo_gets_a_hint() -> None:
+    with pytest.raises(KeyingError, match="HLO text"):
+        fingerprint_hlo(b"  HloModule m\n")
+
+
+def test_non_bytes_input_is_rejected() -> None:
+    with pytest.raises(KeyingError, match="bytes"):
+        fingerprint_hlo("HloModule")  # type: ignore[arg-type]
+
+
+def _mutated(mutate: Any) -> bytes:
+    module = _parse(load("block_a"))
+    mutate(module)
+    data: bytes = module.SerializeToString()
+    return data
+
+
+def test_entry_found_by_name_when_its_id_is_stale() -> None:
+    # Old producers named the entry instead of giving its id.
+    stale = _mutated(lambda m: setattr(m, "entry_computation_id", 777))
+    assert fingerprint_hlo(stale) == fingerprint_hlo(load("block_a"))
+
+
+@pytest.mark.parametrize(
+    ("what", "mutate"),
+    [
+        ("dangling operand", lambda m: m.computations[-1].instructions[2].operand_ids.append(99)),
+        ("dangling root", lambda m: setattr(m.computations[-1], "root_id", 12345)),
+        (
+            "dangling entry",
+            lambda m: (
+                setattr(m, "entry_computation_id", 777),
+                m.ClearField("entry_computation_name"),
+            ),
+        ),
+        (
+            "dangling call",
+            lambda m: m.computations[-1].instructions[0].called_computation_ids.append(55),
+        ),
+        (
+            "duplicate computation id",
+            lambda m: setattr(m.computations[0], "id", m.computations[1].id),
+        ),
+        ("no computations", lambda m: m.ClearField("computations")),
+        ("empty computation", lambda m: m.computations[0].ClearField("instructions")),
+    ],
+)
+def test_malformed_modules_raise_keying_error(what: str, mutate: Any) -> None:
+    with pytest.raises(KeyingError, match="not an HLO module"):
+        fingerprint_hlo(_mutated(mutate))
