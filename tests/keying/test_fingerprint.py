@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hlo_edit import parse as _parse
 
 from neffcache.keying import KeyingError, canonical_hlo, fingerprint_hlo
-from neffcache.keying._hlo_schema import HloModuleProto
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hlo"
 MANIFEST: dict[str, dict[str, Any]] = json.loads((FIXTURES / "fixtures.json").read_text())[
@@ -82,12 +82,6 @@ def test_canonical_form_drops_names_paths_and_metadata() -> None:
     # ...and keeps what the compiler reads.
     for kept in (b"tanh", b"dot", b"reduce"):
         assert kept in canonical
-
-
-def _parse(data: bytes) -> Any:
-    module = HloModuleProto()
-    module.ParseFromString(data)
-    return module
 
 
 def test_unknown_fields_are_kept_so_nothing_semantic_is_dropped() -> None:

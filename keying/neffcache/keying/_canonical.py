@@ -5,45 +5,63 @@ compiled program (facts §13, §17):
 
 * names: module, entry computation, computations, instructions, and the parameter
   names of every program shape;
-* the numbering of ids: computations and instructions are renumbered densely in a
-  deterministic order and every reference is remapped (operands, control
-  predecessors, called computations, roots, the entry, the schedule);
+* the numbering of ids: every reference (operands, control predecessors, called
+  computations, roots, the entry, the schedule) becomes a position in a canonical order;
 * debug data: instruction ``metadata`` (op_type, op_name, source_file, source_line,
   stack frame ids), the module's ``stack_frame_index`` and ``profile_info``, and the
-  instruction fields that only serve analysis tools (``statistics_viz``,
+  instruction fields that only serve analysis tools (``statistics_viz``, and
   ``original_value``, which holds source variable names);
-* the order in which the producer happened to write computations and map entries.
+* the order in which the producer wrote computations and map entries.
 
-Everything else is kept, including every field the schema does not declare
-(see ``_hlo_schema``): a spurious miss costs one compile, a false hit serves a job the
-wrong executable, so when in doubt a field stays in.
+Everything else is kept, including every field the schema does not declare: a spurious
+miss costs one compile, a false hit hands a job the wrong executable.
 
 Frontend attributes are kept: Neuron's torch-xla writes ``neff_input_names`` there,
-which binds NEFF inputs at run time. ``DEBUG_FRONTEND_ATTRIBUTES`` lists the keys shown
-to be debug-only; it is empty because no key has been shown to be. Adding one changes
-fingerprints, so it bumps KEY_VERSION.
+which binds NEFF inputs at run time. ``DEBUG_FRONTEND_ATTRIBUTES`` lists keys shown to
+be debug-only; it is empty because none has been. Adding one changes fingerprints, so
+it bumps KEY_VERSION.
+
+The canonical form is three parts, framed with lengths:
+
+1. outer: the module with its computations in canonical order, every instruction, name
+   and id removed;
+2. instructions: every instruction, computation by computation in canonical order, with
+   the ignored fields removed by the parser (``_hlo_schema`` stream view);
+3. structure: per computation, its size, root, and each instruction's operands, control
+   predecessors and called computations as canonical positions; then the entry and the
+   schedule.
+
+No Python loop runs per instruction: ids come from one parse of all instructions joined
+with sentinel separators (``_references``), and ignored fields vanish inside the
+protobuf parser. That keeps fingerprinting within a small factor of a plain
+parse-and-serialize of the module (tests/bench/bench_keying.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import blake3
 from google.protobuf.message import DecodeError
 
 from ._errors import KeyingError
-from ._hlo_schema import HloModuleProto
+from ._hlo_schema import BOUNDARY_FIELD, HloModuleProto, InstructionStream, JoinedInstructions
+from ._order import canonical_order
 from ._version import KEY_VERSION
 
 # Frontend attribute key -> evidence that it never changes the compiled program.
 DEBUG_FRONTEND_ATTRIBUTES: Mapping[str, str] = {}
 
 _FINGERPRINT_CONTEXT = f"neffcache {KEY_VERSION} canonical HloModuleProto fingerprint"
+_MAGIC = f"neffcache-canonical-hlo/{KEY_VERSION}\n".encode()
 
-# Instruction fields that never reach the compiled program; see the module docstring.
-_DROPPED_INSTRUCTION_FIELDS = ("name", "metadata", "statistics_viz", "original_value")
-_DROPPED_MODULE_FIELDS = ("name", "entry_computation_name", "id", "profile_info", "stack_frame_index")
+_INSTRUCTION_END = -1  # sentinel after every instruction in the joined id lists
+_COMPUTATION_END = -2  # sentinel after every computation
+_REFERENCE_FIELDS = (35, 36, 37, 38)  # id, operand_ids, control_predecessor_ids, called
 
 
 def fingerprint_hlo(module_bytes: bytes) -> str:
@@ -55,20 +73,38 @@ def fingerprint_hlo(module_bytes: bytes) -> str:
     Raises KeyingError when the bytes are not a well-formed HloModuleProto.
     """
     canonical = canonical_hlo(module_bytes)
-    return blake3.blake3(canonical, derive_key_context=_FINGERPRINT_CONTEXT).hexdigest()
+    digest: str = blake3.blake3(canonical, derive_key_context=_FINGERPRINT_CONTEXT).hexdigest()
+    return digest
 
 
 def canonical_hlo(module_bytes: bytes) -> bytes:
-    """Return the canonical serialization that ``fingerprint_hlo`` hashes."""
+    """Return the canonical form that ``fingerprint_hlo`` hashes (see the module doc)."""
     module = _parse(module_bytes)
-    _canonicalize(module)
-    result: bytes = module.SerializeToString(deterministic=True)
-    return result
+    comps = list(module.computations)
+    by_id = _computations_by_id(comps)
+    flat = _flat_references(comps)
+    called = dict(zip(by_id, _segments(flat.called, len(comps)), strict=True))
+    entry = _entry_computation(module, by_id)
+    order = canonical_order(entry.id, called)
+    comp_pos = {old: new for new, old in enumerate(order)}
+    if order != list(by_id):
+        flat = flat.reordered(order, list(by_id))
+    ordered = [by_id[old] for old in order]
+    positions = _positions(flat.ids, ordered)
+    structure = array("q", [comp_pos[entry.id]])
+    _append_references(structure, flat, ordered, positions, comp_pos)
+    _append_schedule(structure, module, positions, comp_pos)
+    instructions = _instruction_stream([comp.instructions for comp in ordered])
+    outer = _outer(module, comp_pos)
+    parts = (outer, instructions, structure.tobytes())
+    return _MAGIC + b"".join(len(part).to_bytes(8, "big") + part for part in parts)
 
 
 def _parse(module_bytes: bytes) -> Any:
     if not isinstance(module_bytes, (bytes, bytearray, memoryview)):
-        raise KeyingError(f"expected the bytes of an HloModuleProto, got {type(module_bytes).__name__}")
+        raise KeyingError(
+            f"expected the bytes of an HloModuleProto, got {type(module_bytes).__name__}"
+        )
     data = bytes(module_bytes)
     if not data:
         raise KeyingError("not an HLO module: the input is empty")
@@ -77,9 +113,8 @@ def _parse(module_bytes: bytes) -> Any:
             "not an HLO module: this is HLO text; pass the serialized HloModuleProto "
             "(model.hlo_module.pb), not the text dump"
         )
-    module = HloModuleProto()
     try:
-        module.ParseFromString(data)
+        module = HloModuleProto.FromString(data)
     except DecodeError as exc:
         raise KeyingError(f"not an HLO module: protobuf decoding failed ({exc})") from exc
     if not module.computations:
@@ -87,40 +122,25 @@ def _parse(module_bytes: bytes) -> Any:
     return module
 
 
-def _canonicalize(module: Any) -> None:
-    computations = {}
-    for comp in module.computations:
-        if comp.id in computations:
+def _computations_by_id(comps: Sequence[Any]) -> dict[int, Any]:
+    by_id: dict[int, Any] = {}
+    for comp in comps:
+        if comp.id in by_id:
             raise KeyingError(f"not an HLO module: computation id {comp.id} appears twice")
-        computations[comp.id] = comp
-    entry = _entry_computation(module, computations)
-    order = _canonical_order(entry, computations)
-    comp_ids = {old_id: new_id for new_id, old_id in enumerate(order)}
-    module.entry_computation_id = comp_ids[entry.id]
-    instr_maps = _renumber_instructions(order, computations, comp_ids)
-    _remap_schedule(module, comp_ids, instr_maps)
-    # Producers may list computations in any order that puts callees first, and the
-    # order carries no meaning: store them in canonical order (new id == position).
-    module.computations.sort(key=_computation_id)
-    for field in _DROPPED_MODULE_FIELDS:
-        module.ClearField(field)
-    module.host_program_shape.ClearField("parameter_names")
-    if DEBUG_FRONTEND_ATTRIBUTES:
-        _drop_debug_attributes(module.frontend_attributes)
+        if not comp.instructions:
+            raise KeyingError(f"not an HLO module: computation id {comp.id} has no instructions")
+        by_id[comp.id] = comp
+    return by_id
 
 
-def _computation_id(comp: Any) -> int:
-    comp_id: int = comp.id
-    return comp_id
-
-
-def _entry_computation(module: Any, computations: Mapping[int, Any]) -> Any:
-    entry = computations.get(module.entry_computation_id)
+def _entry_computation(module: Any, by_id: Mapping[int, Any]) -> Any:
+    entry = by_id.get(module.entry_computation_id)
     if entry is not None:
         return entry
     # Old producers named the entry instead of giving its id.
-    for comp in computations.values():
-        if module.entry_computation_name and comp.name == module.entry_computation_name:
+    name = module.entry_computation_name
+    for comp in by_id.values():
+        if name and comp.name == name:
             return comp
     raise KeyingError(
         f"not an HLO module: entry computation id {module.entry_computation_id} "
@@ -128,130 +148,252 @@ def _entry_computation(module: Any, computations: Mapping[int, Any]) -> Any:
     )
 
 
-def _canonical_order(entry: Any, computations: Mapping[int, Any]) -> list[int]:
-    """Post-order from the entry through called computations, callees first.
+@dataclass(frozen=True)
+class _Flat:
+    """The ids and id references of every instruction, as four flat lists.
 
-    Computations no instruction reaches follow in their original order; they are kept
-    because they are part of what the producer asked to compile.
+    Each list holds, per instruction, its values followed by ``_INSTRUCTION_END``, and
+    after each computation ``_COMPUTATION_END, _INSTRUCTION_END``: boundaries survive
+    the flattening, so the lists are an unambiguous encoding of the references.
     """
-    order: list[int] = []
-    seen: set[int] = set()
-    # Iterative DFS: deep call chains must not hit Python's recursion limit.
-    stack: list[tuple[int, Iterable[int]]] = [(entry.id, _callees(entry, computations))]
-    seen.add(entry.id)
-    while stack:
-        comp_id, callees = stack[-1]
-        for callee in callees:
-            if callee not in seen:
-                seen.add(callee)
-                stack.append((callee, _callees(computations[callee], computations)))
+
+    ids: list[int]
+    operands: list[int]
+    preds: list[int]
+    called: list[int]
+
+    def reordered(self, order: Sequence[int], file_order: Sequence[int]) -> _Flat:
+        """The same lists with computations in ``order`` rather than file order."""
+        where = {comp_id: i for i, comp_id in enumerate(file_order)}
+        lists = []
+        for values in (self.ids, self.operands, self.preds, self.called):
+            segments = _segments(values, len(file_order))
+            out: list[int] = []
+            for comp_id in order:
+                out += segments[where[comp_id]]
+                out += _COMPUTATION_TAIL
+            lists.append(out)
+        return _Flat(*lists)
+
+
+def _varint_field(number: int, value: int) -> bytes:
+    out = bytearray()
+    for part in (number << 3, value & (2**64 - 1)):
+        while True:
+            byte, part = part & 0x7F, part >> 7
+            out.append(byte | (0x80 if part else 0))
+            if not part:
                 break
-        else:
-            stack.pop()
-            order.append(comp_id)
-    order.extend(comp_id for comp_id in computations if comp_id not in seen)
-    return order
+    return bytes(out)
 
 
-def _callees(comp: Any, computations: Mapping[int, Any]) -> Iterable[int]:
-    callees = []
-    for instr in comp.instructions:
-        for callee in instr.called_computation_ids:
-            if callee not in computations:
-                raise KeyingError(
-                    f"not an HLO module: an instruction calls computation id {callee}, "
-                    "which does not exist"
-                )
-            callees.append(callee)
-    return iter(callees)
+_INSTRUCTION_SEPARATOR = b"".join(_varint_field(n, _INSTRUCTION_END) for n in _REFERENCE_FIELDS)
+_COMPUTATION_SEPARATOR = b"".join(_varint_field(n, _COMPUTATION_END) for n in _REFERENCE_FIELDS)
 
 
-def _renumber_instructions(
-    order: list[int], computations: Mapping[int, Any], comp_ids: Mapping[int, int]
-) -> dict[int, dict[int, int]]:
-    """Give instructions dense module-wide ids in canonical order; return old->new per computation."""
-    instr_maps: dict[int, dict[int, int]] = {}
-    next_id = 0
-    for old_comp_id in order:
-        comp = computations[old_comp_id]
-        instructions = comp.instructions
-        if not instructions:
-            raise KeyingError(f"not an HLO module: computation id {old_comp_id} has no instructions")
-        mapping: dict[int, int] = {}
-        for instr in instructions:
-            mapping[instr.id] = next_id
-            next_id += 1
-        if len(mapping) != len(instructions):
-            raise KeyingError(
-                f"not an HLO module: computation id {old_comp_id} repeats an instruction id"
-            )
-        _rewrite_instructions(instructions, mapping, comp_ids, old_comp_id)
-        try:
-            comp.root_id = mapping[comp.root_id]
-        except KeyError:
-            raise KeyingError(
-                f"not an HLO module: root id {comp.root_id} of computation id {old_comp_id} "
-                "is not one of its instructions"
-            ) from None
-        comp.id = comp_ids[old_comp_id]
-        comp.ClearField("name")
-        comp.program_shape.ClearField("parameter_names")
-        instr_maps[old_comp_id] = mapping
-    return instr_maps
+_COMPUTATION_TAIL = [_COMPUTATION_END, _INSTRUCTION_END]
 
 
-def _rewrite_instructions(
-    instructions: Any, mapping: Mapping[int, int], comp_ids: Mapping[int, int], comp_id: int
+def _flat_references(comps: Sequence[Any]) -> _Flat:
+    """Read every instruction's id and references with one parse of all instructions.
+
+    Concatenated messages parse as one message whose repeated fields append, so
+    joining all instructions, each followed by a separator holding a sentinel in each
+    id field (and each computation by one more), yields the four flat lists of
+    ``_Flat``. Ids are never negative, so the sentinels cannot be confused with them;
+    the check below rejects a module where one is.
+    """
+    items: list[bytes] = []
+    pattern: list[int] = []
+    for comp in comps:
+        items.extend(comp.instructions)
+        items.append(_COMPUTATION_SEPARATOR)
+        pattern += [_INSTRUCTION_END] * len(comp.instructions)
+        pattern += _COMPUTATION_TAIL
+    joined = JoinedInstructions.FromString(
+        _INSTRUCTION_SEPARATOR.join(items) + _INSTRUCTION_SEPARATOR
+    )
+    flat = _Flat(
+        list(joined.id),
+        list(joined.operand_ids),
+        list(joined.control_predecessor_ids),
+        list(joined.called_computation_ids),
+    )
+    for values in (flat.ids, flat.operands, flat.preds, flat.called):
+        if list(filter(_NEGATIVE, values)) != pattern:
+            raise KeyingError("not an HLO module: an instruction has negative or malformed ids")
+    return flat
+
+
+_NEGATIVE = (0).__gt__  # x -> 0 > x, in C
+
+
+def _segments(values: list[int], count: int) -> list[list[int]]:
+    """Split a checked flat list into its computations' parts, tails removed."""
+    out: list[list[int]] = []
+    start = 0
+    for _ in range(count):
+        end = values.index(_COMPUTATION_END, start)
+        out.append(values[start:end])
+        start = end + len(_COMPUTATION_TAIL)
+    return out
+
+
+def _positions(ids: list[int], ordered: Sequence[Any]) -> dict[int, int]:
+    """Old instruction id -> position among all instructions in canonical order.
+
+    XLA numbers instructions uniquely within a module, so one dict resolves every
+    reference. (A reference into another computation is then encoded as such rather
+    than rejected: still unambiguous, and no producer writes one.)
+    """
+    total = sum(len(comp.instructions) for comp in ordered)
+    real = list(filter((0).__le__, ids))
+    if len(real) != total:
+        real = _with_zero_ids(ids, ordered)
+    positions = dict(zip(real, range(total), strict=True))
+    if len(positions) != total:
+        raise KeyingError("not an HLO module: an instruction id appears twice in the module")
+    positions[_INSTRUCTION_END] = _INSTRUCTION_END
+    positions[_COMPUTATION_END] = _COMPUTATION_END
+    return positions
+
+
+def _with_zero_ids(ids: list[int], ordered: Sequence[Any]) -> list[int]:
+    """proto3 omits an id of 0, so an instruction may contribute only its sentinel."""
+    real: list[int] = []
+    for comp, segment in zip(ordered, _segments(ids, len(ordered)), strict=True):
+        real += _split_ids(segment, len(comp.instructions), comp.id)
+    return real
+
+
+def _split_ids(flat: list[int], count: int, comp_id: int) -> list[int]:
+    """One id per instruction from ``[id, END, id, END, ...]``.
+
+    proto3 omits an id of 0, so an instruction may contribute only its sentinel.
+    """
+    if len(flat) == 2 * count and flat[1::2].count(_INSTRUCTION_END) == count:
+        return flat[0::2]
+    ids: list[int] = []
+    pending: list[int] = []
+    for value in flat:
+        if value != _INSTRUCTION_END:
+            pending.append(value)
+            continue
+        if len(pending) > 1:
+            raise _malformed(comp_id)
+        ids.append(pending[0] if pending else 0)
+        pending = []
+    if len(ids) != count or pending:
+        raise _malformed(comp_id)
+    return ids
+
+
+def _malformed(comp_id: int) -> KeyingError:
+    return KeyingError(
+        f"not an HLO module: an instruction of computation id {comp_id} has malformed id fields"
+    )
+
+
+def _append_references(
+    structure: array[int],
+    flat: _Flat,
+    ordered: Sequence[Any],
+    positions: Mapping[int, int],
+    comp_pos: Mapping[int, int],
 ) -> None:
-    # The hot loop of fingerprinting: one pass, locals bound, no per-field checks
-    # beyond what remapping needs.
-    dropped = _DROPPED_INSTRUCTION_FIELDS
-    debug_attrs = bool(DEBUG_FRONTEND_ATTRIBUTES)
     try:
-        for instr in instructions:
-            instr.id = mapping[instr.id]
-            operands = instr.operand_ids
-            if operands:
-                operands[:] = [mapping[i] for i in operands]
-            preds = instr.control_predecessor_ids
-            if preds:
-                preds[:] = [mapping[i] for i in preds]
-            called = instr.called_computation_ids
-            if called:
-                called[:] = [comp_ids[i] for i in called]
-            for field in dropped:
-                instr.ClearField(field)
-            if debug_attrs:
-                _drop_debug_attributes(instr.frontend_attributes)
+        roots = [positions[comp.root_id] for comp in ordered]
+        operands = list(map(positions.__getitem__, flat.operands))
+        preds = list(map(positions.__getitem__, flat.preds))
     except KeyError as exc:
         raise KeyingError(
-            f"not an HLO module: computation id {comp_id} refers to id {exc.args[0]}, "
-            "which is not one of its instructions"
+            f"not an HLO module: a root or operand names instruction id {exc.args[0]}, "
+            "which does not exist"
         ) from None
+    structure.append(len(ordered))
+    for comp, root in zip(ordered, roots, strict=True):
+        structure.extend((len(comp.instructions), root))
+    called = [comp_pos.get(c, c) for c in flat.called]  # sentinels map to themselves
+    for values in (operands, preds, called):
+        structure.append(len(values))
+        structure.extend(values)
 
 
-def _remap_schedule(
-    module: Any, comp_ids: Mapping[int, int], instr_maps: Mapping[int, Mapping[int, int]]
+def _append_schedule(
+    structure: array[int], module: Any, positions: Mapping[int, int], comp_pos: Mapping[int, int]
 ) -> None:
     if not module.HasField("schedule"):
+        structure.append(-1)  # no schedule, as opposed to an empty one
         return
-    old = {comp_id: list(seq.instruction_ids) for comp_id, seq in module.schedule.sequences.items()}
-    module.schedule.ClearField("sequences")
-    for old_comp_id, ids in old.items():
-        if old_comp_id not in comp_ids:
+    sequences = []
+    for old, sequence in module.schedule.sequences.items():
+        if old not in comp_pos:
             raise KeyingError(
-                f"not an HLO module: the schedule names computation id {old_comp_id}, "
-                "which does not exist"
+                f"not an HLO module: the schedule names computation id {old}, which does not exist"
             )
-        mapping = instr_maps[old_comp_id]
         try:
-            new_ids = [mapping[i] for i in ids]
+            ids = list(map(positions.__getitem__, sequence.instruction_ids))
         except KeyError as exc:
             raise KeyingError(
-                f"not an HLO module: the schedule of computation id {old_comp_id} names "
-                f"instruction id {exc.args[0]}, which is not one of its instructions"
+                f"not an HLO module: the schedule of computation id {old} names instruction "
+                f"id {exc.args[0]}, which does not exist"
             ) from None
-        module.schedule.sequences[comp_ids[old_comp_id]].instruction_ids.extend(new_ids)
+        sequences.append((comp_pos[old], ids))
+    sequences.sort()
+    structure.append(len(sequences))
+    for pos, ids in sequences:
+        structure.extend((pos, len(ids)))
+        structure.extend(ids)
+
+
+_GROUP_START = _varint_field(1, 0)[:1].replace(b"\x08", b"\x0b")  # field 1, start group
+_GROUP_END = b"\x0c"  # field 1, end group
+_BOUNDARY = _varint_field(BOUNDARY_FIELD, 1)
+
+
+def _instruction_stream(blocks: Sequence[Any]) -> bytes:
+    """Every instruction in order, ignored fields dropped by the parser (``_hlo_schema``)."""
+    separator = _BOUNDARY + _GROUP_END + _GROUP_START
+    raw = _GROUP_START + separator.join(chain.from_iterable(blocks)) + _BOUNDARY + _GROUP_END
+    try:
+        stream = InstructionStream.FromString(raw)
+    except DecodeError as exc:
+        raise KeyingError(f"not an HLO module: an instruction is malformed ({exc})") from exc
+    if len(stream.instr) != sum(len(block) for block in blocks):
+        raise KeyingError("not an HLO module: an instruction is malformed")
+    if DEBUG_FRONTEND_ATTRIBUTES:
+        for instr in stream.instr:
+            _drop_debug_attributes(instr.frontend_attributes)
+    result: bytes = stream.SerializeToString(deterministic=True)
+    return result
+
+
+def _outer(module: Any, comp_pos: Mapping[int, int]) -> bytes:
+    module.computations.sort(key=lambda comp: comp_pos[comp.id])
+    for comp in module.computations:
+        for field in ("name", "instructions", "id", "root_id"):
+            comp.ClearField(field)
+        comp.program_shape.ClearField("parameter_names")
+    for field in _IGNORED_MODULE_FIELDS:
+        module.ClearField(field)
+    module.host_program_shape.ClearField("parameter_names")
+    if DEBUG_FRONTEND_ATTRIBUTES:
+        _drop_debug_attributes(module.frontend_attributes)
+    result: bytes = module.SerializeToString(deterministic=True)
+    return result
+
+
+# Cleared from the module: names, ids (carried as positions in the structure part),
+# the schedule (likewise), and debug data.
+_IGNORED_MODULE_FIELDS = (
+    "name",
+    "entry_computation_name",
+    "id",
+    "entry_computation_id",
+    "schedule",
+    "profile_info",
+    "stack_frame_index",
+)
 
 
 def _drop_debug_attributes(attrs: Any) -> None:

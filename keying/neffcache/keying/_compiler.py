@@ -79,7 +79,9 @@ def _ask(path: str) -> str:
             stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired as exc:
-        raise KeyingError(f"{path} --version did not answer within {_TIMEOUT_SECONDS:.0f} s") from exc
+        raise KeyingError(
+            f"{path} --version did not answer within {_TIMEOUT_SECONDS:.0f} s"
+        ) from exc
     except OSError as exc:
         raise KeyingError(f"cannot run {path} --version: {exc.strerror}") from exc
     match = _VERSION_LINE.search(done.stdout) or _VERSION_LINE.search(done.stderr)

@@ -1,21 +1,24 @@
-"""A partial protobuf schema of ``xla.HloModuleProto``, built at import time.
+"""Protobuf views of ``xla.HloModuleProto``, built at import time.
 
-Only the fields canonicalization reads or rewrites are declared, with the public
-field numbers of ``xla/service/hlo.proto`` and ``xla/xla_data.proto`` (facts §17).
-Everything else (opcodes, shapes, layouts, literals, dimension numbers, sharding,
-replica groups, backend configs, aliasing, ...) is left undeclared on purpose: the
-protobuf runtime keeps undeclared fields as unknown fields and writes them back
-byte for byte, so a field this schema does not know can never be dropped silently.
+Field numbers and wire types are the public ones of ``xla/service/hlo.proto`` and
+``xla/xla_data.proto`` (facts §17). Each view declares only the fields canonicalization
+reads or removes; every other field stays an *unknown field*, which protobuf keeps and
+writes back byte for byte. So opcodes, shapes, layouts, literals, shardings, replica
+groups, backend configs, and any field added to XLA after this was written, all reach
+the fingerprint unchanged: nothing semantic can be dropped silently. Name-like fields
+are ``bytes`` so parsing never fails on UTF-8; maps are declared as maps so
+deterministic serialization sorts them (XLA writes maps in hash order, pytorch/xla
+#8537).
 
-Name-like fields are declared as ``bytes`` rather than ``string`` so parsing never
-fails on UTF-8 and never pays for validation; fields that are only cleared
-(metadata, stack frames, statistics) are declared as ``bytes`` so their contents are
-not parsed at all. Maps are declared as maps so deterministic serialization sorts
-them: XLA writes maps in hash order (pytorch/xla #8537).
+Three views of the same bytes:
 
-The messages live in a private descriptor pool under the package
-``neffcache.keying.xla`` so they can never clash with a real ``xla`` schema that
-torch-xla or TensorFlow registers in the default pool.
+``outer``   the module and its computations, with instructions as raw ``bytes``.
+``joined``  one message that all instructions, concatenated, parse into: repeated
+            fields append, so ids and id references come out as flat lists in C.
+``stream``  instructions as a stream of groups whose ignored fields the parser drops.
+
+The messages live in private descriptor pools under ``neffcache.keying.xla.*`` so they
+never clash with a real ``xla`` schema registered by torch-xla or TensorFlow.
 """
 
 from __future__ import annotations
@@ -24,111 +27,180 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-_PACKAGE = "neffcache.keying.xla"
-
 _F = descriptor_pb2.FieldDescriptorProto
-_OPTIONAL = _F.LABEL_OPTIONAL
-_REPEATED = _F.LABEL_REPEATED
+BYTES, INT64, INT32, BOOL, FLOAT = (
+    _F.TYPE_BYTES,
+    _F.TYPE_INT64,
+    _F.TYPE_INT32,
+    _F.TYPE_BOOL,
+    _F.TYPE_FLOAT,
+)
+ONE, MANY = _F.LABEL_OPTIONAL, _F.LABEL_REPEATED
+# Marks a field as a member of its message's oneof.
+PRESENCE = -1
 
-# (name, number, label, type, type_name or None)
-_FieldSpec = tuple[str, int, int, int, "str | None"]
+# HloInstructionProto fields the fingerprint ignores: its name, its debug data, its id
+# and the id references (which the structure part of the canonical form carries as
+# positions instead). Field number -> name and type.
+IGNORED_INSTRUCTION_FIELDS = {
+    1: ("name", BYTES),
+    7: ("metadata", BYTES),
+    35: ("id", INT64),
+    36: ("operand_ids", BYTES),  # packed, so one length-delimited field
+    37: ("control_predecessor_ids", BYTES),
+    38: ("called_computation_ids", BYTES),
+    82: ("statistics_viz", BYTES),
+    88: ("original_value", BYTES),
+}
+FRONTEND_ATTRIBUTES_FIELD = 68
+# A field number XLA will never use (the largest protobuf allows), appended to every
+# instruction in the stream view; see ``_stream_view``.
+BOUNDARY_FIELD = 2**29 - 1
+
+_Spec = tuple[str, int, int, int, "str | None"]  # name, number, label, type, message type
 
 
-def _message(
-    name: str, fields: list[_FieldSpec], *, map_entry: bool = False
-) -> descriptor_pb2.DescriptorProto:
-    msg = descriptor_pb2.DescriptorProto(name=name)
-    if map_entry:
-        msg.options.map_entry = True
-    for field_name, number, label, ftype, type_name in fields:
-        field = msg.field.add(name=field_name, number=number, label=label, type=ftype)
-        if type_name is not None:
-            field.type_name = f".{_PACKAGE}.{type_name}"
-    return msg
-
-
-def _build_file() -> descriptor_pb2.FileDescriptorProto:
-    file = descriptor_pb2.FileDescriptorProto(
-        name="neffcache/keying/hlo_partial.proto", package=_PACKAGE, syntax="proto3"
-    )
-    # xla_data.proto: FrontendAttributes { map<string, string> map = 1; }
-    attrs = _message("FrontendAttributes", [("map", 1, _REPEATED, _F.TYPE_MESSAGE, None)])
-    attrs.nested_type.append(
-        _message(
-            "MapEntry",
-            [
-                ("key", 1, _OPTIONAL, _F.TYPE_STRING, None),
-                ("value", 2, _OPTIONAL, _F.TYPE_STRING, None),
-            ],
-            map_entry=True,
+class _FileBuilder:
+    def __init__(self, package: str, syntax: str = "proto3") -> None:
+        self.package = package
+        self.file = descriptor_pb2.FileDescriptorProto(
+            name=f"{package.replace('.', '/')}.proto", package=package, syntax=syntax
         )
-    )
-    attrs.field[0].type_name = f".{_PACKAGE}.FrontendAttributes.MapEntry"
-    # xla_data.proto: ProgramShapeProto; parameters (1) and result (2) stay unknown.
-    shape = _message("ProgramShapeProto", [("parameter_names", 3, _REPEATED, _F.TYPE_BYTES, None)])
-    instruction = _message(
-        "HloInstructionProto",
-        [
-            ("name", 1, _OPTIONAL, _F.TYPE_BYTES, None),
-            ("opcode", 2, _OPTIONAL, _F.TYPE_BYTES, None),
-            ("metadata", 7, _OPTIONAL, _F.TYPE_BYTES, None),
-            ("id", 35, _OPTIONAL, _F.TYPE_INT64, None),
-            ("operand_ids", 36, _REPEATED, _F.TYPE_INT64, None),
-            ("control_predecessor_ids", 37, _REPEATED, _F.TYPE_INT64, None),
-            ("called_computation_ids", 38, _REPEATED, _F.TYPE_INT64, None),
-            ("frontend_attributes", 68, _OPTIONAL, _F.TYPE_MESSAGE, "FrontendAttributes"),
-            ("statistics_viz", 82, _OPTIONAL, _F.TYPE_BYTES, None),
-            ("original_value", 88, _OPTIONAL, _F.TYPE_BYTES, None),
-        ],
-    )
-    computation = _message(
+
+    def message(
+        self, name: str, fields: list[_Spec], parent: Any = None, *, oneof: str | None = None
+    ) -> Any:
+        """Add a message; fields labelled PRESENCE join the one oneof named ``oneof``."""
+        msg = (parent.nested_type if parent is not None else self.file.message_type).add(name=name)
+        if oneof is not None:
+            msg.oneof_decl.add(name=oneof)
+        for field_name, number, label, ftype, type_name in fields:
+            field = msg.field.add(name=field_name, number=number, type=ftype)
+            field.label = MANY if label == MANY else ONE
+            if label == PRESENCE:
+                field.oneof_index = 0
+            if type_name is not None:
+                field.type_name = f".{self.package}.{type_name}"
+        return msg
+
+    def map_entry(
+        self, parent: Any, name: str, key: int, value: int, value_type: str | None
+    ) -> None:
+        entry = self.message(
+            name, [("key", 1, ONE, key, None), ("value", 2, ONE, value, value_type)], parent
+        )
+        entry.options.map_entry = True
+
+    def frontend_attributes(self) -> None:
+        # xla_data.proto: FrontendAttributes { map<string, string> map = 1; }
+        attrs = self.message(
+            "FrontendAttributes", [("map", 1, MANY, _F.TYPE_MESSAGE, "FrontendAttributes.MapEntry")]
+        )
+        self.map_entry(attrs, "MapEntry", _F.TYPE_STRING, _F.TYPE_STRING, None)
+
+    def schedule(self) -> None:
+        schedule = self.message(
+            "HloScheduleProto",
+            [("sequences", 1, MANY, _F.TYPE_MESSAGE, "HloScheduleProto.SequencesEntry")],
+        )
+        self.message("InstructionSequence", [("instruction_ids", 1, MANY, INT64, None)], schedule)
+        self.map_entry(
+            schedule,
+            "SequencesEntry",
+            INT64,
+            _F.TYPE_MESSAGE,
+            "HloScheduleProto.InstructionSequence",
+        )
+
+    def classes(self, *names: str) -> list[Any]:
+        pool = descriptor_pool.DescriptorPool()
+        pool.Add(self.file)
+        return [
+            message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{self.package}.{n}"))
+            for n in names
+        ]
+
+
+_MSG = _F.TYPE_MESSAGE
+
+
+def _outer_view() -> Any:
+    b = _FileBuilder("neffcache.keying.xla.outer")
+    b.frontend_attributes()
+    b.schedule()
+    b.message("ProgramShapeProto", [("parameter_names", 3, MANY, BYTES, None)])
+    b.message(
         "HloComputationProto",
         [
-            ("name", 1, _OPTIONAL, _F.TYPE_BYTES, None),
-            ("instructions", 2, _REPEATED, _F.TYPE_MESSAGE, "HloInstructionProto"),
-            ("program_shape", 4, _OPTIONAL, _F.TYPE_MESSAGE, "ProgramShapeProto"),
-            ("id", 5, _OPTIONAL, _F.TYPE_INT64, None),
-            ("root_id", 6, _OPTIONAL, _F.TYPE_INT64, None),
+            ("name", 1, ONE, BYTES, None),
+            ("instructions", 2, MANY, BYTES, None),
+            ("program_shape", 4, ONE, _MSG, "ProgramShapeProto"),
+            ("id", 5, ONE, INT64, None),
+            ("root_id", 6, ONE, INT64, None),
         ],
     )
-    schedule = _message("HloScheduleProto", [("sequences", 1, _REPEATED, _F.TYPE_MESSAGE, None)])
-    schedule.nested_type.append(
-        _message("InstructionSequence", [("instruction_ids", 1, _REPEATED, _F.TYPE_INT64, None)])
-    )
-    schedule.nested_type.append(
-        _message(
-            "SequencesEntry",
-            [
-                ("key", 1, _OPTIONAL, _F.TYPE_INT64, None),
-                ("value", 2, _OPTIONAL, _F.TYPE_MESSAGE, "HloScheduleProto.InstructionSequence"),
-            ],
-            map_entry=True,
-        )
-    )
-    schedule.field[0].type_name = f".{_PACKAGE}.HloScheduleProto.SequencesEntry"
-    module = _message(
+    b.message(
         "HloModuleProto",
         [
-            ("name", 1, _OPTIONAL, _F.TYPE_BYTES, None),
-            ("entry_computation_name", 2, _OPTIONAL, _F.TYPE_BYTES, None),
-            ("computations", 3, _REPEATED, _F.TYPE_MESSAGE, "HloComputationProto"),
-            ("host_program_shape", 4, _OPTIONAL, _F.TYPE_MESSAGE, "ProgramShapeProto"),
-            ("id", 5, _OPTIONAL, _F.TYPE_INT64, None),
-            ("entry_computation_id", 6, _OPTIONAL, _F.TYPE_INT64, None),
-            ("schedule", 7, _OPTIONAL, _F.TYPE_MESSAGE, "HloScheduleProto"),
-            ("profile_info", 13, _REPEATED, _F.TYPE_BYTES, None),
-            ("stack_frame_index", 17, _OPTIONAL, _F.TYPE_BYTES, None),
-            ("frontend_attributes", 19, _OPTIONAL, _F.TYPE_MESSAGE, "FrontendAttributes"),
+            ("name", 1, ONE, BYTES, None),
+            ("entry_computation_name", 2, ONE, BYTES, None),
+            ("computations", 3, MANY, _MSG, "HloComputationProto"),
+            ("host_program_shape", 4, ONE, _MSG, "ProgramShapeProto"),
+            ("id", 5, ONE, INT64, None),
+            ("entry_computation_id", 6, ONE, INT64, None),
+            ("schedule", 7, ONE, _MSG, "HloScheduleProto"),
+            ("profile_info", 13, MANY, BYTES, None),
+            ("stack_frame_index", 17, ONE, BYTES, None),
+            ("frontend_attributes", 19, ONE, _MSG, "FrontendAttributes"),
         ],
     )
-    file.message_type.extend([attrs, shape, instruction, computation, schedule, module])
-    return file
+    (module,) = b.classes("HloModuleProto")
+    return module
 
 
-_POOL = descriptor_pool.DescriptorPool()
-_POOL.Add(_build_file())
+def _joined_view() -> Any:
+    b = _FileBuilder("neffcache.keying.xla.joined")
+    b.message(
+        "JoinedInstructions",
+        [
+            ("id", 35, MANY, INT64, None),
+            ("operand_ids", 36, MANY, INT64, None),
+            ("control_predecessor_ids", 37, MANY, INT64, None),
+            ("called_computation_ids", 38, MANY, INT64, None),
+        ],
+    )
+    (joined,) = b.classes("JoinedInstructions")
+    return joined
+
+
+def _stream_view() -> Any:
+    """Instructions as consecutive proto2 groups, each ending in BOUNDARY_FIELD.
+
+    The ignored fields and the boundary are members of one oneof, so parsing each
+    member clears the previous one and the boundary, written last, clears them all:
+    the parser itself drops every ignored field, with no pass over instructions in
+    Python. Groups are delimited by tags rather than length prefixes, so the stream is
+    one ``bytes.join`` of the raw instructions.
+    """
+    b = _FileBuilder("neffcache.keying.xla.stream", syntax="proto2")
+    b.frontend_attributes()
+    stream = b.message(
+        "InstructionStream", [("instr", 1, MANY, _F.TYPE_GROUP, "InstructionStream.Instr")]
+    )
+    fields: list[_Spec] = [
+        (name, number, PRESENCE, ftype, None)
+        for number, (name, ftype) in IGNORED_INSTRUCTION_FIELDS.items()
+    ]
+    fields.append(("boundary", BOUNDARY_FIELD, PRESENCE, INT32, None))
+    fields.append(
+        ("frontend_attributes", FRONTEND_ATTRIBUTES_FIELD, ONE, _MSG, "FrontendAttributes")
+    )
+    b.message("Instr", fields, stream, oneof="ignored")
+    (cls,) = b.classes("InstructionStream")
+    return cls
+
 
 # The generated classes are dynamic, so they are typed as Any for mypy.
-HloModuleProto: Any = message_factory.GetMessageClass(
-    _POOL.FindMessageTypeByName(f"{_PACKAGE}.HloModuleProto")
-)
+HloModuleProto: Any = _outer_view()
+JoinedInstructions: Any = _joined_view()
+InstructionStream: Any = _stream_view()

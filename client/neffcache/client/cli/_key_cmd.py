@@ -98,6 +98,5 @@ def _target(explicit: str | None, flags: list[str]) -> str:
     if override:
         return override
     raise CommandError(
-        f"no target: pass --target ({', '.join(TARGETS)}) "
-        "or set NEURON_PLATFORM_TARGET_OVERRIDE"
+        f"no target: pass --target ({', '.join(TARGETS)}) or set NEURON_PLATFORM_TARGET_OVERRIDE"
     )
