@@ -83,12 +83,13 @@ def canonical_hlo(module_bytes: bytes) -> bytes:
     comps = list(module.computations)
     by_id = _computations_by_id(comps)
     flat = _flat_references(comps)
-    called = dict(zip(by_id, _segments(flat.called, len(comps)), strict=True))
+    called_segments = _segments(flat.called, len(comps))
+    called = dict(zip(by_id, called_segments, strict=True))
     entry = _entry_computation(module, by_id)
     order = canonical_order(entry.id, called)
     comp_pos = {old: new for new, old in enumerate(order)}
     if order != list(by_id):
-        flat = flat.reordered(order, list(by_id))
+        flat = flat.reordered(order, list(by_id), called_segments)
     ordered = [by_id[old] for old in order]
     positions = _positions(flat.ids, ordered)
     structure = array("q", [comp_pos[entry.id]])
@@ -162,12 +163,17 @@ class _Flat:
     preds: list[int]
     called: list[int]
 
-    def reordered(self, order: Sequence[int], file_order: Sequence[int]) -> _Flat:
-        """The same lists with computations in ``order`` rather than file order."""
+    def reordered(
+        self, order: Sequence[int], file_order: Sequence[int], called: list[list[int]]
+    ) -> _Flat:
+        """The same lists with computations in ``order`` rather than file order.
+
+        ``called`` is ``_segments(self.called)``, which the caller already has.
+        """
         where = {comp_id: i for i, comp_id in enumerate(file_order)}
         lists = []
-        for values in (self.ids, self.operands, self.preds, self.called):
-            segments = _segments(values, len(file_order))
+        for values in (self.ids, self.operands, self.preds, None):
+            segments = called if values is None else _segments(values, len(file_order))
             out: list[int] = []
             for comp_id in order:
                 out += segments[where[comp_id]]
@@ -204,12 +210,9 @@ def _flat_references(comps: Sequence[Any]) -> _Flat:
     the check below rejects a module where one is.
     """
     items: list[bytes] = []
-    pattern: list[int] = []
     for comp in comps:
         items.extend(comp.instructions)
         items.append(_COMPUTATION_SEPARATOR)
-        pattern += [_INSTRUCTION_END] * len(comp.instructions)
-        pattern += _COMPUTATION_TAIL
     joined = JoinedInstructions.FromString(
         _INSTRUCTION_SEPARATOR.join(items) + _INSTRUCTION_SEPARATOR
     )
@@ -219,13 +222,16 @@ def _flat_references(comps: Sequence[Any]) -> _Flat:
         list(joined.control_predecessor_ids),
         list(joined.called_computation_ids),
     )
+    # The parser keeps the separators in order, so the boundaries are where they were
+    # put; a real id equal to a sentinel would show up as one sentinel too many.
+    instructions, computations = len(items) - len(comps), len(comps)
     for values in (flat.ids, flat.operands, flat.preds, flat.called):
-        if list(filter(_NEGATIVE, values)) != pattern:
+        if (
+            values.count(_INSTRUCTION_END) != instructions + computations
+            or values.count(_COMPUTATION_END) != computations
+        ):
             raise KeyingError("not an HLO module: an instruction has negative or malformed ids")
     return flat
-
-
-_NEGATIVE = (0).__gt__  # x -> 0 > x, in C
 
 
 def _segments(values: list[int], count: int) -> list[list[int]]:
@@ -247,7 +253,12 @@ def _positions(ids: list[int], ordered: Sequence[Any]) -> dict[int, int]:
     than rejected: still unambiguous, and no producer writes one.)
     """
     total = sum(len(comp.instructions) for comp in ordered)
-    real = list(filter((0).__le__, ids))
+    # Well-formed, each instruction gives [id, END] and each computation [CEND, END]:
+    # every second value is END, and the others are the ids and computation ends.
+    if len(ids) % 2 == 0 and ids[1::2].count(_INSTRUCTION_END) == len(ids) // 2:
+        real = list(filter((0).__le__, ids[0::2]))
+    else:
+        real = []
     if len(real) != total:
         real = _with_zero_ids(ids, ordered)
     positions = dict(zip(real, range(total), strict=True))
@@ -310,10 +321,13 @@ def _append_references(
             f"not an HLO module: a root or operand names instruction id {exc.args[0]}, "
             "which does not exist"
         ) from None
+    sizes = [len(comp.instructions) for comp in ordered]
     structure.append(len(ordered))
-    for comp, root in zip(ordered, roots, strict=True):
-        structure.extend((len(comp.instructions), root))
-    called = [comp_pos.get(c, c) for c in flat.called]  # sentinels map to themselves
+    structure.extend(chain.from_iterable(zip(sizes, roots, strict=True)))
+    calls = dict(comp_pos)
+    calls[_INSTRUCTION_END] = _INSTRUCTION_END
+    calls[_COMPUTATION_END] = _COMPUTATION_END
+    called = list(map(calls.__getitem__, flat.called))
     for values in (operands, preds, called):
         structure.append(len(values))
         structure.extend(values)

@@ -50,7 +50,7 @@ def compiler_version(compiler: str = "neuronx-cc") -> str:
 
 def check_compiler_version(version: str) -> str:
     """Validate a version string given by hand (``--compiler-version``)."""
-    if not isinstance(version, str) or not VERSION_PATTERN.match(version):
+    if not isinstance(version, str) or not VERSION_PATTERN.fullmatch(version):
         raise KeyingError(
             f"compiler version {version!r} is not a neuronx-cc build string "
             "such as 2.20.9961.0+0acef03a"

@@ -100,6 +100,9 @@ _ALIASES: Mapping[str, str] = {
 }
 
 _DROPPED = frozenset(WRAPPER_ONLY_FLAGS) | frozenset(OUTPUT_NEUTRAL_FLAGS)
+_KNOWN_FLAGS = (
+    _DROPPED | _VALUE_FLAGS | _BOOLEAN_FLAGS | _MULTI_VALUE_FLAGS | set(_ALIASES.values())
+)
 
 
 def split_flags(flags: str | Sequence[str]) -> list[str]:
@@ -148,16 +151,29 @@ def _parse_options(tokens: list[str]) -> list[tuple[str, str | None]]:
                     words.append(tokens[i])
                     i += 1
                 value = " ".join(words) if words else None
-            elif i < len(tokens) and (name in _VALUE_FLAGS or not tokens[i].startswith("-")):
+            elif i < len(tokens) and _is_value(name, tokens[i]):
                 value = tokens[i]
                 i += 1
+            if value is None and name in _VALUE_FLAGS:
+                raise KeyingError(f"compiler flag {name} needs a value")
         options.append((name, value))
     return options
 
 
+def _is_value(name: str, word: str) -> bool:
+    """Whether ``word`` is the value of flag ``name`` rather than a flag of its own.
+
+    A documented value flag takes the next word even when it starts with "-"
+    (``--tensorizer-options '--foo'``), unless that word is itself a flag we know.
+    """
+    if not word.startswith("-"):
+        return True
+    return name in _VALUE_FLAGS and _split_token(word)[0] not in _KNOWN_FLAGS
+
+
 def _split_token(token: str) -> tuple[str, str | None]:
     if token.startswith("-O") and not token.startswith("--") and len(token) > 2:
-        return "--optlevel", token[2:]  # -O2
+        return "--optlevel", token[2:].removeprefix("=")  # -O2, -O=2
     name, sep, value = token.partition("=")
     name = _ALIASES.get(name, name)
     return name, (value if sep else None)

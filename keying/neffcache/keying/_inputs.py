@@ -89,7 +89,7 @@ class KeyInputs:
     context: CompileContext
 
     def __post_init__(self) -> None:
-        if not isinstance(self.fingerprint, str) or not _HEX64.match(self.fingerprint):
+        if not isinstance(self.fingerprint, str) or not _HEX64.fullmatch(self.fingerprint):
             raise KeyingError(
                 f"fingerprint {self.fingerprint!r} is not 64 lowercase hex digits "
                 "(use fingerprint_hlo)"

@@ -33,9 +33,9 @@ class NeuronAddress:
 
     def __post_init__(self) -> None:
         check_compiler_version(self.compiler_version)
-        if not _MODULE_KEY.match(self.module_key):
+        if not _MODULE_KEY.fullmatch(self.module_key):
             raise KeyingError(f"module key {self.module_key!r} is not 1-128 letters or digits")
-        if not _FLAGS_HASH.match(self.flags_hash):
+        if not _FLAGS_HASH.fullmatch(self.flags_hash):
             raise KeyingError(f"flags hash {self.flags_hash!r} is not 8 lowercase hex digits")
 
     def __str__(self) -> str:
@@ -53,7 +53,7 @@ def neuron_address(compiler_version: str, module_key: str, flags_hash: str) -> s
 
 def parse_neuron_address(address: str) -> NeuronAddress:
     """Parse ``neuronxcc-<ver>/MODULE_<key>+<flags8>``; KeyingError if it is not one."""
-    match = _ADDRESS.match(address)
+    match = _ADDRESS.fullmatch(address)
     if match is None:
         raise KeyingError(
             f"{address!r} is not a Neuron cache address neuronxcc-<version>/MODULE_<key>+<8 hex>"

@@ -6,8 +6,8 @@ a change to canonicalization (what is dropped, renumbered or kept), to flag or
 environment normalization, to the field order or encoding of the key. Never reuse a
 value. Old entries then simply stop matching, which costs compiles but can never serve
 a NEFF built from different inputs (ccache HASH_PREFIX, sccache CACHE_VERSION).
-The golden-digest tests in tests/keying/test_golden.py fail on any such change, as a
-reminder to bump it.
+The golden-digest tests (tests/keying/test_key.py, tests/keying/test_fingerprint.py)
+fail on any such change, as a reminder to bump it.
 """
 
 from __future__ import annotations

@@ -45,7 +45,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"neffcache {args.command}: error: {exc}", file=sys.stderr)
         return 2
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

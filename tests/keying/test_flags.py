@@ -1,0 +1,324 @@
+"""Flag normalization (neffcache's key) and the stock Neuron flags hash (facts §2, §4.3)."""
+
+from __future__ import annotations
+
+import pytest
+
+from neffcache.keying import (
+    OUTPUT_NEUTRAL_FLAGS,
+    WRAPPER_ONLY_FLAGS,
+    KeyingError,
+    neuron_cache_flags,
+    neuron_flags_hash,
+    normalize_flags,
+)
+
+# Wrapper-only flags that take no value (facts §2: --no_cache, --retry_failed_compilation).
+BOOLEAN_WRAPPER_FLAGS = ("--no_cache", "--retry_failed_compilation")
+VALUE_WRAPPER_FLAGS = tuple(sorted(set(WRAPPER_ONLY_FLAGS) - set(BOOLEAN_WRAPPER_FLAGS)))
+
+BASE = ["--model-type=transformer"]
+
+
+# --- normalize_flags: what is removed -------------------------------------------------
+
+
+def test_wrapper_flag_sets_are_the_documented_ones() -> None:
+    # facts §2 and §15 list these as parsed by libneuronxla and never passed on.
+    assert set(WRAPPER_ONLY_FLAGS) >= {
+        "--cache_dir",
+        "--no_cache",
+        "--retry_failed_compilation",
+        "--log_level",
+    }
+    assert set(BOOLEAN_WRAPPER_FLAGS) <= set(WRAPPER_ONLY_FLAGS)
+
+
+@pytest.mark.parametrize("flag", VALUE_WRAPPER_FLAGS)
+def test_value_wrapper_flag_removed_with_equals(flag: str) -> None:
+    assert normalize_flags([f"{flag}=/some/where", *BASE]) == BASE
+
+
+@pytest.mark.parametrize("flag", VALUE_WRAPPER_FLAGS)
+def test_value_wrapper_flag_removed_with_space(flag: str) -> None:
+    # The value must go too: a leftover "/some/where" would be a positional (dropped)
+    # but a leftover "s3://b" right before a flag must not become anything either.
+    assert normalize_flags([flag, "/some/where", *BASE]) == BASE
+    assert normalize_flags(f"{flag} /some/where --model-type transformer") == BASE
+
+
+@pytest.mark.parametrize("flag", BOOLEAN_WRAPPER_FLAGS)
+def test_boolean_wrapper_flag_removed(flag: str) -> None:
+    assert normalize_flags([flag, *BASE]) == BASE
+    assert normalize_flags([*BASE, flag]) == BASE
+
+
+@pytest.mark.parametrize("flag", BOOLEAN_WRAPPER_FLAGS)
+def test_boolean_wrapper_flag_does_not_swallow_next_word(flag: str) -> None:
+    # "compile" after a switch is the command word, not the switch's value; the
+    # following --model-type must survive.
+    assert normalize_flags(f"{flag} compile --model-type transformer") == BASE
+
+
+@pytest.mark.parametrize("flag", sorted(OUTPUT_NEUTRAL_FLAGS))
+def test_output_neutral_flag_removed_both_spellings(flag: str) -> None:
+    assert normalize_flags([f"{flag}=x", *BASE]) == BASE
+    assert normalize_flags([flag, "x", *BASE]) == BASE
+
+
+def test_every_listed_flag_has_a_reason() -> None:
+    for table in (WRAPPER_ONLY_FLAGS, OUTPUT_NEUTRAL_FLAGS):
+        for name, reason in table.items():
+            assert name.startswith("--")
+            assert isinstance(reason, str)
+            assert reason.strip()
+
+
+def test_command_word_and_input_path_removed() -> None:
+    command = (
+        "compile /tmp/work/model.hlo_module.pb --framework=XLA --target=trn1 "
+        "--output /tmp/work/model.neff --verbose=35 --model-type=transformer"
+    )
+    assert normalize_flags(command) == ["--model-type=transformer", "--target=trn1"]
+
+
+def test_nxd_logfile_in_workdir_does_not_matter() -> None:
+    # facts §13.3: NxD appends --logfile=<workdir>/...; moving the workdir must not miss.
+    a = normalize_flags("--model-type=transformer --logfile=/tmp/nxd_model/a/log-neuron-cc.txt")
+    b = normalize_flags("--model-type=transformer --logfile=/scratch/run7/log-neuron-cc.txt")
+    assert a == b == BASE
+
+
+# --- normalize_flags: spelling --------------------------------------------------------
+
+
+def test_space_spelling_becomes_equals() -> None:
+    assert normalize_flags("--model-type transformer --auto-cast none") == [
+        "--auto-cast=none",
+        "--model-type=transformer",
+    ]
+    assert normalize_flags(["--model-type", "transformer"]) == BASE
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    ["-O2", "-O 2", "--optlevel 2", "--optlevel=2", ["-O", "2"], ["--optlevel", "2"]],
+)
+def test_optlevel_aliases(spelling: str | list[str]) -> None:
+    assert normalize_flags(spelling) == ["--optlevel=2"]
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    ["-lnc 2", "-lnc=2", "--lnc 2", "--lnc=2", "--logical-nc-config 2", "--logical-nc-config=2"],
+)
+def test_logical_nc_config_aliases(spelling: str) -> None:
+    assert normalize_flags(spelling) == ["--logical-nc-config=2"]
+
+
+def test_same_name_order_preserved() -> None:
+    # The compiler's parser lets the last one win, so their order is significant.
+    assert normalize_flags("--optlevel=1 --model-type=transformer -O3") == [
+        "--model-type=transformer",
+        "--optlevel=1",
+        "--optlevel=3",
+    ]
+    assert normalize_flags("-O3 --optlevel=1") == ["--optlevel=3", "--optlevel=1"]
+    assert normalize_flags("-O3 --optlevel=1") != normalize_flags("--optlevel=1 -O3")
+
+
+def test_different_name_order_irrelevant() -> None:
+    a = normalize_flags("--model-type=transformer --auto-cast=none --enable-saturate-infinity")
+    b = normalize_flags("--enable-saturate-infinity --auto-cast none --model-type transformer")
+    assert (
+        a
+        == b
+        == [
+            "--auto-cast=none",
+            "--enable-saturate-infinity",
+            "--model-type=transformer",
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        "--model-type transformer -O1 --cache_dir=/c --logfile=/w/log",
+        "compile in.pb --lnc 2 --tensorizer-options '--foo --bar=1' --pipeline compile SaveTemps",
+        "-O3 --optlevel=1 --enable-saturate-infinity --auto-cast=none",
+        "",
+    ],
+)
+def test_idempotent(flags: str) -> None:
+    once = normalize_flags(flags)
+    assert normalize_flags(once) == once
+
+
+@pytest.mark.parametrize(
+    "flags", [["--optlevel=1", "--model-type"], ["--model-type", "--optlevel=1"]]
+)
+def test_value_flag_missing_its_value_is_rejected(flags: list[str]) -> None:
+    # Taking the next flag as its value would make normalization non-idempotent
+    # (a second pass would read "--model-type --optlevel=1" differently).
+    with pytest.raises(KeyingError, match="--model-type needs a value"):
+        normalize_flags(flags)
+
+
+def test_dash_o_equals_spelling() -> None:
+    assert normalize_flags("-O=2") == normalize_flags("-O2") == ["--optlevel=2"]
+
+
+def test_known_value_flag_takes_dash_leading_value() -> None:
+    assert normalize_flags("--tensorizer-options '--foo'") == ["--tensorizer-options=--foo"]
+    assert normalize_flags(["--tensorizer-options", "--foo --bar=2", *BASE]) == [
+        "--model-type=transformer",
+        "--tensorizer-options=--foo --bar=2",
+    ]
+
+
+def test_unknown_flag_does_not_take_dash_leading_word() -> None:
+    assert normalize_flags("--some-switch --model-type=transformer") == [
+        "--model-type=transformer",
+        "--some-switch",
+    ]
+
+
+def test_unbalanced_quote_is_keying_error() -> None:
+    with pytest.raises(KeyingError, match="cannot split"):
+        normalize_flags("--tensorizer-options '--foo")
+
+
+def test_non_string_token_is_keying_error() -> None:
+    with pytest.raises(KeyingError):
+        normalize_flags(["--model-type", 3])  # type: ignore[list-item]
+
+
+# --- neuron_flags_hash: every observed value of facts §4.3 ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        # Raw-string era (neuronxcc up to about 2.13): md5 of the string as given.
+        ("", "d41d8cd9"),
+        ("--model-type=transformer", "abb26765"),
+        ("--model-type=transformer --auto-cast=none", "2c2d707e"),
+        ("--model-type transformer --distribution-strategy=llm-training", "5d2d81ce"),
+    ],
+)
+def test_neuron_flags_hash_legacy_golden(flags: str, expected: str) -> None:
+    assert neuron_flags_hash(flags, legacy=True) == expected
+
+
+def test_neuron_flags_hash_legacy_token_list_joins_with_spaces() -> None:
+    tokens = ["--model-type", "transformer", "--distribution-strategy=llm-training"]
+    assert neuron_flags_hash(tokens, legacy=True) == "5d2d81ce"
+    assert neuron_flags_hash([], legacy=True) == "d41d8cd9"
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        # JSON era (neuronxcc >= 2.15): md5(json.dumps(tokens)).
+        (["--model-type=transformer", "--auto-cast=none", "--execute-repetition=1"], "39f12043"),
+        (["--target=trn1", "--model-type=transformer"], "3cc9a3cb"),
+        (["--target=trn1"], "e30acd3a"),
+        (["--target=trn3"], "70e3f644"),
+        (
+            [
+                "--target=trn2",
+                "--model-type=transformer",
+                "--optlevel=1",
+                "--enable-saturate-infinity",
+                "--lnc=2",
+            ],
+            "839ddec0",
+        ),
+    ],
+)
+def test_neuron_flags_hash_json_golden(flags: list[str], expected: str) -> None:
+    assert neuron_flags_hash(flags) == expected
+    assert neuron_flags_hash(tuple(flags)) == expected
+
+
+def test_neuron_flags_hash_is_spelling_and_order_sensitive() -> None:
+    # facts §4.3 item 8: the stock hash is token-exact, unlike neffcache's key.
+    assert neuron_flags_hash(["--model-type=transformer"]) != neuron_flags_hash(
+        ["--model-type", "transformer"]
+    )
+    assert neuron_flags_hash(["--target=trn1", "--model-type=transformer"]) != neuron_flags_hash(
+        ["--model-type=transformer", "--target=trn1"]
+    )
+
+
+def test_neuron_flags_hash_string_without_legacy_is_keying_error() -> None:
+    with pytest.raises(KeyingError, match="legacy"):
+        neuron_flags_hash("--target=trn1")
+
+
+# --- neuron_cache_flags ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", VALUE_WRAPPER_FLAGS)
+def test_neuron_cache_flags_strips_value_wrapper_flags(flag: str) -> None:
+    expected = ["--target=trn1", "--model-type=transformer", "-O1"]
+    assert neuron_cache_flags([f"{flag}=/x", "--model-type=transformer", "-O1"], "trn1") == expected
+    assert neuron_cache_flags(["--model-type=transformer", flag, "/x", "-O1"], "trn1") == expected
+
+
+@pytest.mark.parametrize("flag", BOOLEAN_WRAPPER_FLAGS)
+def test_neuron_cache_flags_strips_boolean_wrapper_flags(flag: str) -> None:
+    assert neuron_cache_flags([flag, "--model-type=transformer"], "trn2") == [
+        "--target=trn2",
+        "--model-type=transformer",
+    ]
+
+
+def test_neuron_cache_flags_strips_s3_cache_dir_value() -> None:
+    assert neuron_cache_flags("--cache_dir s3://x --model-type=transformer", "trn1") == [
+        "--target=trn1",
+        "--model-type=transformer",
+    ]
+    assert neuron_cache_flags("--cache_dir=s3://x/prefix --model-type=transformer", "trn1") == [
+        "--target=trn1",
+        "--model-type=transformer",
+    ]
+
+
+def test_neuron_cache_flags_keeps_order_and_spelling() -> None:
+    flags = ["--optlevel", "1", "--model-type=transformer", "--logfile=/w/log", "-O2"]
+    assert neuron_cache_flags(flags, "trn2") == ["--target=trn2", *flags]
+
+
+def test_neuron_cache_flags_keeps_existing_target() -> None:
+    assert neuron_cache_flags(["--model-type=transformer", "--target=trn2"], "trn2") == [
+        "--model-type=transformer",
+        "--target=trn2",
+    ]
+    assert neuron_cache_flags(["--target", "trn1"], "trn1") == ["--target", "trn1"]
+
+
+def test_neuron_cache_flags_without_target() -> None:
+    # transformers-neuronx passes the target separately and does not hash it (§4.3.6).
+    assert neuron_cache_flags("--model-type=transformer --auto-cast=none", None) == [
+        "--model-type=transformer",
+        "--auto-cast=none",
+    ]
+
+
+def test_nxd_llama_on_trn1_end_to_end() -> None:
+    # facts §4.3: NEURON_CC_FLAGS="--model-type=transformer --cache_dir=..." on trn1
+    # was stored under +3cc9a3cb.
+    neuron_cc_flags = "--model-type=transformer --cache_dir=/fsx/neuron-compile-cache"
+    assert neuron_flags_hash(neuron_cache_flags(neuron_cc_flags, "trn1")) == "3cc9a3cb"
+
+
+def test_no_user_flags_end_to_end() -> None:
+    assert neuron_flags_hash(neuron_cache_flags("", "trn1")) == "e30acd3a"
+    assert neuron_flags_hash(neuron_cache_flags("", "trn3")) == "70e3f644"
+
+
+def test_trn2_lnc_end_to_end() -> None:
+    neuron_cc_flags = "--model-type=transformer --optlevel=1 --enable-saturate-infinity --lnc=2"
+    assert neuron_flags_hash(neuron_cache_flags(neuron_cc_flags, "trn2")) == "839ddec0"

@@ -1,0 +1,219 @@
+"""Package structure (STYLE.md section 7, rule 8): one PEP 420 namespace over three
+source roots, imports that only point the allowed way, and complete public APIs."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("keying", "client", "server")
+
+# What keying may import besides the standard library and itself: the two
+# dependencies every Neuron training image already has.
+KEYING_THIRD_PARTY = ("blake3", "google.protobuf")
+# The client goes into training images that pin their own stacks.
+CLIENT_FORBIDDEN = (
+    "neffcache.server",
+    "fastapi",
+    "pydantic",
+    "pydantic_settings",
+    "redis",
+    "boto3",
+    "botocore",
+    "starlette",
+    "uvicorn",
+)
+SERVER_FORBIDDEN = ("neffcache.client",)
+
+
+def source_files(package: str) -> list[Path]:
+    files = sorted((ROOT / package).rglob("*.py"))
+    assert files, f"no Python files under {package}/"
+    return files
+
+
+def module_name(path: Path, package: str) -> str:
+    parts = list(path.relative_to(ROOT / package).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(source: str, module: str, *, is_package: bool) -> set[str]:
+    """Absolute names of every module ``source`` imports, at any depth in the file."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                base = node.module or ""
+            else:
+                # Resolve "from ..x import y" against the importing module's package.
+                package = module.split(".") if is_package else module.split(".")[:-1]
+                anchor = package[: len(package) - (node.level - 1)]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            found.add(base)
+            # "from pkg import sub" may import a submodule.
+            found.update(f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
+    return found
+
+
+def imports_of(package: str) -> dict[str, set[str]]:
+    result = {}
+    for path in source_files(package):
+        module = module_name(path, package)
+        result[module] = imported_modules(
+            path.read_text(encoding="utf-8"), module, is_package=path.name == "__init__.py"
+        )
+    return result
+
+
+def within(name: str, roots: tuple[str, ...]) -> bool:
+    return any(name == root or name.startswith(root + ".") for root in roots)
+
+
+def is_stdlib(name: str) -> bool:
+    return name.partition(".")[0] in sys.stdlib_module_names
+
+
+# --- (1) one namespace, three roots ---------------------------------------------------
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_namespace_init(package: str) -> None:
+    assert (ROOT / package / "neffcache").is_dir()
+    assert not (ROOT / package / "neffcache" / "__init__.py").exists()
+    assert (ROOT / package / "neffcache" / package / "__init__.py").is_file()
+
+
+def test_no_top_level_neffcache_folder() -> None:
+    assert not (ROOT / "neffcache").exists()
+
+
+# --- (2) import direction -------------------------------------------------------------
+
+
+def test_import_resolution_helper() -> None:
+    # The checks below are only as good as this resolver.
+    found = imported_modules(
+        "import os.path\nfrom . import _x\nfrom ._y import z\nfrom .. import other\n"
+        "def f():\n    import fastapi\n",
+        "neffcache.keying._mod",
+        is_package=False,
+    )
+    assert found >= {
+        "os.path",
+        "neffcache.keying",
+        "neffcache.keying._x",
+        "neffcache.keying._y",
+        "neffcache",
+        "neffcache.other",
+        "fastapi",
+    }
+    package_init = imported_modules(
+        "from ._cmd import run", "neffcache.client.cli", is_package=True
+    )
+    assert "neffcache.client.cli._cmd" in package_init
+
+
+def test_keying_imports_only_stdlib_blake3_protobuf_and_itself() -> None:
+    allowed = ("neffcache.keying", *KEYING_THIRD_PARTY)
+    bad = {
+        module: sorted(name for name in names if not (is_stdlib(name) or within(name, allowed)))
+        for module, names in imports_of("keying").items()
+    }
+    assert {module: names for module, names in bad.items() if names} == {}
+
+
+def test_client_imports_no_server_stack() -> None:
+    bad = {
+        module: sorted(name for name in names if within(name, CLIENT_FORBIDDEN))
+        for module, names in imports_of("client").items()
+    }
+    assert {module: names for module, names in bad.items() if names} == {}
+
+
+def test_client_imports_keying() -> None:
+    # Not vacuous: the scan does see the client's real dependency on keying.
+    assert any(
+        within(name, ("neffcache.keying",))
+        for names in imports_of("client").values()
+        for name in names
+    )
+
+
+def test_server_imports_nothing_from_client() -> None:
+    bad = {
+        module: sorted(name for name in names if within(name, SERVER_FORBIDDEN))
+        for module, names in imports_of("server").items()
+    }
+    assert {module: names for module, names in bad.items() if names} == {}
+
+
+def test_forbidden_import_would_be_caught() -> None:
+    names = imported_modules(
+        "from neffcache.server import create_app\nimport pydantic.v1\n",
+        "neffcache.client._x",
+        is_package=False,
+    )
+    assert any(within(name, CLIENT_FORBIDDEN) for name in names)
+    assert sorted(n for n in names if within(n, CLIENT_FORBIDDEN)) == [
+        "neffcache.server",
+        "neffcache.server.create_app",
+        "pydantic.v1",
+    ]
+
+
+# --- (3) __all__ ----------------------------------------------------------------------
+
+
+def isort_style(name: str) -> tuple[int, str]:
+    """ruff RUF022's order: SCREAMING_CASE, then CamelCase, then everything else."""
+    if name.isupper():
+        return (0, name)
+    if name[:1].isupper():
+        return (1, name)
+    return (2, name)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_all_is_sorted_unique_and_complete(package: str) -> None:
+    module = importlib.import_module(f"neffcache.{package}")
+    exported = module.__all__
+    assert isinstance(exported, list)
+    assert exported == sorted(exported, key=isort_style), "__all__ is not sorted"
+    assert len(exported) == len(set(exported)), "__all__ has duplicates"
+
+    missing = [name for name in exported if not hasattr(module, name)]
+    assert missing == [], f"__all__ names that do not exist: {missing}"
+
+    public = {
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_")
+        and not isinstance(value, types.ModuleType)
+        and type(value).__module__ != "__future__"  # `from __future__ import annotations`
+    }
+    unlisted = sorted(public - set(exported))
+    assert unlisted == [], f"public names missing from __all__: {unlisted}"
+
+
+def test_keying_exports_the_core_api() -> None:
+    keying = importlib.import_module("neffcache.keying")
+    for name in ("compute_key", "CacheKey", "KeyInputs", "KEY_VERSION", "KeyingError"):
+        assert name in keying.__all__
+
+
+# --- (4) typed ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_py_typed(package: str) -> None:
+    assert (ROOT / package / "neffcache" / package / "py.typed").is_file()
