@@ -204,3 +204,95 @@ def test_entry_found_by_name_when_its_id_is_stale() -> None:
 def test_malformed_modules_raise_keying_error(what: str, mutate: Any) -> None:
     with pytest.raises(KeyingError, match="not an HLO module"):
         fingerprint_hlo(_mutated(mutate))
+
+
+# Known digests: a change here changes every canonical key, so it must come with a
+# KEY_VERSION bump (keying/neffcache/keying/_version.py).
+GOLDEN = {
+    "block": "dbd743262b439fa7caa8ff712dccfc4b46c2017f6c89d83f42f38907a7566384",
+    "allreduce_pair": "393aa74e3d307945ca19b3a0bef90179a8f14337f7b2b16084d7c15eae67444d",
+    "attrs": "906644e741bd719c449734c096d427c4fad0202bdb6f7018f00d4fd3fc59bd71",
+    "block_scheduled": "02cd15de8816f9d47916659d23ae8a8de2798e55250ddc59b22f45f66f56922e",
+}
+
+
+@pytest.mark.parametrize("group", sorted(GOLDEN))
+def test_golden_fingerprints(group: str) -> None:
+    for name in groups()[group]:
+        assert fingerprint_hlo(load(name)) == GOLDEN[group], name
+
+
+def _swap_computations(module: Any) -> None:
+    first, second = (type(c)() for c in module.computations)
+    first.CopyFrom(module.computations[1])
+    second.CopyFrom(module.computations[0])
+    del module.computations[:]
+    module.computations.extend([first, second])
+
+
+MARKER = b"\xf8\xff\xff\xff\x0f\x02\xf8\xff\xff\xff\x0f\x01"  # ends a computation
+
+
+def test_kept_bytes_that_look_like_a_marker_still_reorder_correctly() -> None:
+    # backend_config (field 43) holding the bytes the canonical form uses to mark a
+    # computation's end: splitting would cut there, so the reorder must not split.
+    def with_marker(module: Any) -> None:
+        module.computations[-1].instructions[-1].MergeFromString(
+            b"\xda\x02" + bytes([len(MARKER)]) + MARKER
+        )
+
+    in_order = _mutated_from("allreduce_groups_pair", with_marker)
+    swapped = _mutated_from(
+        "allreduce_groups_pair", lambda m: (with_marker(m), _swap_computations(m))
+    )
+    assert in_order != swapped
+    assert fingerprint_hlo(in_order) == fingerprint_hlo(swapped)
+    assert fingerprint_hlo(in_order) != fingerprint_hlo(load("allreduce_groups_pair"))
+
+
+def test_frontend_attributes_follow_their_instruction_when_computations_move() -> None:
+    # neff_input_names="input0" on the all-reduce's parameter, as a raw field 68.
+    entry = b"\n\x10neff_input_names\x12\x06input0"
+    attrs = b"\n" + bytes([len(entry)]) + entry
+
+    def with_attrs(module: Any) -> None:
+        module.computations[-1].instructions[0].MergeFromString(
+            b"\xa2\x04" + bytes([len(attrs)]) + attrs
+        )
+
+    in_order = _mutated_from("allreduce_groups_pair", with_attrs)
+    swapped = _mutated_from(
+        "allreduce_groups_pair", lambda m: (with_attrs(m), _swap_computations(m))
+    )
+    assert fingerprint_hlo(in_order) == fingerprint_hlo(swapped)
+    assert fingerprint_hlo(in_order) != fingerprint_hlo(load("allreduce_groups_pair"))
+
+
+def test_computation_ids_whose_bytes_mimic_separators_are_just_ids() -> None:
+    # -258 is fe fe ff ff ff ff ff ff in memory: read one byte late it looks like the
+    # -2 that ends a computation in the canonical form's lists.
+    def huge(module: Any) -> None:
+        mapping = {c.id: -258 - 256 * i for i, c in enumerate(module.computations)}
+        for comp in module.computations:
+            comp.id = mapping[comp.id]
+            for instr in comp.instructions:
+                instr.called_computation_ids[:] = [mapping[c] for c in instr.called_computation_ids]
+        module.entry_computation_id = mapping[module.entry_computation_id]
+
+    changed = _mutated_from("allreduce_groups_pair", huge)
+    assert changed != load("allreduce_groups_pair")
+    assert fingerprint_hlo(changed) == fingerprint_hlo(load("allreduce_groups_pair"))
+
+
+def test_an_instruction_with_id_zero_is_found() -> None:
+    # proto3 does not write an id of 0; XLA's text parser numbers from 0.
+    module = _parse(load("block_text"))
+    assert 0 in {i.id for c in module.computations for i in c.instructions}
+    assert fingerprint_hlo(load("block_text")) == fingerprint_hlo(load("block_a"))
+
+
+def _mutated_from(name: str, mutate: Any) -> bytes:
+    module = _parse(load(name))
+    mutate(module)
+    data: bytes = module.SerializeToString()
+    return data

@@ -21,19 +21,21 @@ which binds NEFF inputs at run time. ``DEBUG_FRONTEND_ATTRIBUTES`` lists keys sh
 be debug-only; it is empty because none has been. Adding one changes fingerprints, so
 it bumps KEY_VERSION.
 
-The canonical form is three parts, framed with lengths:
+The canonical form is four parts, framed with lengths:
 
-1. outer: the module with its computations in canonical order, every instruction, name
-   and id removed;
-2. instructions: every instruction, computation by computation in canonical order, with
-   the ignored fields removed by the parser (``_hlo_schema`` stream view);
-3. structure: per computation, its size, root, and each instruction's operands, control
-   predecessors and called computations as canonical positions; then the entry and the
-   schedule.
+1. outer: the module with computations in canonical order, every instruction, name and
+   id removed;
+2. instructions: every kept field of every instruction, in canonical order, each
+   instruction and computation closed by a marker field;
+3. frontend attributes: per instruction, its attribute map serialized with sorted keys;
+4. structure: per computation its size and root, and every operand, control
+   predecessor and called computation as a canonical position; the entry; the schedule.
 
-No Python loop runs per instruction: ids come from one parse of all instructions joined
-with sentinel separators (``_references``), and ignored fields vanish inside the
-protobuf parser. That keeps fingerprinting within a small factor of a plain
+No Python code runs per instruction. All instructions are joined with separators and
+parsed as *one* message (``_hlo_schema`` joined view): its repeated fields append, so
+the ignored fields and the id fields come out as flat lists, boundaries marked by
+sentinels, while the kept fields collect in order among its unknown fields, which
+serialize back as part 2. That keeps fingerprinting within a small factor of a plain
 parse-and-serialize of the module (tests/bench/bench_keying.py).
 """
 
@@ -49,7 +51,15 @@ import blake3
 from google.protobuf.message import DecodeError
 
 from ._errors import KeyingError
-from ._hlo_schema import BOUNDARY_FIELD, HloModuleProto, InstructionStream, JoinedInstructions
+from ._hlo_schema import (
+    FRONTEND_ATTRIBUTES_FIELD,
+    ID_FIELDS,
+    IGNORED_INSTRUCTION_FIELDS,
+    BytesList,
+    FrontendAttributes,
+    HloModuleProto,
+    JoinedInstructions,
+)
 from ._order import canonical_order
 from ._version import KEY_VERSION
 
@@ -59,9 +69,13 @@ DEBUG_FRONTEND_ATTRIBUTES: Mapping[str, str] = {}
 _FINGERPRINT_CONTEXT = f"neffcache {KEY_VERSION} canonical HloModuleProto fingerprint"
 _MAGIC = f"neffcache-canonical-hlo/{KEY_VERSION}\n".encode()
 
-_INSTRUCTION_END = -1  # sentinel after every instruction in the joined id lists
-_COMPUTATION_END = -2  # sentinel after every computation
-_REFERENCE_FIELDS = (35, 36, 37, 38)  # id, operand_ids, control_predecessor_ids, called
+# Sentinels in the joined lists. Ids are never negative, so they cannot be confused
+# with these; attribute sentinels are not valid FrontendAttributes messages.
+_INSTRUCTION_END = -1
+_COMPUTATION_END = -2
+_ATTRS_INSTRUCTION_END = b"\xff"
+_ATTRS_COMPUTATION_END = b"\xfe"
+_MARK_FIELD = 2**29 - 1  # the largest field number protobuf allows; XLA never uses it
 
 
 def fingerprint_hlo(module_bytes: bytes) -> str:
@@ -82,22 +96,25 @@ def canonical_hlo(module_bytes: bytes) -> bytes:
     module = _parse(module_bytes)
     comps = list(module.computations)
     by_id = _computations_by_id(comps)
-    flat = _flat_references(comps)
-    called_segments = _segments(flat.called, len(comps))
-    called = dict(zip(by_id, called_segments, strict=True))
+    joined = _Joined.parse(comps)
     entry = _entry_computation(module, by_id)
-    order = canonical_order(entry.id, called)
+    order = canonical_order(entry.id, dict(zip(by_id, joined.callees(len(comps)), strict=True)))
     comp_pos = {old: new for new, old in enumerate(order)}
-    if order != list(by_id):
-        flat = flat.reordered(order, list(by_id), called_segments)
     ordered = [by_id[old] for old in order]
-    positions = _positions(flat.ids, ordered)
-    structure = array("q", [comp_pos[entry.id]])
-    _append_references(structure, flat, ordered, positions, comp_pos)
-    _append_schedule(structure, module, positions, comp_pos)
-    instructions = _instruction_stream([comp.instructions for comp in ordered])
-    outer = _outer(module, comp_pos)
-    parts = (outer, instructions, structure.tobytes())
+    positions = _positions(joined.ids, comps, ordered)
+    where = {comp_id: i for i, comp_id in enumerate(by_id)}
+    # Index of each computation, in canonical order, among the file's; None if equal.
+    moved = None if order == list(by_id) else [where[old] for old in order]
+    structure = array("q", [comp_pos[entry.id]]).tobytes()
+    structure += _structure(joined, ordered, positions, comp_pos, moved)
+    structure += _schedule(module, positions, comp_pos)
+    content, attrs = joined.in_order(moved, ordered)
+    parts = (  # _outer clears the computations' ids, so it comes after every use of them
+        _outer(module, comp_pos),
+        content,
+        attrs,
+        structure,
+    )
     return _MAGIC + b"".join(len(part).to_bytes(8, "big") + part for part in parts)
 
 
@@ -149,119 +166,152 @@ def _entry_computation(module: Any, by_id: Mapping[int, Any]) -> Any:
     )
 
 
-@dataclass(frozen=True)
-class _Flat:
-    """The ids and id references of every instruction, as four flat lists.
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    value &= 2**64 - 1  # negative int64 values take ten bytes, as protobuf writes them
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
 
-    Each list holds, per instruction, its values followed by ``_INSTRUCTION_END``, and
-    after each computation ``_COMPUTATION_END, _INSTRUCTION_END``: boundaries survive
-    the flattening, so the lists are an unambiguous encoding of the references.
+
+def _separator(id_value: int, attrs: bytes, mark: int) -> bytes:
+    """Fields appended after an instruction (or standing for a computation's end)."""
+    ids = b"".join(_varint(number << 3) + _varint(id_value) for number in ID_FIELDS)
+    attrs_field = _varint(FRONTEND_ATTRIBUTES_FIELD << 3 | 2) + _varint(len(attrs)) + attrs
+    return ids + attrs_field + _varint(_MARK_FIELD << 3) + _varint(mark)
+
+
+_INSTRUCTION_SEPARATOR = _separator(_INSTRUCTION_END, _ATTRS_INSTRUCTION_END, 1)
+_COMPUTATION_ITEM = _separator(_COMPUTATION_END, _ATTRS_COMPUTATION_END, 2)
+# Each computation item is itself followed by an instruction separator, so in every
+# flat list a computation ends with these two sentinels.
+_COMPUTATION_MARK = _varint(_MARK_FIELD << 3) + b"\x02" + _varint(_MARK_FIELD << 3) + b"\x01"
+_TAIL = array("q", [_COMPUTATION_END, _INSTRUCTION_END]).tobytes()
+_END = array("q", [_INSTRUCTION_END]).tobytes()
+_JOINED_FIELDS = (
+    *IGNORED_INSTRUCTION_FIELDS.values(),
+    *ID_FIELDS.values(),
+    "frontend_attributes",
+)
+
+
+@dataclass(frozen=True)
+class _Joined:
+    """All instructions of a module, parsed as one message (see the module doc).
+
+    ``ids``, ``operands``, ``preds``, ``called`` and ``attrs`` hold, per instruction,
+    its values followed by an end sentinel, and per computation two more sentinels;
+    ``content`` is every kept field, in order, with the same boundaries as marker fields.
     """
 
     ids: list[int]
     operands: list[int]
     preds: list[int]
     called: list[int]
+    attrs: list[bytes]
+    content: bytes
 
-    def reordered(
-        self, order: Sequence[int], file_order: Sequence[int], called: list[list[int]]
-    ) -> _Flat:
-        """The same lists with computations in ``order`` rather than file order.
+    @classmethod
+    def parse(cls, comps: Sequence[Any]) -> _Joined:
+        items: list[bytes] = []
+        for comp in comps:
+            items.extend(comp.instructions)
+            items.append(_COMPUTATION_ITEM)
+        message = JoinedInstructions.FromString(
+            _INSTRUCTION_SEPARATOR.join(items) + _INSTRUCTION_SEPARATOR
+        )
+        joined = cls(
+            list(message.id),
+            list(message.operand_ids),
+            list(message.control_predecessor_ids),
+            list(message.called_computation_ids),
+            list(message.frontend_attributes),
+            b"",
+        )
+        # The parser keeps every separator, in order; a real value equal to a sentinel
+        # would show up as one sentinel too many.
+        checks: list[tuple[list[Any], object, object]] = [
+            (joined.ids, _INSTRUCTION_END, _COMPUTATION_END),
+            (joined.operands, _INSTRUCTION_END, _COMPUTATION_END),
+            (joined.preds, _INSTRUCTION_END, _COMPUTATION_END),
+            (joined.called, _INSTRUCTION_END, _COMPUTATION_END),
+            (joined.attrs, _ATTRS_INSTRUCTION_END, _ATTRS_COMPUTATION_END),
+        ]
+        for values, end, comp_end in checks:
+            if values.count(end) != len(items) or values.count(comp_end) != len(comps):
+                raise KeyingError("not an HLO module: an instruction has malformed id fields")
+        for field in _JOINED_FIELDS:
+            message.ClearField(field)
+        # Only unknown fields are left: every kept field of every instruction, in order.
+        content: bytes = message.SerializeToString()
+        return cls(joined.ids, joined.operands, joined.preds, joined.called, joined.attrs, content)
 
-        ``called`` is ``_segments(self.called)``, which the caller already has.
-        """
-        where = {comp_id: i for i, comp_id in enumerate(file_order)}
-        lists = []
-        for values in (self.ids, self.operands, self.preds, None):
-            segments = called if values is None else _segments(values, len(file_order))
-            out: list[int] = []
-            for comp_id in order:
-                out += segments[where[comp_id]]
-                out += _COMPUTATION_TAIL
-            lists.append(out)
-        return _Flat(*lists)
+    def callees(self, count: int) -> list[list[int]]:
+        """Per computation, in file order, the computations its instructions call."""
+        # Nearly every instruction calls nothing: split the list's bytes at computation
+        # ends and decode only the parts that hold more than instruction ends.
+        pieces = array("q", self.called).tobytes().split(_TAIL)
+        if len(pieces) != count + 1:  # a huge id whose bytes mimic the tail
+            parts = _segments(self.called, count, _COMPUTATION_END)
+            return [[c for c in part if c != _INSTRUCTION_END] for part in parts]
+        out: list[list[int]] = []
+        for piece in pieces[:-1]:
+            if piece.count(_END) * len(_END) == len(piece):
+                out.append([])
+            else:
+                out.append([c for c in array("q", piece) if c != _INSTRUCTION_END])
+        return out
 
-
-def _varint_field(number: int, value: int) -> bytes:
-    out = bytearray()
-    for part in (number << 3, value & (2**64 - 1)):
-        while True:
-            byte, part = part & 0x7F, part >> 7
-            out.append(byte | (0x80 if part else 0))
-            if not part:
-                break
-    return bytes(out)
-
-
-_INSTRUCTION_SEPARATOR = b"".join(_varint_field(n, _INSTRUCTION_END) for n in _REFERENCE_FIELDS)
-_COMPUTATION_SEPARATOR = b"".join(_varint_field(n, _COMPUTATION_END) for n in _REFERENCE_FIELDS)
-
-
-_COMPUTATION_TAIL = [_COMPUTATION_END, _INSTRUCTION_END]
-
-
-def _flat_references(comps: Sequence[Any]) -> _Flat:
-    """Read every instruction's id and references with one parse of all instructions.
-
-    Concatenated messages parse as one message whose repeated fields append, so
-    joining all instructions, each followed by a separator holding a sentinel in each
-    id field (and each computation by one more), yields the four flat lists of
-    ``_Flat``. Ids are never negative, so the sentinels cannot be confused with them;
-    the check below rejects a module where one is.
-    """
-    items: list[bytes] = []
-    for comp in comps:
-        items.extend(comp.instructions)
-        items.append(_COMPUTATION_SEPARATOR)
-    joined = JoinedInstructions.FromString(
-        _INSTRUCTION_SEPARATOR.join(items) + _INSTRUCTION_SEPARATOR
-    )
-    flat = _Flat(
-        list(joined.id),
-        list(joined.operand_ids),
-        list(joined.control_predecessor_ids),
-        list(joined.called_computation_ids),
-    )
-    # The parser keeps the separators in order, so the boundaries are where they were
-    # put; a real id equal to a sentinel would show up as one sentinel too many.
-    instructions, computations = len(items) - len(comps), len(comps)
-    for values in (flat.ids, flat.operands, flat.preds, flat.called):
-        if (
-            values.count(_INSTRUCTION_END) != instructions + computations
-            or values.count(_COMPUTATION_END) != computations
-        ):
-            raise KeyingError("not an HLO module: an instruction has negative or malformed ids")
-    return flat
+    def in_order(self, moved: list[int] | None, ordered: Sequence[Any]) -> tuple[bytes, bytes]:
+        """``content`` and the canonical attributes, computations in canonical order."""
+        if moved is None:
+            return self.content, _canonical_attributes(self.attrs, None, len(ordered))
+        pieces = self.content.split(_COMPUTATION_MARK)
+        if len(pieces) != len(moved) + 1:
+            # A kept field happens to hold the marker's bytes: parse again in order.
+            again = _Joined.parse(ordered)
+            return again.content, _canonical_attributes(again.attrs, None, len(ordered))
+        content = _COMPUTATION_MARK.join(pieces[i] for i in moved) + _COMPUTATION_MARK
+        return content, _canonical_attributes(self.attrs, moved, len(ordered))
 
 
-def _segments(values: list[int], count: int) -> list[list[int]]:
-    """Split a checked flat list into its computations' parts, tails removed."""
-    out: list[list[int]] = []
+def _segments(values: list[Any], count: int, comp_end: object) -> list[list[Any]]:
+    """Split a checked flat list into its computations' parts, the two sentinels removed."""
+    out: list[list[Any]] = []
     start = 0
     for _ in range(count):
-        end = values.index(_COMPUTATION_END, start)
+        end = values.index(comp_end, start)
         out.append(values[start:end])
-        start = end + len(_COMPUTATION_TAIL)
+        start = end + 2
     return out
 
 
-def _positions(ids: list[int], ordered: Sequence[Any]) -> dict[int, int]:
+def _positions(ids: list[int], comps: Sequence[Any], ordered: Sequence[Any]) -> dict[int, int]:
     """Old instruction id -> position among all instructions in canonical order.
 
     XLA numbers instructions uniquely within a module, so one dict resolves every
     reference. (A reference into another computation is then encoded as such rather
     than rejected: still unambiguous, and no producer writes one.)
     """
-    total = sum(len(comp.instructions) for comp in ordered)
+    offsets: dict[int, int] = {}
+    total = 0
+    for comp in ordered:
+        offsets[comp.id] = total
+        total += len(comp.instructions)
+    # In file order, as the ids come.
+    spans = chain.from_iterable(
+        range(offsets[comp.id], offsets[comp.id] + len(comp.instructions)) for comp in comps
+    )
     # Well-formed, each instruction gives [id, END] and each computation [CEND, END]:
     # every second value is END, and the others are the ids and computation ends.
+    real: list[int] = []
     if len(ids) % 2 == 0 and ids[1::2].count(_INSTRUCTION_END) == len(ids) // 2:
         real = list(filter((0).__le__, ids[0::2]))
-    else:
-        real = []
     if len(real) != total:
-        real = _with_zero_ids(ids, ordered)
-    positions = dict(zip(real, range(total), strict=True))
+        real = _ids_allowing_zero(ids, comps)
+    positions = dict(zip(real, spans, strict=True))
     if len(positions) != total:
         raise KeyingError("not an HLO module: an instruction id appears twice in the module")
     positions[_INSTRUCTION_END] = _INSTRUCTION_END
@@ -269,76 +319,77 @@ def _positions(ids: list[int], ordered: Sequence[Any]) -> dict[int, int]:
     return positions
 
 
-def _with_zero_ids(ids: list[int], ordered: Sequence[Any]) -> list[int]:
-    """proto3 omits an id of 0, so an instruction may contribute only its sentinel."""
+def _ids_allowing_zero(ids: list[int], comps: Sequence[Any]) -> list[int]:
+    """One id per instruction where proto3 omitted ids of 0: an END alone means 0."""
     real: list[int] = []
-    for comp, segment in zip(ordered, _segments(ids, len(ordered)), strict=True):
-        real += _split_ids(segment, len(comp.instructions), comp.id)
+    pending: list[int] = []
+    after_computation = False
+    for value in ids:
+        if value >= 0:
+            pending.append(value)
+        elif value == _COMPUTATION_END and not pending:
+            after_computation = True  # its own END follows; it closes no instruction
+        elif value == _INSTRUCTION_END and after_computation:
+            after_computation = False
+        elif value == _INSTRUCTION_END and len(pending) <= 1:
+            real.append(pending[0] if pending else 0)
+            pending = []
+        else:
+            raise KeyingError("not an HLO module: an instruction has malformed id fields")
+    if pending or len(real) != sum(len(comp.instructions) for comp in comps):
+        raise KeyingError("not an HLO module: an instruction has malformed id fields")
     return real
 
 
-def _split_ids(flat: list[int], count: int, comp_id: int) -> list[int]:
-    """One id per instruction from ``[id, END, id, END, ...]``.
-
-    proto3 omits an id of 0, so an instruction may contribute only its sentinel.
-    """
-    if len(flat) == 2 * count and flat[1::2].count(_INSTRUCTION_END) == count:
-        return flat[0::2]
-    ids: list[int] = []
-    pending: list[int] = []
-    for value in flat:
-        if value != _INSTRUCTION_END:
-            pending.append(value)
-            continue
-        if len(pending) > 1:
-            raise _malformed(comp_id)
-        ids.append(pending[0] if pending else 0)
-        pending = []
-    if len(ids) != count or pending:
-        raise _malformed(comp_id)
-    return ids
-
-
-def _malformed(comp_id: int) -> KeyingError:
-    return KeyingError(
-        f"not an HLO module: an instruction of computation id {comp_id} has malformed id fields"
-    )
-
-
-def _append_references(
-    structure: array[int],
-    flat: _Flat,
+def _structure(
+    joined: _Joined,
     ordered: Sequence[Any],
     positions: Mapping[int, int],
     comp_pos: Mapping[int, int],
-) -> None:
+    moved: list[int] | None,
+) -> bytes:
+    """Sizes and roots, then operands, control predecessors and calls as positions."""
     try:
         roots = [positions[comp.root_id] for comp in ordered]
-        operands = list(map(positions.__getitem__, flat.operands))
-        preds = list(map(positions.__getitem__, flat.preds))
+        operands = list(map(positions.__getitem__, joined.operands))
+        preds = list(map(positions.__getitem__, joined.preds))
     except KeyError as exc:
         raise KeyingError(
             f"not an HLO module: a root or operand names instruction id {exc.args[0]}, "
             "which does not exist"
         ) from None
-    sizes = [len(comp.instructions) for comp in ordered]
-    structure.append(len(ordered))
-    structure.extend(chain.from_iterable(zip(sizes, roots, strict=True)))
     calls = dict(comp_pos)
     calls[_INSTRUCTION_END] = _INSTRUCTION_END
     calls[_COMPUTATION_END] = _COMPUTATION_END
-    called = list(map(calls.__getitem__, flat.called))
+    called = list(map(calls.__getitem__, joined.called))
+    sizes = [len(comp.instructions) for comp in ordered]
+    out = array("q", [len(ordered)])
+    out.extend(chain.from_iterable(zip(sizes, roots, strict=True)))
+    parts = [out.tobytes()]
     for values in (operands, preds, called):
-        structure.append(len(values))
-        structure.extend(values)
+        data = array("q", values).tobytes()
+        if moved is not None:
+            data = _reorder(data, moved)
+        parts.append(len(data).to_bytes(8, "big") + data)
+    return b"".join(parts)
 
 
-def _append_schedule(
-    structure: array[int], module: Any, positions: Mapping[int, int], comp_pos: Mapping[int, int]
-) -> None:
+def _reorder(data: bytes, moved: list[int]) -> bytes:
+    """Put the computations of a flat int64 list in canonical order.
+
+    Every value is a position (>= 0) or a sentinel (-1, -2), so the 16 bytes of
+    [-2, -1] occur only where a computation ends: no value's bytes can start with the
+    0xfe of -2 unless it is -2.
+    """
+    pieces = data.split(_TAIL)
+    if len(pieces) != len(moved) + 1:
+        raise KeyingError("not an HLO module: an instruction has malformed id fields")
+    return _TAIL.join(pieces[i] for i in moved) + _TAIL
+
+
+def _schedule(module: Any, positions: Mapping[int, int], comp_pos: Mapping[int, int]) -> bytes:
     if not module.HasField("schedule"):
-        structure.append(-1)  # no schedule, as opposed to an empty one
-        return
+        return array("q", [-1]).tobytes()  # no schedule, as opposed to an empty one
     sequences = []
     for old, sequence in module.schedule.sequences.items():
         if old not in comp_pos:
@@ -354,31 +405,44 @@ def _append_schedule(
             ) from None
         sequences.append((comp_pos[old], ids))
     sequences.sort()
-    structure.append(len(sequences))
+    out = array("q", [len(sequences)])
     for pos, ids in sequences:
-        structure.extend((pos, len(ids)))
-        structure.extend(ids)
+        out.extend((pos, len(ids)))
+        out.extend(ids)
+    return out.tobytes()
 
 
-_GROUP_START = _varint_field(1, 0)[:1].replace(b"\x08", b"\x0b")  # field 1, start group
-_GROUP_END = b"\x0c"  # field 1, end group
-_BOUNDARY = _varint_field(BOUNDARY_FIELD, 1)
+_TRIVIAL_ATTRIBUTES = frozenset({b"", _ATTRS_INSTRUCTION_END, _ATTRS_COMPUTATION_END})
 
 
-def _instruction_stream(blocks: Sequence[Any]) -> bytes:
-    """Every instruction in order, ignored fields dropped by the parser (``_hlo_schema``)."""
-    separator = _BOUNDARY + _GROUP_END + _GROUP_START
-    raw = _GROUP_START + separator.join(chain.from_iterable(blocks)) + _BOUNDARY + _GROUP_END
-    try:
-        stream = InstructionStream.FromString(raw)
-    except DecodeError as exc:
-        raise KeyingError(f"not an HLO module: an instruction is malformed ({exc})") from exc
-    if len(stream.instr) != sum(len(block) for block in blocks):
-        raise KeyingError("not an HLO module: an instruction is malformed")
-    if DEBUG_FRONTEND_ATTRIBUTES:
-        for instr in stream.instr:
-            _drop_debug_attributes(instr.frontend_attributes)
-    result: bytes = stream.SerializeToString(deterministic=True)
+def _canonical_attributes(blobs: list[bytes], moved: list[int] | None, count: int) -> bytes:
+    """Each instruction's frontend attributes with sorted keys; absent and empty alike.
+
+    Most modules carry none (JAX writes an empty map on every instruction), which is
+    one byte. Otherwise each distinct map is canonicalized once: typically every
+    instruction has one of a few.
+    """
+    distinct = set(blobs)
+    if distinct <= _TRIVIAL_ATTRIBUTES:
+        return b"\x00"
+    if moved is not None:
+        segments = _segments(blobs, count, _ATTRS_COMPUTATION_END)
+        tail = [_ATTRS_COMPUTATION_END, _ATTRS_INSTRUCTION_END]
+        blobs = list(chain.from_iterable(chain(segments[i], tail) for i in moved))
+    canonical: dict[bytes, bytes] = {}
+    for blob in distinct:
+        if blob in _TRIVIAL_ATTRIBUTES:
+            canonical[blob] = blob
+            continue
+        try:
+            attrs = FrontendAttributes.FromString(blob)
+        except DecodeError as exc:
+            raise KeyingError(f"not an HLO module: malformed frontend attributes ({exc})") from exc
+        _drop_debug_attributes(attrs)
+        canonical[blob] = attrs.SerializeToString(deterministic=True)
+    out = BytesList()
+    out.items.extend(filter(None, map(canonical.__getitem__, blobs)))
+    result: bytes = b"\x01" + out.SerializeToString()
     return result
 
 
@@ -391,8 +455,7 @@ def _outer(module: Any, comp_pos: Mapping[int, int]) -> bytes:
     for field in _IGNORED_MODULE_FIELDS:
         module.ClearField(field)
     module.host_program_shape.ClearField("parameter_names")
-    if DEBUG_FRONTEND_ATTRIBUTES:
-        _drop_debug_attributes(module.frontend_attributes)
+    _drop_debug_attributes(module.frontend_attributes)
     result: bytes = module.SerializeToString(deterministic=True)
     return result
 
