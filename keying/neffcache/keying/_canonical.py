@@ -31,11 +31,10 @@ The canonical form is four parts, framed with lengths:
 4. structure: per computation its size and root, and every operand, control
    predecessor and called computation as a canonical position; the entry; the schedule.
 
-No Python code runs per instruction. All instructions are joined with separators and
-parsed as *one* message (``_hlo_schema`` joined view): its repeated fields append, so
-the ignored fields and the id fields come out as flat lists, boundaries marked by
-sentinels, while the kept fields collect in order among its unknown fields, which
-serialize back as part 2. That keeps fingerprinting within a small factor of a plain
+No Python code runs per instruction: ``_joined`` parses all instructions as one
+message, which yields the id fields as flat lists and part 2 as its unknown fields.
+Python work is per computation (an entry computation and its reduction regions) and
+per module. That keeps fingerprinting within a small factor of a plain
 parse-and-serialize of the module (tests/bench/bench_keying.py).
 """
 
@@ -43,7 +42,6 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
@@ -51,14 +49,15 @@ import blake3
 from google.protobuf.message import DecodeError
 
 from ._errors import KeyingError
-from ._hlo_schema import (
-    FRONTEND_ATTRIBUTES_FIELD,
-    ID_FIELDS,
-    IGNORED_INSTRUCTION_FIELDS,
-    BytesList,
-    FrontendAttributes,
-    HloModuleProto,
-    JoinedInstructions,
+from ._hlo_schema import BytesList, FrontendAttributes, HloModuleProto
+from ._joined import (
+    ATTRS_COMPUTATION_END,
+    ATTRS_INSTRUCTION_END,
+    COMPUTATION_END,
+    INSTRUCTION_END,
+    Joined,
+    reorder,
+    segments,
 )
 from ._order import canonical_order
 from ._version import KEY_VERSION
@@ -68,14 +67,6 @@ DEBUG_FRONTEND_ATTRIBUTES: Mapping[str, str] = {}
 
 _FINGERPRINT_CONTEXT = f"neffcache {KEY_VERSION} canonical HloModuleProto fingerprint"
 _MAGIC = f"neffcache-canonical-hlo/{KEY_VERSION}\n".encode()
-
-# Sentinels in the joined lists. Ids are never negative, so they cannot be confused
-# with these; attribute sentinels are not valid FrontendAttributes messages.
-_INSTRUCTION_END = -1
-_COMPUTATION_END = -2
-_ATTRS_INSTRUCTION_END = b"\xff"
-_ATTRS_COMPUTATION_END = b"\xfe"
-_MARK_FIELD = 2**29 - 1  # the largest field number protobuf allows; XLA never uses it
 
 
 def fingerprint_hlo(module_bytes: bytes) -> str:
@@ -96,7 +87,7 @@ def canonical_hlo(module_bytes: bytes) -> bytes:
     module = _parse(module_bytes)
     comps = list(module.computations)
     by_id = _computations_by_id(comps)
-    joined = _Joined.parse(comps)
+    joined = Joined.parse(comps)
     entry = _entry_computation(module, by_id)
     order = canonical_order(entry.id, dict(zip(by_id, joined.callees(len(comps)), strict=True)))
     comp_pos = {old: new for new, old in enumerate(order)}
@@ -108,11 +99,11 @@ def canonical_hlo(module_bytes: bytes) -> bytes:
     structure = array("q", [comp_pos[entry.id]]).tobytes()
     structure += _structure(joined, ordered, positions, comp_pos, moved)
     structure += _schedule(module, positions, comp_pos)
-    content, attrs = joined.in_order(moved, ordered)
+    content, attrs, attrs_moved = joined.in_order(moved, ordered)
     parts = (  # _outer clears the computations' ids, so it comes after every use of them
         _outer(module, comp_pos),
         content,
-        attrs,
+        _canonical_attributes(attrs, attrs_moved, len(ordered)),
         structure,
     )
     return _MAGIC + b"".join(len(part).to_bytes(8, "big") + part for part in parts)
@@ -166,128 +157,6 @@ def _entry_computation(module: Any, by_id: Mapping[int, Any]) -> Any:
     )
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    value &= 2**64 - 1  # negative int64 values take ten bytes, as protobuf writes them
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _separator(id_value: int, attrs: bytes, mark: int) -> bytes:
-    """Fields appended after an instruction (or standing for a computation's end)."""
-    ids = b"".join(_varint(number << 3) + _varint(id_value) for number in ID_FIELDS)
-    attrs_field = _varint(FRONTEND_ATTRIBUTES_FIELD << 3 | 2) + _varint(len(attrs)) + attrs
-    return ids + attrs_field + _varint(_MARK_FIELD << 3) + _varint(mark)
-
-
-_INSTRUCTION_SEPARATOR = _separator(_INSTRUCTION_END, _ATTRS_INSTRUCTION_END, 1)
-_COMPUTATION_ITEM = _separator(_COMPUTATION_END, _ATTRS_COMPUTATION_END, 2)
-# Each computation item is itself followed by an instruction separator, so in every
-# flat list a computation ends with these two sentinels.
-_COMPUTATION_MARK = _varint(_MARK_FIELD << 3) + b"\x02" + _varint(_MARK_FIELD << 3) + b"\x01"
-_TAIL = array("q", [_COMPUTATION_END, _INSTRUCTION_END]).tobytes()
-_END = array("q", [_INSTRUCTION_END]).tobytes()
-_JOINED_FIELDS = (
-    *IGNORED_INSTRUCTION_FIELDS.values(),
-    *ID_FIELDS.values(),
-    "frontend_attributes",
-)
-
-
-@dataclass(frozen=True)
-class _Joined:
-    """All instructions of a module, parsed as one message (see the module doc).
-
-    ``ids``, ``operands``, ``preds``, ``called`` and ``attrs`` hold, per instruction,
-    its values followed by an end sentinel, and per computation two more sentinels;
-    ``content`` is every kept field, in order, with the same boundaries as marker fields.
-    """
-
-    ids: list[int]
-    operands: list[int]
-    preds: list[int]
-    called: list[int]
-    attrs: list[bytes]
-    content: bytes
-
-    @classmethod
-    def parse(cls, comps: Sequence[Any]) -> _Joined:
-        items: list[bytes] = []
-        for comp in comps:
-            items.extend(comp.instructions)
-            items.append(_COMPUTATION_ITEM)
-        message = JoinedInstructions.FromString(
-            _INSTRUCTION_SEPARATOR.join(items) + _INSTRUCTION_SEPARATOR
-        )
-        joined = cls(
-            list(message.id),
-            list(message.operand_ids),
-            list(message.control_predecessor_ids),
-            list(message.called_computation_ids),
-            list(message.frontend_attributes),
-            b"",
-        )
-        # The parser keeps every separator, in order; a real value equal to a sentinel
-        # would show up as one sentinel too many.
-        checks: list[tuple[list[Any], object, object]] = [
-            (joined.ids, _INSTRUCTION_END, _COMPUTATION_END),
-            (joined.operands, _INSTRUCTION_END, _COMPUTATION_END),
-            (joined.preds, _INSTRUCTION_END, _COMPUTATION_END),
-            (joined.called, _INSTRUCTION_END, _COMPUTATION_END),
-            (joined.attrs, _ATTRS_INSTRUCTION_END, _ATTRS_COMPUTATION_END),
-        ]
-        for values, end, comp_end in checks:
-            if values.count(end) != len(items) or values.count(comp_end) != len(comps):
-                raise KeyingError("not an HLO module: an instruction has malformed id fields")
-        for field in _JOINED_FIELDS:
-            message.ClearField(field)
-        # Only unknown fields are left: every kept field of every instruction, in order.
-        content: bytes = message.SerializeToString()
-        return cls(joined.ids, joined.operands, joined.preds, joined.called, joined.attrs, content)
-
-    def callees(self, count: int) -> list[list[int]]:
-        """Per computation, in file order, the computations its instructions call."""
-        # Nearly every instruction calls nothing: split the list's bytes at computation
-        # ends and decode only the parts that hold more than instruction ends.
-        pieces = array("q", self.called).tobytes().split(_TAIL)
-        if len(pieces) != count + 1:  # a huge id whose bytes mimic the tail
-            parts = _segments(self.called, count, _COMPUTATION_END)
-            return [[c for c in part if c != _INSTRUCTION_END] for part in parts]
-        out: list[list[int]] = []
-        for piece in pieces[:-1]:
-            if piece.count(_END) * len(_END) == len(piece):
-                out.append([])
-            else:
-                out.append([c for c in array("q", piece) if c != _INSTRUCTION_END])
-        return out
-
-    def in_order(self, moved: list[int] | None, ordered: Sequence[Any]) -> tuple[bytes, bytes]:
-        """``content`` and the canonical attributes, computations in canonical order."""
-        if moved is None:
-            return self.content, _canonical_attributes(self.attrs, None, len(ordered))
-        pieces = self.content.split(_COMPUTATION_MARK)
-        if len(pieces) != len(moved) + 1:
-            # A kept field happens to hold the marker's bytes: parse again in order.
-            again = _Joined.parse(ordered)
-            return again.content, _canonical_attributes(again.attrs, None, len(ordered))
-        content = _COMPUTATION_MARK.join(pieces[i] for i in moved) + _COMPUTATION_MARK
-        return content, _canonical_attributes(self.attrs, moved, len(ordered))
-
-
-def _segments(values: list[Any], count: int, comp_end: object) -> list[list[Any]]:
-    """Split a checked flat list into its computations' parts, the two sentinels removed."""
-    out: list[list[Any]] = []
-    start = 0
-    for _ in range(count):
-        end = values.index(comp_end, start)
-        out.append(values[start:end])
-        start = end + 2
-    return out
-
-
 def _positions(ids: list[int], comps: Sequence[Any], ordered: Sequence[Any]) -> dict[int, int]:
     """Old instruction id -> position among all instructions in canonical order.
 
@@ -307,15 +176,15 @@ def _positions(ids: list[int], comps: Sequence[Any], ordered: Sequence[Any]) -> 
     # Well-formed, each instruction gives [id, END] and each computation [CEND, END]:
     # every second value is END, and the others are the ids and computation ends.
     real: list[int] = []
-    if len(ids) % 2 == 0 and ids[1::2].count(_INSTRUCTION_END) == len(ids) // 2:
+    if len(ids) % 2 == 0 and ids[1::2].count(INSTRUCTION_END) == len(ids) // 2:
         real = list(filter((0).__le__, ids[0::2]))
     if len(real) != total:
         real = _ids_allowing_zero(ids, comps)
     positions = dict(zip(real, spans, strict=True))
     if len(positions) != total:
         raise KeyingError("not an HLO module: an instruction id appears twice in the module")
-    positions[_INSTRUCTION_END] = _INSTRUCTION_END
-    positions[_COMPUTATION_END] = _COMPUTATION_END
+    positions[INSTRUCTION_END] = INSTRUCTION_END
+    positions[COMPUTATION_END] = COMPUTATION_END
     return positions
 
 
@@ -327,11 +196,11 @@ def _ids_allowing_zero(ids: list[int], comps: Sequence[Any]) -> list[int]:
     for value in ids:
         if value >= 0:
             pending.append(value)
-        elif value == _COMPUTATION_END and not pending:
+        elif value == COMPUTATION_END and not pending:
             after_computation = True  # its own END follows; it closes no instruction
-        elif value == _INSTRUCTION_END and after_computation:
+        elif value == INSTRUCTION_END and after_computation:
             after_computation = False
-        elif value == _INSTRUCTION_END and len(pending) <= 1:
+        elif value == INSTRUCTION_END and len(pending) <= 1:
             real.append(pending[0] if pending else 0)
             pending = []
         else:
@@ -342,7 +211,7 @@ def _ids_allowing_zero(ids: list[int], comps: Sequence[Any]) -> list[int]:
 
 
 def _structure(
-    joined: _Joined,
+    joined: Joined,
     ordered: Sequence[Any],
     positions: Mapping[int, int],
     comp_pos: Mapping[int, int],
@@ -359,8 +228,8 @@ def _structure(
             "which does not exist"
         ) from None
     calls = dict(comp_pos)
-    calls[_INSTRUCTION_END] = _INSTRUCTION_END
-    calls[_COMPUTATION_END] = _COMPUTATION_END
+    calls[INSTRUCTION_END] = INSTRUCTION_END
+    calls[COMPUTATION_END] = COMPUTATION_END
     called = list(map(calls.__getitem__, joined.called))
     sizes = [len(comp.instructions) for comp in ordered]
     out = array("q", [len(ordered)])
@@ -369,22 +238,9 @@ def _structure(
     for values in (operands, preds, called):
         data = array("q", values).tobytes()
         if moved is not None:
-            data = _reorder(data, moved)
+            data = reorder(data, moved)
         parts.append(len(data).to_bytes(8, "big") + data)
     return b"".join(parts)
-
-
-def _reorder(data: bytes, moved: list[int]) -> bytes:
-    """Put the computations of a flat int64 list in canonical order.
-
-    Every value is a position (>= 0) or a sentinel (-1, -2), so the 16 bytes of
-    [-2, -1] occur only where a computation ends: no value's bytes can start with the
-    0xfe of -2 unless it is -2.
-    """
-    pieces = data.split(_TAIL)
-    if len(pieces) != len(moved) + 1:
-        raise KeyingError("not an HLO module: an instruction has malformed id fields")
-    return _TAIL.join(pieces[i] for i in moved) + _TAIL
 
 
 def _schedule(module: Any, positions: Mapping[int, int], comp_pos: Mapping[int, int]) -> bytes:
@@ -412,7 +268,7 @@ def _schedule(module: Any, positions: Mapping[int, int], comp_pos: Mapping[int, 
     return out.tobytes()
 
 
-_TRIVIAL_ATTRIBUTES = frozenset({b"", _ATTRS_INSTRUCTION_END, _ATTRS_COMPUTATION_END})
+_TRIVIAL_ATTRIBUTES = frozenset({b"", ATTRS_INSTRUCTION_END, ATTRS_COMPUTATION_END})
 
 
 def _canonical_attributes(blobs: list[bytes], moved: list[int] | None, count: int) -> bytes:
@@ -426,9 +282,9 @@ def _canonical_attributes(blobs: list[bytes], moved: list[int] | None, count: in
     if distinct <= _TRIVIAL_ATTRIBUTES:
         return b"\x00"
     if moved is not None:
-        segments = _segments(blobs, count, _ATTRS_COMPUTATION_END)
-        tail = [_ATTRS_COMPUTATION_END, _ATTRS_INSTRUCTION_END]
-        blobs = list(chain.from_iterable(chain(segments[i], tail) for i in moved))
+        parts = segments(blobs, count, ATTRS_COMPUTATION_END)
+        tail = [ATTRS_COMPUTATION_END, ATTRS_INSTRUCTION_END]
+        blobs = list(chain.from_iterable(chain(parts[i], tail) for i in moved))
     canonical: dict[bytes, bytes] = {}
     for blob in distinct:
         if blob in _TRIVIAL_ATTRIBUTES:

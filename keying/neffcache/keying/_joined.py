@@ -1,0 +1,181 @@
+"""All instructions of a module, parsed as one message.
+
+Concatenated protobuf messages parse as one message whose repeated fields append. So
+every instruction, each followed by a separator, joined into one byte string and
+parsed with the ``joined`` view (``_hlo_schema``) gives, in C and without a Python
+step per instruction:
+
+* the id fields (id, operands, control predecessors, called computations) and the
+  frontend attributes as flat lists, in which the separators' sentinels mark where
+  each instruction and each computation ends;
+* every kept field of every instruction, in order, as the message's unknown fields,
+  with the separators' marker field closing each instruction and computation.
+
+The parser keeps every separator in order, so the boundaries are exactly where they
+were put; a real value equal to a sentinel shows up as one sentinel too many and is
+rejected.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import KeyingError
+from ._hlo_schema import (
+    FRONTEND_ATTRIBUTES_FIELD,
+    ID_FIELDS,
+    IGNORED_INSTRUCTION_FIELDS,
+    JoinedInstructions,
+)
+
+# Sentinels in the joined lists. Ids are never negative, so they cannot be confused
+# with these; attribute sentinels are not valid FrontendAttributes messages.
+INSTRUCTION_END = -1
+COMPUTATION_END = -2
+ATTRS_INSTRUCTION_END = b"\xff"
+ATTRS_COMPUTATION_END = b"\xfe"
+_MARK_FIELD = 2**29 - 1  # the largest field number protobuf allows; XLA never uses it
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    value &= 2**64 - 1  # negative int64 values take ten bytes, as protobuf writes them
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _separator(id_value: int, attrs: bytes, mark: int) -> bytes:
+    """Fields appended after an instruction (or standing for a computation's end)."""
+    ids = b"".join(_varint(number << 3) + _varint(id_value) for number in ID_FIELDS)
+    attrs_field = _varint(FRONTEND_ATTRIBUTES_FIELD << 3 | 2) + _varint(len(attrs)) + attrs
+    return ids + attrs_field + _varint(_MARK_FIELD << 3) + _varint(mark)
+
+
+_INSTRUCTION_SEPARATOR = _separator(INSTRUCTION_END, ATTRS_INSTRUCTION_END, 1)
+_COMPUTATION_ITEM = _separator(COMPUTATION_END, ATTRS_COMPUTATION_END, 2)
+# Each computation item is itself followed by an instruction separator, so in every
+# flat list a computation ends with these two sentinels.
+_COMPUTATION_MARK = _varint(_MARK_FIELD << 3) + b"\x02" + _varint(_MARK_FIELD << 3) + b"\x01"
+_TAIL = array("q", [COMPUTATION_END, INSTRUCTION_END]).tobytes()
+_END = array("q", [INSTRUCTION_END]).tobytes()
+_JOINED_FIELDS = (
+    *IGNORED_INSTRUCTION_FIELDS.values(),
+    *ID_FIELDS.values(),
+    "frontend_attributes",
+)
+
+
+@dataclass(frozen=True)
+class Joined:
+    """All instructions of a module, parsed as one message (see the module doc).
+
+    ``ids``, ``operands``, ``preds``, ``called`` and ``attrs`` hold, per instruction,
+    its values followed by an end sentinel, and per computation two more sentinels;
+    ``content`` is every kept field, in order, with the same boundaries as marker fields.
+    """
+
+    ids: list[int]
+    operands: list[int]
+    preds: list[int]
+    called: list[int]
+    attrs: list[bytes]
+    content: bytes
+
+    @classmethod
+    def parse(cls, comps: Sequence[Any]) -> Joined:
+        items: list[bytes] = []
+        for comp in comps:
+            items.extend(comp.instructions)
+            items.append(_COMPUTATION_ITEM)
+        message = JoinedInstructions.FromString(
+            _INSTRUCTION_SEPARATOR.join(items) + _INSTRUCTION_SEPARATOR
+        )
+        joined = cls(
+            list(message.id),
+            list(message.operand_ids),
+            list(message.control_predecessor_ids),
+            list(message.called_computation_ids),
+            list(message.frontend_attributes),
+            b"",
+        )
+        # The parser keeps every separator, in order; a real value equal to a sentinel
+        # would show up as one sentinel too many.
+        checks: list[tuple[list[Any], object, object]] = [
+            (joined.ids, INSTRUCTION_END, COMPUTATION_END),
+            (joined.operands, INSTRUCTION_END, COMPUTATION_END),
+            (joined.preds, INSTRUCTION_END, COMPUTATION_END),
+            (joined.called, INSTRUCTION_END, COMPUTATION_END),
+            (joined.attrs, ATTRS_INSTRUCTION_END, ATTRS_COMPUTATION_END),
+        ]
+        for values, end, comp_end in checks:
+            if values.count(end) != len(items) or values.count(comp_end) != len(comps):
+                raise KeyingError("not an HLO module: an instruction has malformed id fields")
+        for field in _JOINED_FIELDS:
+            message.ClearField(field)
+        # Only unknown fields are left: every kept field of every instruction, in order.
+        content: bytes = message.SerializeToString()
+        return cls(joined.ids, joined.operands, joined.preds, joined.called, joined.attrs, content)
+
+    def callees(self, count: int) -> list[list[int]]:
+        """Per computation, in file order, the computations its instructions call."""
+        # Nearly every instruction calls nothing: split the list's bytes at computation
+        # ends and decode only the parts that hold more than instruction ends.
+        pieces = array("q", self.called).tobytes().split(_TAIL)
+        if len(pieces) != count + 1:  # a huge id whose bytes mimic the tail
+            parts = segments(self.called, count, COMPUTATION_END)
+            return [[c for c in part if c != INSTRUCTION_END] for part in parts]
+        out: list[list[int]] = []
+        for piece in pieces[:-1]:
+            if piece.count(_END) * len(_END) == len(piece):
+                out.append([])
+            else:
+                out.append([c for c in array("q", piece) if c != INSTRUCTION_END])
+        return out
+
+    def in_order(
+        self, moved: list[int] | None, ordered: Sequence[Any]
+    ) -> tuple[bytes, list[bytes], list[int] | None]:
+        """``content`` in canonical computation order, and the attributes.
+
+        Returns (content, attrs, attrs_moved): ``attrs_moved`` is what still has to be
+        applied to ``attrs`` (None when they already are in canonical order).
+        """
+        if moved is None:
+            return self.content, self.attrs, None
+        pieces = self.content.split(_COMPUTATION_MARK)
+        if len(pieces) != len(moved) + 1:
+            # A kept field happens to hold the marker's bytes: parse again in order.
+            again = Joined.parse(ordered)
+            return again.content, again.attrs, None
+        content = _COMPUTATION_MARK.join(pieces[i] for i in moved) + _COMPUTATION_MARK
+        return content, self.attrs, moved
+
+
+def segments(values: list[Any], count: int, comp_end: object) -> list[list[Any]]:
+    """Split a checked flat list into its computations' parts, the two sentinels removed."""
+    out: list[list[Any]] = []
+    start = 0
+    for _ in range(count):
+        end = values.index(comp_end, start)
+        out.append(values[start:end])
+        start = end + 2
+    return out
+
+
+def reorder(data: bytes, moved: list[int]) -> bytes:
+    """Put the computations of a flat int64 list in canonical order.
+
+    Every value is a position (>= 0) or a sentinel (-1, -2), so the 16 bytes of
+    [-2, -1] occur only where a computation ends: no value's bytes can start with the
+    0xfe of -2 unless it is -2.
+    """
+    pieces = data.split(_TAIL)
+    if len(pieces) != len(moved) + 1:
+        raise KeyingError("not an HLO module: an instruction has malformed id fields")
+    return _TAIL.join(pieces[i] for i in moved) + _TAIL
