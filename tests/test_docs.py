@@ -1,0 +1,51 @@
+"""The docs cannot drift from the code: each fact they list is checked here."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from neffcache.keying import (
+    ENV_ALLOWLIST,
+    FRAMEWORK_ALLOWLIST,
+    OUTPUT_NEUTRAL_FLAGS,
+    TARGETS,
+    WRAPPER_ONLY_FLAGS,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _sh_blocks(text: str) -> list[str]:
+    return [block.strip() for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S)]
+
+
+def test_readme_has_exactly_two_setup_commands() -> None:
+    blocks = _sh_blocks((ROOT / "README.md").read_text())
+    assert len(blocks) == 2
+    assert all("\n" not in block for block in blocks)
+    assert "neffcache" in blocks[0]
+    assert "pytest" in blocks[1]
+
+
+def test_ci_runs_the_readme_test_command_verbatim() -> None:
+    test_command = _sh_blocks((ROOT / "README.md").read_text())[1]
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert test_command in ci
+    assert ci[0].startswith("#!")
+    assert "set -euo pipefail" in ci
+
+
+def test_keying_doc_names_every_flag_variable_framework_and_target() -> None:
+    doc = (ROOT / "docs" / "keying.md").read_text()
+    names = [*WRAPPER_ONLY_FLAGS, *OUTPUT_NEUTRAL_FLAGS, *ENV_ALLOWLIST, *FRAMEWORK_ALLOWLIST]
+    missing = [name for name in [*names, *TARGETS] if f"`{name}`" not in doc]
+    assert not missing
+
+
+def test_architecture_doc_lists_every_keying_module() -> None:
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    modules = sorted(p.name for p in (ROOT / "keying/neffcache/keying").glob("_*.py"))
+    modules.remove("__init__.py")
+    assert modules
+    assert [m for m in modules if f"`{m}`" not in doc] == []
