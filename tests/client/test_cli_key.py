@@ -344,32 +344,29 @@ def _check_process(done: subprocess.CompletedProcess[str], expected: dict[str, A
 PROCESS_ARGS = ("--target", "trn2", "--", "--model-type", "transformer")
 
 
-def test_real_process_uses_compiler_on_path(
-    capsys: pytest.CaptureFixture[str], hlo_file: Path
-) -> None:
-    code = "import sys; from neffcache.client.cli import main; sys.exit(main())"
-    done = subprocess.run(
-        [sys.executable, "-c", code, "key", str(hlo_file), *PROCESS_ARGS],
+def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv,
         capture_output=True,
         text=True,
         env=_process_env(),
         check=False,
         timeout=120,
     )
+
+
+def test_python_dash_m_uses_compiler_on_path(
+    capsys: pytest.CaptureFixture[str], hlo_file: Path
+) -> None:
+    done = _run([sys.executable, "-m", "neffcache.client.cli", "key", str(hlo_file), *PROCESS_ARGS])
     _check_process(done, _expected(capsys, hlo_file))
 
 
 def test_real_process_bad_file(tmp_path: Path) -> None:
     path = tmp_path / "empty.pb"
     path.write_bytes(b"")
-    code = "import sys; from neffcache.client.cli import main; sys.exit(main())"
-    done = subprocess.run(
-        [sys.executable, "-c", code, "key", str(path), "--target", "trn1"],
-        capture_output=True,
-        text=True,
-        env=_process_env(),
-        check=False,
-        timeout=120,
+    done = _run(
+        [sys.executable, "-m", "neffcache.client.cli", "key", str(path), "--target", "trn1"]
     )
     assert done.returncode == 2
     assert done.stdout == ""
@@ -381,24 +378,5 @@ def test_console_script(capsys: pytest.CaptureFixture[str], hlo_file: Path) -> N
     script = shutil.which("neffcache", path=str(Path(sys.executable).parent))
     if script is None:
         pytest.skip("the neffcache console script is not installed next to this Python")
-    done = subprocess.run(
-        [script, "key", str(hlo_file), *PROCESS_ARGS],
-        capture_output=True,
-        text=True,
-        env=_process_env(),
-        check=False,
-        timeout=120,
-    )
-    _check_process(done, _expected(capsys, hlo_file))
-
-
-def test_python_dash_m(capsys: pytest.CaptureFixture[str], hlo_file: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "neffcache.client.cli", "key", str(hlo_file), *PROCESS_ARGS],
-        capture_output=True,
-        text=True,
-        env=_process_env(),
-        check=False,
-        timeout=120,
-    )
+    done = _run([script, "key", str(hlo_file), *PROCESS_ARGS])
     _check_process(done, _expected(capsys, hlo_file))
