@@ -13,9 +13,13 @@ from hlo_edit import parse as _parse
 from neffcache.keying import KeyingError, canonical_hlo, fingerprint_hlo
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hlo"
-MANIFEST: dict[str, dict[str, Any]] = json.loads((FIXTURES / "fixtures.json").read_text())[
-    "fixtures"
-]
+# One manifest per producer script: jax.json (make_hlo_fixtures.py), torch_xla.json
+# (make_torch_xla_fixtures.py).
+MANIFEST: dict[str, dict[str, Any]] = {
+    name: entry
+    for manifest in sorted(FIXTURES.glob("*.json"))
+    for name, entry in json.loads(manifest.read_text())["fixtures"].items()
+}
 
 
 def load(name: str) -> bytes:
@@ -37,6 +41,7 @@ def test_every_variant_kind_the_keying_issue_names_has_a_fixture() -> None:
     wanted |= {"sharding_rows", "sharding_cols"}
     assert {f"variant_{kind}" for kind in wanted} <= set(groups())
     assert {"allreduce_pair", "allreduce_single"} <= set(groups())
+    assert {"torch_block", "torch_variant_shape"} <= set(groups())
     assert len(groups()["block"]) >= 6
 
 
@@ -64,6 +69,9 @@ def test_metadata_and_names_really_were_in_the_inputs() -> None:
     assert b"block_a.py" not in load("block_a_source_paths_stripped")
     assert b"renamed_value_" in load("block_text_renamed")
     assert b"jit_block" in load("block_a")
+    assert b"torch_block_a.py" in load("torch_block_debug")
+    assert b"torch_block_b.py" in load("torch_block_other_file")
+    assert b"torch_block_a.py" not in load("torch_block")
 
 
 def test_fingerprint_is_64_hex_and_deterministic() -> None:
@@ -212,6 +220,7 @@ GOLDEN = {
     "block": "dbd743262b439fa7caa8ff712dccfc4b46c2017f6c89d83f42f38907a7566384",
     "allreduce_pair": "393aa74e3d307945ca19b3a0bef90179a8f14337f7b2b16084d7c15eae67444d",
     "attrs": "906644e741bd719c449734c096d427c4fad0202bdb6f7018f00d4fd3fc59bd71",
+    "torch_block": "b0d12061354e4841d459ad5e45b9113c37abeac94501d9d64ffd0f0f8e7d87d6",
     "block_scheduled": "02cd15de8816f9d47916659d23ae8a8de2798e55250ddc59b22f45f66f56922e",
 }
 
@@ -296,3 +305,20 @@ def _mutated_from(name: str, mutate: Any) -> bytes:
     mutate(module)
     data: bytes = module.SerializeToString()
     return data
+
+
+def test_an_hlo_proto_wrapper_is_read_as_its_module() -> None:
+    # XLA's --xla_dump_hlo_as_proto writes an HloProto: the module is its field 1.
+    # The torch-xla fixtures are such dumps; wrap a JAX module the same way.
+    module = load("block_a")
+    wrapped = b"\n" + _varint(len(module)) + module
+    assert fingerprint_hlo(wrapped) == fingerprint_hlo(module)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)

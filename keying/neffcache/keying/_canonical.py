@@ -126,9 +126,24 @@ def _parse(module_bytes: bytes) -> Any:
         module = HloModuleProto.FromString(data)
     except DecodeError as exc:
         raise KeyingError(f"not an HLO module: protobuf decoding failed ({exc})") from exc
+    if not module.computations and module.name:
+        module = _unwrap_hlo_proto(module)
     if not module.computations:
         raise KeyingError("not an HLO module: it has no computations")
     return module
+
+
+def _unwrap_hlo_proto(module: Any) -> Any:
+    """The module inside an HloProto, which XLA's ``--xla_dump_hlo_as_proto`` writes.
+
+    An HloProto holds the module as its field 1, which the module view reads as the
+    name; its other part, the buffer assignment, is a compilation result, not an input.
+    """
+    try:
+        inner = HloModuleProto.FromString(module.name)
+    except DecodeError:
+        return module
+    return inner if inner.computations else module
 
 
 def _computations_by_id(comps: Sequence[Any]) -> dict[int, Any]:
