@@ -151,12 +151,15 @@ def test_flag_spelling_does_not_change_key(
 ) -> None:
     common = (str(hlo_file), "--compiler-version", VERSION, "--target", "trn1", "--")
     a = run_ok(capsys, *common, "--model-type=transformer", "--optlevel=1")
-    b = run_ok(capsys, *common, "-O", "1", "--model-type", "transformer")
+    b = run_ok(capsys, *common, "--model-type", "transformer", "-O", "1")
     c = run_ok(capsys, *common, "--model-type=transformer", "--optlevel=2")
     assert a["key"] == b["key"]
     assert a["direct_key"] == b["direct_key"]
     assert a["neuron_flags_hash"] != b["neuron_flags_hash"]  # the stock hash is token-exact
     assert c["key"] != a["key"]
+    # Order is kept: differently named flags can compete in the compiler.
+    d = run_ok(capsys, *common, "--optlevel=1", "--model-type=transformer")
+    assert d["key"] != a["key"]
 
 
 def test_nxd_flags_on_trn1_give_the_observed_stock_hash(

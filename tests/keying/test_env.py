@@ -127,3 +127,12 @@ def test_deliberately_excluded_names_stay_out() -> None:
         "NEURON_COMPILE_CACHE_URL",
     ):
         assert name not in ENV_ALLOWLIST
+
+
+def test_xla_flags_quoting_survives_dump_removal() -> None:
+    # XLA reads --flag="a --b" as one value: the quotes must still be there after the
+    # dump options are removed, or it would read as two flags.
+    quoted = compile_env({"XLA_FLAGS": '--xla_disable_hlo_passes="foo --xla_cpu_fast_math"'})
+    split = compile_env({"XLA_FLAGS": "--xla_disable_hlo_passes=foo --xla_cpu_fast_math"})
+    assert quoted != split
+    assert split == {"XLA_FLAGS": "--xla_disable_hlo_passes=foo --xla_cpu_fast_math"}

@@ -79,7 +79,7 @@ def test_command_word_and_input_path_removed() -> None:
         "compile /tmp/work/model.hlo_module.pb --framework=XLA --target=trn1 "
         "--output /tmp/work/model.neff --verbose=35 --model-type=transformer"
     )
-    assert normalize_flags(command) == ["--model-type=transformer", "--target=trn1"]
+    assert normalize_flags(command) == ["--target=trn1", "--model-type=transformer"]
 
 
 def test_nxd_logfile_in_workdir_does_not_matter() -> None:
@@ -94,8 +94,8 @@ def test_nxd_logfile_in_workdir_does_not_matter() -> None:
 
 def test_space_spelling_becomes_equals() -> None:
     assert normalize_flags("--model-type transformer --auto-cast none") == [
-        "--auto-cast=none",
         "--model-type=transformer",
+        "--auto-cast=none",
     ]
     assert normalize_flags(["--model-type", "transformer"]) == BASE
 
@@ -119,25 +119,25 @@ def test_logical_nc_config_aliases(spelling: str) -> None:
 def test_same_name_order_preserved() -> None:
     # The compiler's parser lets the last one win, so their order is significant.
     assert normalize_flags("--optlevel=1 --model-type=transformer -O3") == [
-        "--model-type=transformer",
         "--optlevel=1",
+        "--model-type=transformer",
         "--optlevel=3",
     ]
     assert normalize_flags("-O3 --optlevel=1") == ["--optlevel=3", "--optlevel=1"]
     assert normalize_flags("-O3 --optlevel=1") != normalize_flags("--optlevel=1 -O3")
 
 
-def test_different_name_order_irrelevant() -> None:
-    a = normalize_flags("--model-type=transformer --auto-cast=none --enable-saturate-infinity")
-    b = normalize_flags("--enable-saturate-infinity --auto-cast none --model-type transformer")
-    assert (
-        a
-        == b
-        == [
-            "--auto-cast=none",
-            "--enable-saturate-infinity",
-            "--model-type=transformer",
-        ]
+def test_order_of_different_flags_is_kept() -> None:
+    # Differently named flags can compete too (the last one wins), and neffcache
+    # cannot tell which do: reordering them must never be taken as the same compile.
+    enable, disable = (
+        "--enable-mixed-precision-accumulation",
+        "--disable-mixed-precision-accumulation",
+    )
+    assert normalize_flags([enable, disable]) == [enable, disable]
+    assert normalize_flags([enable, disable]) != normalize_flags([disable, enable])
+    assert normalize_flags("--model-t=transformer --model-type=generic") != normalize_flags(
+        "--model-type=generic --model-t=transformer"
     )
 
 
@@ -172,15 +172,37 @@ def test_dash_o_equals_spelling() -> None:
 def test_known_value_flag_takes_dash_leading_value() -> None:
     assert normalize_flags("--tensorizer-options '--foo'") == ["--tensorizer-options=--foo"]
     assert normalize_flags(["--tensorizer-options", "--foo --bar=2", *BASE]) == [
-        "--model-type=transformer",
         "--tensorizer-options=--foo --bar=2",
+        "--model-type=transformer",
     ]
+
+
+def test_options_flags_keep_their_dash_leading_values() -> None:
+    # Two *-options flags with swapped values are different compiles.
+    a = "--internal-hlo2tensorizer-options '--fuse=false' --internal-backend-options '--dma-x'"
+    b = "--internal-hlo2tensorizer-options '--dma-x' --internal-backend-options '--fuse=false'"
+    assert normalize_flags(a) == [
+        "--internal-hlo2tensorizer-options=--fuse=false",
+        "--internal-backend-options=--dma-x",
+    ]
+    assert normalize_flags(a) != normalize_flags(b)
+
+
+def test_negative_numbers_are_values() -> None:
+    assert normalize_flags("--a -1 --b -2") == ["--a=-1", "--b=-2"]
+    assert normalize_flags("--a -1 --b -2") != normalize_flags("--a -2 --b -1")
+
+
+@pytest.mark.parametrize("bad", [None, 3, b"--x"])
+def test_flags_of_the_wrong_type_are_keying_errors(bad: object) -> None:
+    with pytest.raises(KeyingError, match="string"):
+        normalize_flags(bad)  # type: ignore[arg-type]
 
 
 def test_unknown_flag_does_not_take_dash_leading_word() -> None:
     assert normalize_flags("--some-switch --model-type=transformer") == [
-        "--model-type=transformer",
         "--some-switch",
+        "--model-type=transformer",
     ]
 
 

@@ -18,7 +18,8 @@ from ._errors import KeyingError
 # Recent builds print "NeuronX Compiler version 2.25.3371.0+f524f7f8"; public callers
 # read it from stdout or stderr, so both are searched.
 _VERSION_LINE = re.compile(rb"NeuronX Compiler version ([0-9][0-9A-Za-z.]*\+[0-9A-Za-z]+)")
-VERSION_PATTERN = re.compile(r"^[0-9]+(\.[0-9]+)+(\+[0-9A-Za-z]+)?$")
+# The git hash is required: builds with the same number can differ (facts §4.1).
+VERSION_PATTERN = re.compile(r"[0-9]+(\.[0-9]+)+\+[0-9A-Za-z]+")
 
 _TIMEOUT_SECONDS = 60.0
 _cache: dict[tuple[str, int, int], str] = {}

@@ -86,4 +86,5 @@ def _without_dump_flags(xla_flags: str) -> str:
         tokens = shlex.split(xla_flags)
     except ValueError as exc:
         raise KeyingError(f"cannot split XLA_FLAGS {xla_flags!r}: {exc}") from exc
-    return " ".join(token for token in tokens if not token.startswith("--xla_dump"))
+    # shlex.join quotes what needs it: '--a="b --c"' must not become '--a=b --c'.
+    return shlex.join(token for token in tokens if not token.startswith("--xla_dump"))

@@ -10,9 +10,11 @@ Normalization (``normalize_flags``) answers "would the compiler produce the same
 * the ``compile`` command word and positional arguments (the input path) are removed;
 * spellings are unified: ``--k v`` becomes ``--k=v``, and documented aliases
   (``-O2``, ``-O 2``, ``--optlevel 2``; ``-lnc``, ``--lnc``) take one name;
-* flags are ordered by name; flags of the same name keep their relative order, because
-  the compiler's argument parser lets the last one win (or appends), so that order
-  matters while the order of different flags does not.
+* order is kept. The compiler's argument parser lets the last of competing options
+  win, and flags with different names compete too: ``--enable-x`` and
+  ``--disable-x``, or an abbreviation and its full name. neffcache cannot tell which
+  flags compete, so ``--a --b`` and ``--b --a`` are different keys (a miss, never a
+  wrong NEFF).
 
 The stock hash (``neuron_flags_hash``) is the opposite: it reproduces the SDK's
 formula byte for byte, spelling and order included, so addresses interoperate.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 
@@ -99,6 +102,8 @@ _ALIASES: Mapping[str, str] = {
     "--lnc": "--logical-nc-config",
 }
 
+_NUMBER = re.compile(r"-[0-9]+(\.[0-9]+)?")
+
 _DROPPED = frozenset(WRAPPER_ONLY_FLAGS) | frozenset(OUTPUT_NEUTRAL_FLAGS)
 _KNOWN_FLAGS = (
     _DROPPED | _VALUE_FLAGS | _BOOLEAN_FLAGS | _MULTI_VALUE_FLAGS | set(_ALIASES.values())
@@ -112,6 +117,10 @@ def split_flags(flags: str | Sequence[str]) -> list[str]:
             return shlex.split(flags)
         except ValueError as exc:
             raise KeyingError(f"cannot split compiler flags {flags!r}: {exc}") from exc
+    if not isinstance(flags, Sequence):
+        raise KeyingError(
+            f"compiler flags must be a string or a sequence of strings, got {flags!r}"
+        )
     tokens = list(flags)
     for token in tokens:
         if not isinstance(token, str):
@@ -129,8 +138,6 @@ def normalize_flags(flags: str | Sequence[str]) -> list[str]:
     """
     options = _parse_options(split_flags(flags))
     kept = [(name, value) for name, value in options if name not in _DROPPED]
-    # Stable: same-name flags keep their order (last one wins in the compiler).
-    kept.sort(key=lambda option: option[0])
     return [name if value is None else f"{name}={value}" for name, value in kept]
 
 
@@ -154,7 +161,7 @@ def _parse_options(tokens: list[str]) -> list[tuple[str, str | None]]:
             elif i < len(tokens) and _is_value(name, tokens[i]):
                 value = tokens[i]
                 i += 1
-            if value is None and name in _VALUE_FLAGS:
+            if value is None and (name in _VALUE_FLAGS or name.endswith("-options")):
                 raise KeyingError(f"compiler flag {name} needs a value")
         options.append((name, value))
     return options
@@ -163,12 +170,15 @@ def _parse_options(tokens: list[str]) -> list[tuple[str, str | None]]:
 def _is_value(name: str, word: str) -> bool:
     """Whether ``word`` is the value of flag ``name`` rather than a flag of its own.
 
-    A documented value flag takes the next word even when it starts with "-"
+    A word not starting with "-" is a value, and so is a negative number. A flag that
+    takes a value (documented, or named ``--...-options`` like
+    ``--internal-backend-options``) takes the next word even when it starts with "-"
     (``--tensorizer-options '--foo'``), unless that word is itself a flag we know.
     """
-    if not word.startswith("-"):
+    if not word.startswith("-") or _NUMBER.fullmatch(word):
         return True
-    return name in _VALUE_FLAGS and _split_token(word)[0] not in _KNOWN_FLAGS
+    takes_value = name in _VALUE_FLAGS or name.endswith("-options")
+    return takes_value and _split_token(word)[0] not in _KNOWN_FLAGS
 
 
 def _split_token(token: str) -> tuple[str, str | None]:

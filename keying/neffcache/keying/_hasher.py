@@ -34,11 +34,15 @@ class TaggedHasher:
 
 
 def encode_value(value: ComponentValue) -> bytes:
-    """Strings as UTF-8; lists and mappings as compact JSON (mappings sorted)."""
+    """Strings as UTF-8; lists and mappings as compact JSON (mappings sorted).
+
+    ``surrogatepass`` because ``os.environ`` turns undecodable bytes into lone
+    surrogates; they must hash, and hash apart from every other value.
+    """
     if isinstance(value, str):
-        return value.encode("utf-8")
+        return value.encode("utf-8", "surrogatepass")
     if isinstance(value, Mapping):
         encoded = json.dumps(dict(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     else:
         encoded = json.dumps(list(value), separators=(",", ":"), ensure_ascii=False)
-    return encoded.encode("utf-8")
+    return encoded.encode("utf-8", "surrogatepass")
