@@ -3,7 +3,10 @@
 Written separately from ``neffcache.keying._hlo_schema`` on purpose: the tests craft
 their inputs with this one, so a field number wrong in the production schema cannot be
 wrong the same way here and go unnoticed. Field numbers: xla/service/hlo.proto.
-Undeclared fields survive edits as unknown fields.
+Undeclared fields survive edits as unknown fields. Declared ones are written first on
+re-serialization, so only fields that lead an instruction anyway (name, opcode) and
+the id fields, which canonicalization replaces, are declared: an edit then keeps the
+order of every kept field, as XLA writes it.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ _F = descriptor_pb2.FieldDescriptorProto
 _PKG = "tests.hlo_edit"
 
 
-def _build() -> Any:
-    proto = descriptor_pb2.FileDescriptorProto(name="tests/hlo_edit.proto", package=_PKG)
+def _build(raw_instructions: bool = False) -> Any:
+    package = f"{_PKG}.raw" if raw_instructions else _PKG
+    proto = descriptor_pb2.FileDescriptorProto(name=f"{package}.proto", package=package)
     proto.syntax = "proto3"
     layouts = {
         "Instruction": [
@@ -30,7 +34,15 @@ def _build() -> Any:
         ],
         "Computation": [
             ("name", 1, _F.TYPE_BYTES, False, None),
-            ("instructions", 2, _F.TYPE_MESSAGE, True, "Instruction"),
+            (
+                "instructions",
+                2,
+                *(
+                    (_F.TYPE_BYTES, True, None)
+                    if raw_instructions
+                    else (_F.TYPE_MESSAGE, True, "Instruction")
+                ),
+            ),
             ("id", 5, _F.TYPE_INT64, False, None),
             ("root_id", 6, _F.TYPE_INT64, False, None),
         ],
@@ -47,13 +59,15 @@ def _build() -> Any:
             field = msg.field.add(name=name, number=number, type=ftype)
             field.label = _F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL
             if type_name:
-                field.type_name = f".{_PKG}.{type_name}"
+                field.type_name = f".{package}.{type_name}"
     pool = descriptor_pool.DescriptorPool()
     pool.Add(proto)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PKG}.Module"))
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.Module"))
 
 
 Module: Any = _build()
+# The same, with each instruction as raw bytes: for inputs no schema could write.
+RawModule: Any = _build(raw_instructions=True)
 
 
 def parse(data: bytes) -> Any:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hlo_edit import RawModule
 from hlo_edit import parse as _parse
 
 from neffcache.keying import KeyingError, canonical_hlo, fingerprint_hlo
@@ -207,6 +208,9 @@ def test_entry_found_by_name_when_its_id_is_stale() -> None:
         ),
         ("no computations", lambda m: m.ClearField("computations")),
         ("empty computation", lambda m: m.computations[0].ClearField("instructions")),
+        ("root id -1", lambda m: setattr(m.computations[-1], "root_id", -1)),
+        ("root id -2", lambda m: setattr(m.computations[-1], "root_id", -2)),
+        ("operand id -1", lambda m: m.computations[-1].instructions[2].operand_ids.append(-1)),
     ],
 )
 def test_malformed_modules_raise_keying_error(what: str, mutate: Any) -> None:
@@ -217,11 +221,11 @@ def test_malformed_modules_raise_keying_error(what: str, mutate: Any) -> None:
 # Known digests: a change here changes every canonical key, so it must come with a
 # KEY_VERSION bump (keying/neffcache/keying/_version.py).
 GOLDEN = {
-    "block": "dbd743262b439fa7caa8ff712dccfc4b46c2017f6c89d83f42f38907a7566384",
-    "allreduce_pair": "393aa74e3d307945ca19b3a0bef90179a8f14337f7b2b16084d7c15eae67444d",
-    "attrs": "906644e741bd719c449734c096d427c4fad0202bdb6f7018f00d4fd3fc59bd71",
-    "torch_block": "b0d12061354e4841d459ad5e45b9113c37abeac94501d9d64ffd0f0f8e7d87d6",
-    "block_scheduled": "02cd15de8816f9d47916659d23ae8a8de2798e55250ddc59b22f45f66f56922e",
+    "block": "618b30db463877df47cb018c569be563e03e4ec754b676002b5a022ad34c5335",
+    "allreduce_pair": "7371067e4c1d8e766d2fb2e3fdb8ec6f16a3d154af0dc3c12f65a8adc202fdc8",
+    "attrs": "48766162c5699b78fe9f54916f25da35b0310b2d76593932b466d4a186d6bfa7",
+    "torch_block": "b0efa88cdff26339e0384b578ba9f1b141d187b608d7e9d125ff8d4b8d0ca5e9",
+    "block_scheduled": "73d30d09bf16d9ed0980aa603bfe57d55aa22e1d503e373595e0d5fd80e61202",
 }
 
 
@@ -239,15 +243,17 @@ def _swap_computations(module: Any) -> None:
     module.computations.extend([first, second])
 
 
-MARKER = b"\xf8\xff\xff\xff\x0f\x02\xf8\xff\xff\xff\x0f\x01"  # ends a computation
+# A field 536870911 (the largest field number), as the canonical form's own instruction
+# marker is spelled, with some payload.
+FAKE_MARK = b"\xfa\xff\xff\xff\x0f\x10" + bytes(range(16))
 
 
 def test_kept_bytes_that_look_like_a_marker_still_reorder_correctly() -> None:
-    # backend_config (field 43) holding the bytes the canonical form uses to mark a
-    # computation's end: splitting would cut there, so the reorder must not split.
+    # backend_config (field 43) holding a marker-like field: the bytes must not be
+    # taken for a boundary, in file order or after computations move.
     def with_marker(module: Any) -> None:
         module.computations[-1].instructions[-1].MergeFromString(
-            b"\xda\x02" + bytes([len(MARKER)]) + MARKER
+            b"\xda\x02" + bytes([len(FAKE_MARK)]) + FAKE_MARK
         )
 
     in_order = _mutated_from("allreduce_groups_pair", with_marker)
@@ -257,6 +263,21 @@ def test_kept_bytes_that_look_like_a_marker_still_reorder_correctly() -> None:
     assert in_order != swapped
     assert fingerprint_hlo(in_order) == fingerprint_hlo(swapped)
     assert fingerprint_hlo(in_order) != fingerprint_hlo(load("allreduce_groups_pair"))
+
+
+def test_a_marker_field_in_an_instruction_cannot_move_fields_to_its_neighbour() -> None:
+    # Found in review: with a fixed marker, an instruction carrying the marker field
+    # could hand a kept field (here parameter_number=1, field 9) to the next
+    # instruction, and modules with different parameters shared a fingerprint.
+    def m1(module: Any) -> None:
+        module.computations[-1].instructions[0].MergeFromString(FAKE_MARK + b"\x48\x01")
+
+    def m2(module: Any) -> None:
+        module.computations[-1].instructions[1].MergeFromString(FAKE_MARK)
+
+    assert fingerprint_hlo(_mutated_from("block_a", m1)) != fingerprint_hlo(
+        _mutated_from("block_a", m2)
+    )
 
 
 def test_frontend_attributes_follow_their_instruction_when_computations_move() -> None:
@@ -322,3 +343,70 @@ def _varint(value: int) -> bytes:
         out.append(byte | (0x80 if value else 0))
         if not value:
             return bytes(out)
+
+
+def test_unknown_fields_of_a_schedule_sequence_are_kept() -> None:
+    # Schedule (module field 7) -> sequences map entry (1) -> value (2) -> field 9.
+    base = load("block_scheduled")
+    module = _parse(base)
+    raw = module.SerializeToString()
+    outer = _parse(raw)
+    assert outer.SerializeToString() == raw
+    changed = fingerprint_hlo(_append_to_first_sequence(base, b"\x48\x07"))
+    assert changed != fingerprint_hlo(base)
+
+
+def _append_to_first_sequence(data: bytes, extra: bytes) -> bytes:
+    """Append raw fields to the first schedule sequence, with a schema of its own."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    f = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(name="t_sched.proto", package="tsched")
+    proto.syntax = "proto3"
+    seq = proto.message_type.add(name="Seq")
+    seq.field.add(name="ids", number=1, type=f.TYPE_INT64, label=f.LABEL_REPEATED)
+    entry = proto.message_type.add(name="Entry")
+    entry.field.add(name="key", number=1, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL)
+    entry.field.add(
+        name="value", number=2, type=f.TYPE_MESSAGE, type_name=".tsched.Seq", label=f.LABEL_OPTIONAL
+    )
+    sched = proto.message_type.add(name="Sched")
+    sched.field.add(
+        name="seqs",
+        number=1,
+        type=f.TYPE_MESSAGE,
+        type_name=".tsched.Entry",
+        label=f.LABEL_REPEATED,
+    )
+    mod = proto.message_type.add(name="Mod")
+    mod.field.add(
+        name="schedule",
+        number=7,
+        type=f.TYPE_MESSAGE,
+        type_name=".tsched.Sched",
+        label=f.LABEL_OPTIONAL,
+    )
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("tsched.Mod"))
+    module = cls.FromString(data)
+    assert module.schedule.seqs
+    module.schedule.seqs[0].value.MergeFromString(extra)
+    result: bytes = module.SerializeToString()
+    return result
+
+
+@pytest.mark.parametrize(
+    "suffix",
+    [
+        b"\x12\x7f",  # a length running past the instruction
+        b"\x0a\x2d",  # a name that would swallow the bytes that follow
+        b"\x0c",  # an end-group tag with no group
+        b"\x07",  # wire type 7
+    ],
+)
+def test_instruction_bytes_that_do_not_parse_raise_keying_error(suffix: bytes) -> None:
+    module = RawModule.FromString(load("block_a"))
+    module.computations[-1].instructions[0] += suffix
+    with pytest.raises(KeyingError, match="not an HLO module"):
+        fingerprint_hlo(module.SerializeToString())

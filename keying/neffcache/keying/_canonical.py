@@ -26,7 +26,9 @@ The canonical form is four parts, framed with lengths:
 1. outer: the module with computations in canonical order, every instruction, name and
    id removed;
 2. instructions: every kept field of every instruction, in canonical order, each
-   instruction and computation closed by a marker field;
+   instruction closed by an empty field 1 and each computation by an empty field 7
+   (fields that never stay in an instruction here, so the stream reads back
+   unambiguously);
 3. frontend attributes: per instruction, its attribute map serialized with sorted keys;
 4. structure: per computation its size and root, and every operand, control
    predecessor and called computation as a canonical position; the entry; the schedule.
@@ -99,13 +101,10 @@ def canonical_hlo(module_bytes: bytes) -> bytes:
     structure = array("q", [comp_pos[entry.id]]).tobytes()
     structure += _structure(joined, ordered, positions, comp_pos, moved)
     structure += _schedule(module, positions, comp_pos)
-    content, attrs, attrs_moved = joined.in_order(moved, ordered)
-    parts = (  # _outer clears the computations' ids, so it comes after every use of them
-        _outer(module, comp_pos),
-        content,
-        _canonical_attributes(attrs, attrs_moved, len(ordered)),
-        structure,
-    )
+    content = joined.canonical_content(moved)
+    attrs = _canonical_attributes(joined.attrs, moved, len(comps))
+    # Last: _outer clears the computations' instructions and ids.
+    parts = (_outer(module, comp_pos), content, attrs, structure)
     return _MAGIC + b"".join(len(part).to_bytes(8, "big") + part for part in parts)
 
 
@@ -242,6 +241,8 @@ def _structure(
             f"not an HLO module: a root or operand names instruction id {exc.args[0]}, "
             "which does not exist"
         ) from None
+    if min(roots) < 0:  # a sentinel's own entry in ``positions``
+        raise KeyingError("not an HLO module: a computation's root id is negative")
     calls = dict(comp_pos)
     calls[INSTRUCTION_END] = INSTRUCTION_END
     calls[COMPUTATION_END] = COMPUTATION_END
@@ -259,6 +260,11 @@ def _structure(
 
 
 def _schedule(module: Any, positions: Mapping[int, int], comp_pos: Mapping[int, int]) -> bytes:
+    """Each scheduled computation's instruction order, as positions.
+
+    Fields of a sequence this view does not declare are kept, as its leftover bytes;
+    the schedule's own are kept by ``_outer``.
+    """
     if not module.HasField("schedule"):
         return array("q", [-1]).tobytes()  # no schedule, as opposed to an empty one
     sequences = []
@@ -274,13 +280,20 @@ def _schedule(module: Any, positions: Mapping[int, int], comp_pos: Mapping[int, 
                 f"not an HLO module: the schedule of computation id {old} names instruction "
                 f"id {exc.args[0]}, which does not exist"
             ) from None
-        sequences.append((comp_pos[old], ids))
+        if ids and min(ids) < 0:
+            raise KeyingError(
+                f"not an HLO module: the schedule of computation id {old} is malformed"
+            )
+        sequence.ClearField("instruction_ids")
+        sequences.append((comp_pos[old], ids, sequence.SerializeToString(deterministic=True)))
     sequences.sort()
     out = array("q", [len(sequences)])
-    for pos, ids in sequences:
-        out.extend((pos, len(ids)))
+    leftovers = []
+    for pos, ids, leftover in sequences:
+        out.extend((pos, len(ids), len(leftover)))
         out.extend(ids)
-    return out.tobytes()
+        leftovers.append(leftover)
+    return out.tobytes() + b"".join(leftovers)
 
 
 _TRIVIAL_ATTRIBUTES = frozenset({b"", ATTRS_INSTRUCTION_END, ATTRS_COMPUTATION_END})
@@ -325,6 +338,8 @@ def _outer(module: Any, comp_pos: Mapping[int, int]) -> bytes:
         comp.program_shape.ClearField("parameter_names")
     for field in _IGNORED_MODULE_FIELDS:
         module.ClearField(field)
+    if module.HasField("schedule"):
+        module.schedule.ClearField("sequences")  # carried as positions; the rest is kept
     module.host_program_shape.ClearField("parameter_names")
     _drop_debug_attributes(module.frontend_attributes)
     result: bytes = module.SerializeToString(deterministic=True)
@@ -332,13 +347,12 @@ def _outer(module: Any, comp_pos: Mapping[int, int]) -> bytes:
 
 
 # Cleared from the module: names, ids (carried as positions in the structure part),
-# the schedule (likewise), and debug data.
+# and debug data.
 _IGNORED_MODULE_FIELDS = (
     "name",
     "entry_computation_name",
     "id",
     "entry_computation_id",
-    "schedule",
     "profile_info",
     "stack_frame_index",
 )

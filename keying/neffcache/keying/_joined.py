@@ -9,19 +9,26 @@ step per instruction:
   frontend attributes as flat lists, in which the separators' sentinels mark where
   each instruction and each computation ends;
 * every kept field of every instruction, in order, as the message's unknown fields,
-  with the separators' marker field closing each instruction and computation.
+  each instruction closed by the separator's marker field.
 
 The parser keeps every separator in order, so the boundaries are exactly where they
 were put; a real value equal to a sentinel shows up as one sentinel too many and is
-rejected.
+rejected. The marks' payloads are random nonces drawn when the process starts, so no
+instruction can carry a copy of one: the stream splits exactly at instruction and
+computation ends, and a malformed instruction that swallows a separator leaves one
+mark too few, which is rejected too. The marks are replaced by fixed fields before
+anything is hashed.
 """
 
 from __future__ import annotations
 
+import os
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from google.protobuf.message import DecodeError
 
 from ._errors import KeyingError
 from ._hlo_schema import (
@@ -50,18 +57,31 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
-def _separator(id_value: int, attrs: bytes, mark: int) -> bytes:
-    """Fields appended after an instruction (or standing for a computation's end)."""
+def _length_delimited(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _sentinels(id_value: int, attrs: bytes) -> bytes:
     ids = b"".join(_varint(number << 3) + _varint(id_value) for number in ID_FIELDS)
-    attrs_field = _varint(FRONTEND_ATTRIBUTES_FIELD << 3 | 2) + _varint(len(attrs)) + attrs
-    return ids + attrs_field + _varint(_MARK_FIELD << 3) + _varint(mark)
+    return ids + _length_delimited(FRONTEND_ATTRIBUTES_FIELD, attrs)
 
 
-_INSTRUCTION_SEPARATOR = _separator(INSTRUCTION_END, ATTRS_INSTRUCTION_END, 1)
-_COMPUTATION_ITEM = _separator(COMPUTATION_END, ATTRS_COMPUTATION_END, 2)
-# Each computation item is itself followed by an instruction separator, so in every
-# flat list a computation ends with these two sentinels.
-_COMPUTATION_MARK = _varint(_MARK_FIELD << 3) + b"\x02" + _varint(_MARK_FIELD << 3) + b"\x01"
+# Close each instruction and computation in the unknown-field stream, and are replaced
+# before anything is hashed: random, so no instruction can carry a copy.
+_MARK = _length_delimited(_MARK_FIELD, os.urandom(16))
+_COMPUTATION_MARK = _length_delimited(_MARK_FIELD, os.urandom(16))
+_INSTRUCTION_SEPARATOR = _sentinels(INSTRUCTION_END, ATTRS_INSTRUCTION_END) + _MARK
+# Stands in the item list after each computation's instructions; like every item it is
+# followed by an instruction separator, so in every flat list a computation ends with
+# the two sentinels COMPUTATION_END, INSTRUCTION_END.
+_COMPUTATION_ITEM = _sentinels(COMPUTATION_END, ATTRS_COMPUTATION_END) + _COMPUTATION_MARK
+_COMPUTATION_CLOSE = _COMPUTATION_MARK + _MARK
+# What the marks become in the canonical form: empty fields 1 (name) and 7 (metadata).
+# The joined view declares both, so neither can occur among the kept fields, which are
+# complete fields: the canonical stream tokenizes back into exactly its instructions
+# and computations.
+_INSTRUCTION_END_FIELD = _length_delimited(1, b"")
+_COMPUTATION_END_FIELD = _length_delimited(7, b"")
 _TAIL = array("q", [COMPUTATION_END, INSTRUCTION_END]).tobytes()
 _END = array("q", [INSTRUCTION_END]).tobytes()
 _JOINED_FIELDS = (
@@ -77,7 +97,8 @@ class Joined:
 
     ``ids``, ``operands``, ``preds``, ``called`` and ``attrs`` hold, per instruction,
     its values followed by an end sentinel, and per computation two more sentinels;
-    ``content`` is every kept field, in order, with the same boundaries as marker fields.
+    ``content`` holds every kept field, in order, each instruction and computation
+    closed by its mark.
     """
 
     ids: list[int]
@@ -85,7 +106,7 @@ class Joined:
     preds: list[int]
     called: list[int]
     attrs: list[bytes]
-    content: bytes
+    content: bytes  # the unknown-field stream: kept fields and marks
 
     @classmethod
     def parse(cls, comps: Sequence[Any]) -> Joined:
@@ -93,9 +114,12 @@ class Joined:
         for comp in comps:
             items.extend(comp.instructions)
             items.append(_COMPUTATION_ITEM)
-        message = JoinedInstructions.FromString(
-            _INSTRUCTION_SEPARATOR.join(items) + _INSTRUCTION_SEPARATOR
-        )
+        try:
+            message = JoinedInstructions.FromString(
+                _INSTRUCTION_SEPARATOR.join(items) + _INSTRUCTION_SEPARATOR
+            )
+        except DecodeError as exc:
+            raise KeyingError(f"not an HLO module: an instruction is malformed ({exc})") from exc
         joined = cls(
             list(message.id),
             list(message.operand_ids),
@@ -104,8 +128,6 @@ class Joined:
             list(message.frontend_attributes),
             b"",
         )
-        # The parser keeps every separator, in order; a real value equal to a sentinel
-        # would show up as one sentinel too many.
         checks: list[tuple[list[Any], object, object]] = [
             (joined.ids, INSTRUCTION_END, COMPUTATION_END),
             (joined.operands, INSTRUCTION_END, COMPUTATION_END),
@@ -119,7 +141,9 @@ class Joined:
         for field in _JOINED_FIELDS:
             message.ClearField(field)
         # Only unknown fields are left: every kept field of every instruction, in order.
-        content: bytes = message.SerializeToString()
+        content = message.SerializeToString()
+        if content.count(_MARK) != len(items) or content.count(_COMPUTATION_MARK) != len(comps):
+            raise KeyingError("not an HLO module: an instruction is malformed")
         return cls(joined.ids, joined.operands, joined.preds, joined.called, joined.attrs, content)
 
     def callees(self, count: int) -> list[list[int]]:
@@ -127,7 +151,7 @@ class Joined:
         # Nearly every instruction calls nothing: split the list's bytes at computation
         # ends and decode only the parts that hold more than instruction ends.
         pieces = array("q", self.called).tobytes().split(_TAIL)
-        if len(pieces) != count + 1:  # a huge id whose bytes mimic the tail
+        if len(pieces) != count + 1:  # an id whose bytes mimic the tail
             parts = segments(self.called, count, COMPUTATION_END)
             return [[c for c in part if c != INSTRUCTION_END] for part in parts]
         out: list[list[int]] = []
@@ -138,23 +162,14 @@ class Joined:
                 out.append([c for c in array("q", piece) if c != INSTRUCTION_END])
         return out
 
-    def in_order(
-        self, moved: list[int] | None, ordered: Sequence[Any]
-    ) -> tuple[bytes, list[bytes], list[int] | None]:
-        """``content`` in canonical computation order, and the attributes.
-
-        Returns (content, attrs, attrs_moved): ``attrs_moved`` is what still has to be
-        applied to ``attrs`` (None when they already are in canonical order).
-        """
-        if moved is None:
-            return self.content, self.attrs, None
-        pieces = self.content.split(_COMPUTATION_MARK)
-        if len(pieces) != len(moved) + 1:
-            # A kept field happens to hold the marker's bytes: parse again in order.
-            again = Joined.parse(ordered)
-            return again.content, again.attrs, None
-        content = _COMPUTATION_MARK.join(pieces[i] for i in moved) + _COMPUTATION_MARK
-        return content, self.attrs, moved
+    def canonical_content(self, moved: list[int] | None) -> bytes:
+        """The kept fields, computations in canonical order, marks made canonical."""
+        chunks = self.content.split(_COMPUTATION_CLOSE)
+        chunks.pop()  # what follows the last computation: nothing
+        if moved is not None:
+            chunks = [chunks[i] for i in moved]
+        content = _COMPUTATION_END_FIELD.join(chunks) + _COMPUTATION_END_FIELD
+        return content.replace(_MARK, _INSTRUCTION_END_FIELD)
 
 
 def segments(values: list[Any], count: int, comp_end: object) -> list[list[Any]]:
