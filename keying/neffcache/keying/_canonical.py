@@ -51,7 +51,7 @@ import blake3
 from google.protobuf.message import DecodeError
 
 from ._errors import KeyingError
-from ._hlo_schema import BytesList, FrontendAttributes, HloModuleProto
+from ._hlo_schema import BytesList, FramedModule, FrontendAttributes, HloModuleProto
 from ._joined import (
     ATTRS_COMPUTATION_END,
     ATTRS_INSTRUCTION_END,
@@ -126,13 +126,17 @@ def _parse(module_bytes: bytes) -> Any:
     except DecodeError as exc:
         raise KeyingError(f"not an HLO module: protobuf decoding failed ({exc})") from exc
     if not module.computations and module.name:
-        module = _unwrap_hlo_proto(module)
+        data, module = _unwrap_hlo_proto(data, module)
     if not module.computations:
         raise KeyingError("not an HLO module: it has no computations")
+    try:
+        FramedModule.FromString(data)
+    except DecodeError as exc:
+        raise KeyingError(f"not an HLO module: an instruction is malformed ({exc})") from exc
     return module
 
 
-def _unwrap_hlo_proto(module: Any) -> Any:
+def _unwrap_hlo_proto(data: bytes, module: Any) -> tuple[bytes, Any]:
     """The module inside an HloProto, which XLA's ``--xla_dump_hlo_as_proto`` writes.
 
     An HloProto holds the module as its field 1, which the module view reads as the
@@ -141,8 +145,8 @@ def _unwrap_hlo_proto(module: Any) -> Any:
     try:
         inner = HloModuleProto.FromString(module.name)
     except DecodeError:
-        return module
-    return inner if inner.computations else module
+        return data, module
+    return (module.name, inner) if inner.computations else (data, module)
 
 
 def _computations_by_id(comps: Sequence[Any]) -> dict[int, Any]:

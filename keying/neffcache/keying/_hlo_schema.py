@@ -10,13 +10,14 @@ Name-like fields are ``bytes`` so parsing never fails on UTF-8; maps are declare
 maps so deterministic serialization sorts them (XLA writes maps in hash order,
 pytorch/xla #8537).
 
-Two views of the same bytes:
+Three views of the same bytes:
 
 ``outer``   the module and its computations, with instructions left as raw ``bytes``.
 ``joined``  one message that *all* instructions, concatenated, parse into (see
-            ``_canonical``): repeated fields append, so the ignored fields and the id
+            ``_joined``): repeated fields append, so the ignored fields and the id
             fields come out as flat lists in C, while every kept field lands, in order,
             in the message's unknown fields.
+``framed``  every instruction as an opaque message, to check each one's framing.
 
 The messages live in private descriptor pools under ``neffcache.keying.xla.*`` so they
 never clash with a real ``xla`` schema registered by torch-xla or TensorFlow.
@@ -143,6 +144,19 @@ def _joined_view() -> tuple[Any, Any]:
     return joined, blobs
 
 
+def _framed_view() -> Any:
+    """Every instruction as a message with no declared field: parsing checks that each
+    instruction's fields end exactly where its length prefix says, so an instruction
+    cannot reach into the bytes that follow it once instructions are joined."""
+    b = _FileBuilder("neffcache.keying.xla.framed", "proto2")
+    b.message("Instruction", [])
+    b.message("Computation", [("instructions", 2, MANY, MESSAGE, "Instruction")])
+    b.message("Module", [("computations", 3, MANY, MESSAGE, "Computation")])
+    (module,) = b.classes("Module")
+    return module
+
+
 # The generated classes are dynamic, so they are typed as Any for mypy.
 HloModuleProto, FrontendAttributes = _outer_view()
 JoinedInstructions, BytesList = _joined_view()
+FramedModule: Any = _framed_view()
