@@ -116,19 +116,17 @@ def _parse(module_bytes: bytes) -> Any:
     data = bytes(module_bytes)
     if not data:
         raise KeyingError("not an HLO module: the input is empty")
-    if data.lstrip()[:9] == b"HloModule":
-        raise KeyingError(
-            "not an HLO module: this is HLO text; pass the serialized HloModuleProto "
-            "(model.hlo_module.pb), not the text dump"
-        )
     try:
         module = HloModuleProto.FromString(data)
     except DecodeError as exc:
-        raise KeyingError(f"not an HLO module: protobuf decoding failed ({exc})") from exc
-    if not module.computations and module.name:
-        data, module = _unwrap_hlo_proto(data, module)
+        raise KeyingError(f"not an HLO module: {_why_not(data, exc)}") from exc
+    if _wraps_a_module(module):
+        raise KeyingError(
+            "not an HLO module: this is an HloProto, as XLA's --xla_dump_hlo_as_proto "
+            "writes; pass the HloModuleProto it holds as field 1"
+        )
     if not module.computations:
-        raise KeyingError("not an HLO module: it has no computations")
+        raise KeyingError(f"not an HLO module: {_why_not(data, None)}")
     try:
         FramedModule.FromString(data)
     except DecodeError as exc:
@@ -136,17 +134,26 @@ def _parse(module_bytes: bytes) -> Any:
     return module
 
 
-def _unwrap_hlo_proto(data: bytes, module: Any) -> tuple[bytes, Any]:
-    """The module inside an HloProto, which XLA's ``--xla_dump_hlo_as_proto`` writes.
+def _why_not(data: bytes, exc: DecodeError | None) -> str:
+    if data.lstrip()[:9] == b"HloModule":
+        return "this is HLO text; pass the serialized HloModuleProto (model.hlo_module.pb)"
+    return f"protobuf decoding failed ({exc})" if exc else "it has no computations"
 
-    An HloProto holds the module as its field 1, which the module view reads as the
-    name; its other part, the buffer assignment, is a compilation result, not an input.
+
+def _wraps_a_module(module: Any) -> bool:
+    """Whether field 1, which a module uses for its name, holds a whole module.
+
+    An HloProto keeps its module there (and a buffer assignment in field 3, which the
+    module view would take for computations). Rejected rather than unwrapped: a module
+    whose name is another module must not be keyed as that other module.
     """
+    if not module.name or (module.name.isascii() and module.name.decode().isprintable()):
+        return False  # a name, as every producer writes one
     try:
         inner = HloModuleProto.FromString(module.name)
     except DecodeError:
-        return data, module
-    return (module.name, inner) if inner.computations else (data, module)
+        return False
+    return bool(inner.computations)
 
 
 def _computations_by_id(comps: Sequence[Any]) -> dict[int, Any]:
