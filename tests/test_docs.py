@@ -24,7 +24,7 @@ def test_readme_has_exactly_two_setup_commands() -> None:
     blocks = _sh_blocks((ROOT / "README.md").read_text())
     assert len(blocks) == 2
     assert all("\n" not in block for block in blocks)
-    assert "neffcache" in blocks[0]
+    assert "neffcache serve" in blocks[0]
     assert "pytest" in blocks[1]
 
 
@@ -49,3 +49,12 @@ def test_architecture_doc_lists_every_keying_module() -> None:
     modules.remove("__init__.py")
     assert modules
     assert [m for m in modules if f"`{m}`" not in doc] == []
+
+
+def test_configuration_doc_names_every_server_setting() -> None:
+    from neffcache.server.settings import ServerSettings
+
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    for name in ServerSettings.model_fields:
+        assert f"`{name}`" in doc, name
+        assert f"`NEFFCACHE_{name.upper()}`" in doc, name

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 
 from neffcache.keying import KeyingError
 
@@ -16,6 +17,9 @@ from . import _key_cmd
 from ._common import CommandError
 
 _COMMANDS = (_key_cmd,)
+# Other parts add commands through this entry point group (the server adds `serve` and
+# `admin`), so this package never imports them by name.
+PLUGIN_GROUP = "neffcache.cli"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,6 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in _COMMANDS:
         command.register(sub)
+    for plugin in entry_points(group=PLUGIN_GROUP):
+        try:
+            register = plugin.load()
+        except ImportError:
+            continue  # that part is not installed
+        register(sub, CommandError)
     return parser
 
 

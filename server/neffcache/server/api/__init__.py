@@ -1,0 +1,1 @@
+"""HTTP routes, one module per resource; errors map to statuses in ``app``."""

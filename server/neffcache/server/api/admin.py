@@ -1,0 +1,65 @@
+"""``/v1/admin/tokens``: create, list and revoke tokens (admin tokens for ``*`` only)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fastapi import APIRouter, Response
+from pydantic import BaseModel, Field
+
+from neffcache.server.auth import Caller, new_token
+from neffcache.server.deps import BackendsDep, CallerDep
+from neffcache.server.errors import BadRequest, Forbidden, NotFound
+from neffcache.server.index import Token
+from neffcache.server.manifest import NAMESPACE
+
+router = APIRouter(prefix="/v1/admin")
+
+
+class TokenRequest(BaseModel):
+    scope: str = Field(description="read, write or admin")
+    namespaces: list[str] = Field(min_length=1, description="namespaces, or ['*']")
+    name: str = Field("", max_length=200, description="who or what the token is for")
+
+
+def _require_admin(caller: Caller) -> None:
+    caller.require("admin")
+    if "*" not in caller.namespaces:
+        raise Forbidden("managing tokens needs an admin token for every namespace ('*')")
+
+
+def _public(token: Token) -> dict[str, Any]:
+    return {
+        "token_id": token.token_id,
+        "scope": token.scope,
+        "namespaces": list(token.namespaces),
+        "name": token.name,
+        "created_at": token.created_at,
+        "revoked": token.revoked,
+    }
+
+
+@router.post("/tokens", status_code=201)
+def create_token(body: TokenRequest, caller: CallerDep, backends: BackendsDep) -> dict[str, Any]:
+    _require_admin(caller)
+    for namespace in body.namespaces:
+        if namespace != "*" and not re.fullmatch(NAMESPACE, namespace):
+            raise BadRequest(f"{namespace!r} is not a namespace name")
+    token, secret = new_token(body.scope, tuple(body.namespaces), body.name)
+    backends.index.put_token(token)
+    return {**_public(token), "token": secret}
+
+
+@router.get("/tokens")
+def list_tokens(caller: CallerDep, backends: BackendsDep) -> dict[str, Any]:
+    _require_admin(caller)
+    return {"tokens": [_public(t) for t in backends.index.tokens()]}
+
+
+@router.delete("/tokens/{token_id}", status_code=204)
+def revoke_token(token_id: str, caller: CallerDep, backends: BackendsDep) -> Response:
+    _require_admin(caller)
+    if not backends.index.revoke_token(token_id):
+        raise NotFound(f"no token {token_id}")
+    return Response(status_code=204)

@@ -1,0 +1,217 @@
+"""``/v1/blobs``: content-addressed bytes, shared by every namespace.
+
+Bytes are never served unverified: a blob up to ``_VERIFY_FIRST`` is hashed before
+the response starts (a mismatch is a clean 404); a larger one is hashed as it streams
+and its last chunk is held back until the digest matches, so a corrupted blob never
+completes a response. Either way the blob is quarantined and the next upload heals it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated
+
+import blake3
+from fastapi import APIRouter, Header, Request, Response
+from fastapi import Path as PathParam
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+
+from neffcache.server.blobs import BlobStore
+from neffcache.server.deps import BackendsDep, CallerDep
+from neffcache.server.errors import BadRequest, NotFound, ServerError, StoreFull, TooLarge
+from neffcache.server.manifest import HEX64
+
+router = APIRouter()
+log = logging.getLogger("neffcache.server")
+
+Digest = Annotated[str, PathParam(pattern=f"^{HEX64}$")]
+_VERIFY_FIRST = 16 * 2**20
+_MISSING_MAX = 10_000
+
+
+class RangeNotSatisfiable(ServerError):
+    status = 416
+
+
+class CorruptBlob(Exception):
+    """A stored blob's bytes do not hash to its digest."""
+
+
+@router.put("/v1/blobs/{digest}", status_code=201)
+async def put_blob(
+    digest: Digest,
+    request: Request,
+    caller: CallerDep,
+    backends: BackendsDep,
+    content_length: Annotated[int | None, Header()] = None,
+) -> Response:
+    caller.require("write")
+    if content_length is None:
+        raise BadRequest("Content-Length is required")
+    if content_length > backends.settings.max_blob_bytes:
+        raise TooLarge(f"{content_length} bytes is over max_blob_bytes")
+    staged = _staging_file(backends.blobs.staging_dir())
+    try:
+        received, actual = await _receive(request, staged, content_length)
+        if received != content_length:
+            raise BadRequest(f"received {received} bytes, Content-Length said {content_length}")
+        if actual != digest:
+            raise BadRequest(f"the body hashes to {actual}, not {digest}")
+        created = await run_in_threadpool(backends.blobs.commit, staged, digest)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            staged.unlink()
+    return Response(status_code=201 if created else 200)
+
+
+def _staging_file(directory: Path) -> Path:
+    fd, name = tempfile.mkstemp(prefix="upload-", dir=directory)
+    os.close(fd)
+    return Path(name)
+
+
+async def _receive(request: Request, staged: Path, limit: int) -> tuple[int, str]:
+    hasher = blake3.blake3()
+    received = 0
+    try:
+        with open(staged, "wb") as out:
+            async for chunk in request.stream():
+                received += len(chunk)
+                if received > limit:
+                    raise BadRequest(f"the body is longer than Content-Length ({limit})")
+                hasher.update(chunk)
+                out.write(chunk)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StoreFull("the blob store is out of space") from exc
+        raise
+    return received, hasher.hexdigest()
+
+
+@router.head("/v1/blobs/{digest}")
+def head_blob(digest: Digest, caller: CallerDep, backends: BackendsDep) -> Response:
+    caller.require("read")
+    size = backends.blobs.size(digest)
+    if size is None:
+        raise NotFound(f"no blob {digest}")
+    return Response(headers=_headers(digest, size))
+
+
+@router.get("/v1/blobs/{digest}")
+def get_blob(
+    digest: Digest,
+    caller: CallerDep,
+    backends: BackendsDep,
+    range_header: Annotated[str | None, Header(alias="range")] = None,
+) -> Response:
+    caller.require("read")
+    blobs = backends.blobs
+    size = blobs.size(digest)
+    if size is None:
+        raise NotFound(f"no blob {digest}")
+    span = _parse_range(range_header, size)
+    try:
+        if span is not None or size <= _VERIFY_FIRST:
+            return _verified_response(blobs, digest, size, span)
+    except CorruptBlob:
+        blobs.quarantine(digest)
+        log.error("blob %s failed verification; quarantined", digest)
+        raise NotFound(f"no blob {digest}") from None
+    chunks = blobs.read(digest)
+    if chunks is None:
+        raise NotFound(f"no blob {digest}")
+    return StreamingResponse(
+        _held_back(chunks, digest, lambda: blobs.quarantine(digest)),
+        headers=_headers(digest, size),
+        media_type="application/octet-stream",
+    )
+
+
+def _verified_response(
+    blobs: BlobStore, digest: str, size: int, span: tuple[int, int] | None
+) -> Response:
+    chunks = blobs.read(digest)
+    if chunks is None:
+        raise NotFound(f"no blob {digest}")
+    data = b"".join(chunks)
+    if blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest() != digest:
+        raise CorruptBlob(digest)
+    if span is None:
+        return Response(data, headers=_headers(digest, size), media_type="application/octet-stream")
+    start, end = span
+    headers = _headers(digest, end - start)
+    headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+    return Response(
+        data[start:end], status_code=206, headers=headers, media_type="application/octet-stream"
+    )
+
+
+def _held_back(
+    chunks: Iterator[bytes], digest: str, on_corrupt: Callable[[], None]
+) -> Iterator[bytes]:
+    hasher = blake3.blake3()
+    pending: bytes | None = None
+    for chunk in chunks:
+        if pending is not None:
+            yield pending
+        hasher.update(chunk)
+        pending = chunk
+    if hasher.hexdigest() != digest:
+        on_corrupt()
+        log.error("blob %s failed verification while streaming; quarantined", digest)
+        raise CorruptBlob(digest)
+    if pending is not None:
+        yield pending
+
+
+def _headers(digest: str, length: int) -> dict[str, str]:
+    return {
+        "Content-Length": str(length),
+        "ETag": f'"{digest}"',
+        "Accept-Ranges": "bytes",
+        "Cache-Control": "public, max-age=31536000, immutable",
+    }
+
+
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+
+
+def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """A single ``bytes=a-b`` range as [start, end), or None for the whole blob."""
+    if header is None:
+        return None
+    match = _RANGE.fullmatch(header.strip())
+    if match is None or not (match[1] or match[2]):
+        raise RangeNotSatisfiable(f"unsupported Range {header!r}; use one bytes=a-b range")
+    if match[1]:
+        start = int(match[1])
+        end = min(int(match[2]) + 1, size) if match[2] else size
+    else:  # a suffix: the last N bytes
+        start, end = max(size - int(match[2]), 0), size
+    if start >= size or start >= end:
+        raise RangeNotSatisfiable(f"range {header!r} is outside the blob's {size} bytes")
+    return start, end
+
+
+class MissingRequest(BaseModel):
+    digests: list[str] = Field(max_length=_MISSING_MAX)
+
+
+@router.post("/v1/blobs/missing")
+def missing_blobs(
+    body: MissingRequest, caller: CallerDep, backends: BackendsDep
+) -> dict[str, list[str]]:
+    caller.require("read")
+    for digest in body.digests:
+        if not re.fullmatch(HEX64, digest):
+            raise BadRequest(f"{digest!r} is not a 64-hex digest")
+    return {"missing": [d for d in dict.fromkeys(body.digests) if backends.blobs.size(d) is None]}

@@ -1,0 +1,105 @@
+"""``/v1/ns/{namespace}/entries`` and ``/aliases``: immutable manifests per namespace."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi import Path as PathParam
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from neffcache.server.deps import Backends, BackendsDep, CallerDep
+from neffcache.server.errors import BadRequest, Conflict, TooLarge
+from neffcache.server.index import Entry, PutResult
+from neffcache.server.manifest import HEX64, NAMESPACE, parse_manifest
+
+router = APIRouter()
+
+Namespace = Annotated[str, PathParam(pattern=f"^{NAMESPACE}$")]
+Key = Annotated[str, PathParam(pattern=f"^{HEX64}$")]
+# A direct key, or a stock Neuron address neuronxcc-<ver>/MODULE_<key>+<flags8>.
+ALIAS = rf"{HEX64}|neuronxcc-[0-9][0-9A-Za-z.+]*/MODULE_[0-9A-Za-z]{{1,128}}\+[0-9a-f]{{8}}"
+_MANIFEST_MAX = 1 << 20
+
+
+class MissingBlobs(BadRequest):
+    def __init__(self, missing: list[str]) -> None:
+        super().__init__(f"the manifest names {len(missing)} blob(s) the server lacks")
+        self.missing = missing
+
+
+@router.put("/v1/ns/{namespace}/entries/{key}", status_code=201)
+async def put_entry(
+    namespace: Namespace, key: Key, request: Request, caller: CallerDep, backends: BackendsDep
+) -> Response:
+    caller.require("write", namespace)
+    body = await request.body()
+    if len(body) > _MANIFEST_MAX:
+        raise TooLarge(f"a manifest is at most {_MANIFEST_MAX} bytes")
+    manifest, canonical = parse_manifest(body, key)
+    result = await run_in_threadpool(
+        _publish,
+        backends,
+        namespace,
+        key,
+        manifest.files,
+        canonical,
+        manifest.aliases(),
+        caller.name,
+    )
+    if result is PutResult.CONFLICT:
+        raise Conflict(f"key {key} already holds a different manifest; entries are immutable")
+    return Response(status_code=201 if result is PutResult.CREATED else 200)
+
+
+def _publish(
+    backends: Backends,
+    namespace: str,
+    key: str,
+    files: dict[str, Any],
+    canonical: str,
+    aliases: tuple[str, ...],
+    writer: str,
+) -> PutResult:
+    missing = [ref.digest for ref in files.values() if backends.blobs.size(ref.digest) != ref.size]
+    if missing:
+        raise MissingBlobs(sorted(set(missing)))
+    entry = Entry(namespace, key, canonical, time.time(), writer)
+    return backends.index.put_entry(entry, aliases)
+
+
+@router.get("/v1/ns/{namespace}/entries/{key}")
+def get_entry(namespace: Namespace, key: Key, caller: CallerDep, backends: BackendsDep) -> Response:
+    caller.require("read", namespace)
+    return _entry_response(backends, namespace, key)
+
+
+@router.get("/v1/ns/{namespace}/aliases/{alias:path}")
+def get_alias(
+    namespace: Namespace, alias: str, caller: CallerDep, backends: BackendsDep
+) -> Response:
+    caller.require("read", namespace)
+    if not re.fullmatch(ALIAS, alias):
+        raise BadRequest(f"{alias!r} is neither a direct key nor a Neuron cache address")
+    key = backends.index.resolve_alias(namespace, alias)
+    if key is None:
+        return _absent(f"no entry has the alias {alias} in namespace {namespace}")
+    return _entry_response(backends, namespace, key)
+
+
+def _entry_response(backends: Backends, namespace: str, key: str) -> Response:
+    entry = backends.index.get_entry(namespace, key)
+    if entry is None:
+        return _absent(f"no entry {key} in namespace {namespace}")
+    body = json.loads(entry.manifest)
+    body.update(namespace=namespace, created_at=entry.created_at, writer=entry.writer)
+    return JSONResponse(body)
+
+
+def _absent(detail: str) -> Response:
+    # Why a lookup missed; later reasons (expired, evicted) share this shape.
+    return JSONResponse({"detail": detail, "reason": "absent"}, status_code=404)

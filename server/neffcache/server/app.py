@@ -1,0 +1,83 @@
+"""The FastAPI application: ``create_app(settings, blobs=..., index=...)``.
+
+Stores are injected (tests pass in-memory ones) or opened from the settings' URLs; the
+lifespan closes what it opened. Every ServerError maps to its status in one handler.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from neffcache.server import __version__
+from neffcache.server.api import admin, blobs, entries, health
+from neffcache.server.auth import ensure_bootstrap_token
+from neffcache.server.blobs import BlobStore, open_blob_store
+from neffcache.server.deps import Backends
+from neffcache.server.errors import ServerError
+from neffcache.server.index import Index, open_index
+from neffcache.server.settings import ServerSettings, redact
+
+log = logging.getLogger("neffcache.server")
+
+
+def create_app(
+    settings: ServerSettings | None = None,
+    *,
+    blob_store: BlobStore | None = None,
+    index: Index | None = None,
+) -> FastAPI:
+    settings = settings or ServerSettings()
+    owned: list[Any] = []
+    if blob_store is None:
+        blob_store = open_blob_store(settings.blob_store_url())
+        owned.append(blob_store)
+    if index is None:
+        index = open_index(settings.index_store_url())
+        owned.append(index)
+    if settings.bootstrap_admin_token is not None:
+        ensure_bootstrap_token(index, settings.bootstrap_admin_token.get_secret_value())
+    log.info(
+        "blobs %s, index %s",
+        redact(settings.blob_store_url()),
+        redact(settings.index_store_url()),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        for store in owned:
+            store.close()
+
+    app = FastAPI(title="neffcache", version=__version__, lifespan=lifespan)
+    app.state.backends = Backends(settings, blob_store, index)
+    for router in (health.router, blobs.router, entries.router, admin.router):
+        app.include_router(router)
+    app.add_exception_handler(ServerError, _server_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    return app
+
+
+async def _server_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ServerError)
+    body: dict[str, Any] = {"detail": str(exc)}
+    missing = getattr(exc, "missing", None)
+    if missing is not None:
+        body["missing"] = missing
+    if exc.status >= 500:
+        log.error("%s %s: %s", request.method, request.url.path, exc)
+    return JSONResponse(body, status_code=exc.status)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+    )
+    return JSONResponse({"detail": f"bad request: {problems}"}, status_code=400)

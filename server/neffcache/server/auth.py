@@ -1,0 +1,92 @@
+"""Tokens and who may do what.
+
+A token is ``nfc_<id>_<secret>``; the index keeps only the BLAKE3 of the whole string.
+Scopes are ordered: read < write < admin. A token applies to the namespaces it lists,
+or to all with ``*``; blobs are shared by every namespace, so any write token may
+upload them and any read token may fetch them.
+
+Protected mode (like Redis): while no token exists, requests need none, and the
+server refuses to listen on anything but a loopback address.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+import time
+from dataclasses import dataclass
+
+import blake3
+
+from neffcache.server.errors import BadRequest, Forbidden, Unauthorized
+from neffcache.server.index import Index, Token
+
+SCOPES = ("read", "write", "admin")
+ANONYMOUS = "anonymous"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is asking: a token, or anonymous in protected mode."""
+
+    name: str  # token id, or "anonymous"
+    scope: str
+    namespaces: tuple[str, ...]
+
+    def require(self, scope: str, namespace: str | None = None) -> None:
+        if SCOPES.index(self.scope) < SCOPES.index(scope):
+            raise Forbidden(f"this needs a {scope} token; yours is {self.scope}")
+        if (
+            namespace is not None
+            and "*" not in self.namespaces
+            and namespace not in self.namespaces
+        ):
+            raise Forbidden(f"your token does not cover namespace {namespace!r}")
+
+
+def hash_secret(secret: str) -> str:
+    digest: str = blake3.blake3(secret.encode(), derive_key_context="neffcache token").hexdigest()
+    return digest
+
+
+def new_token(scope: str, namespaces: tuple[str, ...], name: str) -> tuple[Token, str]:
+    """A fresh token and its secret (shown once, never stored)."""
+    if scope not in SCOPES:
+        raise BadRequest(f"scope {scope!r} is not one of {', '.join(SCOPES)}")
+    if not namespaces:
+        raise BadRequest("a token needs at least one namespace, or '*'")
+    token_id = secrets.token_hex(6)
+    secret = f"nfc_{token_id}_{secrets.token_urlsafe(32)}"
+    token = Token(token_id, hash_secret(secret), scope, namespaces, name, time.time())
+    return token, secret
+
+
+def ensure_bootstrap_token(index: Index, secret: str) -> None:
+    """Make the configured bootstrap secret an admin token for every namespace."""
+    secret_hash = hash_secret(secret)
+    if index.token_by_hash(secret_hash) is None:
+        index.put_token(Token("bootstrap", secret_hash, "admin", ("*",), "bootstrap", time.time()))
+
+
+def authenticate(index: Index, authorization: str | None) -> Caller:
+    """The caller behind an ``Authorization`` header."""
+    if not authorization:
+        if not index.tokens():
+            return Caller(ANONYMOUS, "admin", ("*",))
+        raise Unauthorized("this server needs a token: Authorization: Bearer <token>")
+    kind, _, secret = authorization.partition(" ")
+    if kind.lower() != "bearer" or not secret:
+        raise Unauthorized("use Authorization: Bearer <token>")
+    token = index.token_by_hash(hash_secret(secret.strip()))
+    if token is None or token.revoked:
+        raise Unauthorized("unknown or revoked token")
+    return Caller(token.token_id, token.scope, token.namespaces)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

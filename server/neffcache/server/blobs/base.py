@@ -1,0 +1,52 @@
+"""The blob store interface: immutable bytes addressed by their BLAKE3 digest.
+
+Uploads go through a staging file the server writes and verifies itself (digest and
+length) before ``commit`` publishes it; a store never sees unverified bytes, and a
+killed upload leaves only a staging file, which ``open_blob_store`` removes at start-up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+
+# Digests are validated by the API before any store call; stores may rely on it.
+DIGEST_PATTERN = r"[0-9a-f]{64}"
+
+
+class BlobStore(Protocol):
+    """Content-addressed blobs. Every method is safe to call from several threads."""
+
+    def staging_dir(self) -> Path:
+        """A local directory for upload files; for a filesystem store, on the same
+        filesystem as the blobs, so ``commit`` is a rename."""
+
+    def commit(self, staged: Path, digest: str) -> bool:
+        """Publish ``staged`` (already verified to hash to ``digest``) atomically and
+        remove it. True if stored now, False if the blob was already there.
+        Raises StoreFull when out of space (nothing partial stays), StoreError else."""
+
+    def size(self, digest: str) -> int | None:
+        """The blob's size, or None if it is absent (or quarantined)."""
+
+    def read(self, digest: str, start: int = 0, end: int | None = None) -> Iterator[bytes] | None:
+        """Chunks of bytes [start, end) of the blob, or None if it is absent. The
+        iterator may raise StoreError if the backend fails midway."""
+
+    def local_path(self, digest: str) -> Path | None:
+        """A local file holding the blob, for zero-copy serving; None when the store
+        has none (S3) or the blob is absent."""
+
+    def quarantine(self, digest: str) -> None:
+        """Move a blob whose bytes no longer match its digest out of the way; after
+        this ``size`` says absent and a new upload can heal it."""
+
+    def delete(self, digest: str) -> bool:
+        """Remove a blob; False if it was absent."""
+
+    def check(self) -> None:
+        """Raise StoreError if the backend cannot be reached (readiness)."""
+
+    def close(self) -> None:
+        """Release connections and handles."""

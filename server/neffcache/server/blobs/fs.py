@@ -1,0 +1,284 @@
+"""A blob store on a local or shared POSIX filesystem: ``file:///var/cache/neffcache``.
+
+Layout under the root::
+
+    blobs/ab/abcdef…                   one file per blob, fanned out by its first two digits
+    staging/<area>/uploads/…           upload files, one area per open store (process)
+    quarantine/<digest>.<timestamp>    blobs whose bytes stopped matching their digest
+
+A blob appears only through ``os.link`` from a complete, fsynced staging file, so a
+reader never sees a partial blob and a stored blob is never replaced.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from neffcache.server.config_errors import ConfigError
+from neffcache.server.errors import StoreError, StoreFull
+
+_CHUNK = 1 << 20
+# Out of space and out of quota both mean "free space first", so both are StoreFull.
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+_LOCK_NAME = "lock"
+_UPLOADS_NAME = "uploads"
+_SETUP_PREFIX = ".setup-"
+# An area is renamed out of its setup name microseconds after creation; a setup
+# directory this old belongs to a process killed in between.
+_STALE_SETUP_SECONDS = 3600
+
+
+@contextmanager
+def os_errors(action: str) -> Iterator[None]:
+    """Translate OSError into the store exception tree (StoreFull when out of space)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in _FULL_ERRNOS:
+            raise StoreFull(f"{action}: {exc}") from exc
+        raise StoreError(f"{action}: {exc}") from exc
+
+
+def quarantine_stamp() -> str:
+    """A sortable UTC timestamp for quarantined names, readable by an operator."""
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+
+
+class StagingArea:
+    """This process's directory for upload files, under a parent that other processes
+    (uvicorn workers, replicas on a shared filesystem) may share.
+
+    An area holds an exclusive ``flock`` on its lock file while open. At start-up an
+    area whose lock can be taken belongs to a dead process, so it is removed with what
+    its killed uploads left; areas of live processes are left alone. (On NFS, Linux
+    emulates flock with per-process locks: open one store per process there.) ``path``
+    is the area's ``uploads/``, so it holds upload files and nothing else.
+    """
+
+    def __init__(self, parent: Path) -> None:
+        with os_errors(f"prepare staging area in {parent}"):
+            parent.mkdir(parents=True, exist_ok=True)
+            _remove_dead_areas(parent)
+            self._area, self._lock_fd = _new_area(parent)
+        self.path = self._area / _UPLOADS_NAME
+
+    def close(self) -> None:
+        # Remove while still locked, so no cleaner races us for the same directory.
+        shutil.rmtree(self._area, ignore_errors=True)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+
+def _new_area(parent: Path) -> tuple[Path, int]:
+    # Built under a name cleaners skip, locked, then renamed into view: a cleaner can
+    # never find an area whose lock is not yet held.
+    setup = Path(tempfile.mkdtemp(prefix=_SETUP_PREFIX, dir=parent))
+    fd = os.open(setup / _LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        (setup / _UPLOADS_NAME).mkdir()
+        area = parent / setup.name.removeprefix(_SETUP_PREFIX)
+        os.rename(setup, area)
+    except BaseException:
+        os.close(fd)
+        shutil.rmtree(setup, ignore_errors=True)
+        raise
+    return area, fd
+
+
+def _remove_dead_areas(parent: Path) -> None:
+    for entry in parent.iterdir():
+        if entry.name.startswith(_SETUP_PREFIX):
+            _remove_if_stale(entry)
+        elif entry.is_dir() and not entry.is_symlink():
+            _remove_area_if_dead(entry)
+        else:
+            # Nothing writes loose files here; they are leftovers, never blobs.
+            entry.unlink(missing_ok=True)
+
+
+def _remove_if_stale(setup: Path) -> None:
+    try:
+        age = time.time() - setup.lstat().st_mtime
+    except FileNotFoundError:
+        return  # renamed into place (or removed) since the listing
+    if age > _STALE_SETUP_SECONDS:
+        shutil.rmtree(setup, ignore_errors=True)
+
+
+def _remove_area_if_dead(area: Path) -> None:
+    try:
+        fd = os.open(area / _LOCK_NAME, os.O_RDWR)
+    except FileNotFoundError:
+        # Live areas always have a lock file; this one was part-removed by a cleaner.
+        shutil.rmtree(area, ignore_errors=True)
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return  # its process is alive
+    else:
+        shutil.rmtree(area, ignore_errors=True)
+    finally:
+        os.close(fd)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _root_from_url(url: str) -> Path:
+    parts = urlsplit(url)
+    form = "use file:///absolute/path (three slashes)"
+    if parts.scheme != "file" or parts.query or parts.fragment:
+        raise ConfigError(f"blob store URL {url!r} is not a plain file:// URL; {form}")
+    if parts.netloc not in ("", "localhost"):
+        raise ConfigError(
+            f"blob store URL {url!r} names host {parts.netloc!r}; relative paths are not "
+            f"allowed, {form}"
+        )
+    path = unquote(parts.path)
+    if not path:
+        raise ConfigError(f"blob store URL {url!r} has no path; {form}")
+    if not path.startswith("/"):
+        raise ConfigError(f"blob store URL {url!r} has a relative path; {form}")
+    return Path(path)
+
+
+class FsBlobStore:
+    """Blobs as files under a root directory, created if missing.
+
+    >>> store = FsBlobStore.from_url("file:///var/cache/neffcache")
+    >>> staged = store.staging_dir() / "upload-1"   # the server writes and verifies it
+    >>> store.commit(staged, digest)                # True: published; False: already there
+
+    Thread-safe: it keeps no state but the filesystem and its staging lock.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._blobs = root / "blobs"
+        self._quarantine = root / "quarantine"
+        with os_errors(f"create blob store at {root}"):
+            self._blobs.mkdir(parents=True, exist_ok=True)
+            self._quarantine.mkdir(exist_ok=True)
+        self._staging = StagingArea(root / "staging")
+
+    @classmethod
+    def from_url(cls, url: str) -> FsBlobStore:
+        return cls(_root_from_url(url))
+
+    def _blob_path(self, digest: str) -> Path:
+        return self._blobs / digest[:2] / digest
+
+    def staging_dir(self) -> Path:
+        return self._staging.path
+
+    def commit(self, staged: Path, digest: str) -> bool:
+        blob = self._blob_path(digest)
+        try:
+            with os_errors(f"commit blob {digest}"):
+                _fsync(staged)
+                self._make_fanout(blob.parent)
+                try:
+                    # Unlike rename, link fails if the name exists: never replace a blob.
+                    os.link(staged, blob)
+                except FileExistsError:
+                    return False
+                _fsync(blob.parent)
+                return True
+        finally:
+            # The staged file is the only partial file a failure can leave behind.
+            with suppress(OSError):
+                staged.unlink(missing_ok=True)
+
+    def _make_fanout(self, fanout: Path) -> None:
+        try:
+            fanout.mkdir()
+        except FileExistsError:
+            return
+        # A new fan-out directory must survive a crash before a blob relies on it.
+        _fsync(self._blobs)
+
+    def size(self, digest: str) -> int | None:
+        with os_errors(f"stat blob {digest}"):
+            try:
+                return os.stat(self._blob_path(digest)).st_size
+            except FileNotFoundError:
+                return None
+
+    def read(self, digest: str, start: int = 0, end: int | None = None) -> Iterator[bytes] | None:
+        chunks = _read_file(self._blob_path(digest), start, end)
+        # Run it to its first yield so the file is opened now: a blob quarantined later
+        # still streams whole, and a miss is None rather than an empty stream.
+        if next(chunks, None) is None:
+            return None
+        return chunks
+
+    def local_path(self, digest: str) -> Path | None:
+        return self._blob_path(digest) if self.size(digest) is not None else None
+
+    def quarantine(self, digest: str) -> None:
+        target = self._quarantine / f"{digest}.{quarantine_stamp()}"
+        with os_errors(f"quarantine blob {digest}"):
+            # Recreated in case an operator emptied it by removing it; otherwise the
+            # FileNotFoundError below would hide the failure and keep the bad blob.
+            self._quarantine.mkdir(exist_ok=True)
+            with suppress(FileNotFoundError):
+                os.replace(self._blob_path(digest), target)
+
+    def delete(self, digest: str) -> bool:
+        with os_errors(f"delete blob {digest}"):
+            try:
+                os.unlink(self._blob_path(digest))
+            except FileNotFoundError:
+                return False
+            return True
+
+    def check(self) -> None:
+        with os_errors(f"blob store at {self._root} is not usable"):
+            if not self._blobs.is_dir():
+                raise StoreError(f"blob store at {self._root} has no blobs directory")
+            # A real write, not os.access: root passes access checks on any mode.
+            fd, probe = tempfile.mkstemp(dir=self._staging.path, prefix="check-")
+            os.close(fd)
+            os.unlink(probe)
+
+    def close(self) -> None:
+        self._staging.close()
+
+
+def _read_file(path: Path, start: int, end: int | None) -> Iterator[bytes]:
+    """Yields b"" once the file is open (see ``read``), then [start, end) in chunks;
+    yields nothing if the file is absent."""
+    with os_errors(f"read {path.name}"):
+        try:
+            f = path.open("rb")
+        except FileNotFoundError:
+            return
+        with f:
+            yield b""
+            f.seek(start)
+            remaining = None if end is None else max(0, end - start)
+            while remaining != 0:
+                data = f.read(_CHUNK if remaining is None else min(_CHUNK, remaining))
+                if not data:
+                    return
+                if remaining is not None:
+                    remaining -= len(data)
+                yield data

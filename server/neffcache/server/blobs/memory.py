@@ -1,0 +1,67 @@
+"""An in-memory blob store: the shipped fake for tests, and ``memory://`` for trials."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+_CHUNK = 1 << 20
+
+
+class MemoryBlobStore:
+    def __init__(self) -> None:
+        self._blobs: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+        self._staging = tempfile.TemporaryDirectory(prefix="neffcache-staging-")
+
+    @classmethod
+    def from_url(cls, url: str) -> MemoryBlobStore:
+        return cls()
+
+    def staging_dir(self) -> Path:
+        return Path(self._staging.name)
+
+    def commit(self, staged: Path, digest: str) -> bool:
+        data = staged.read_bytes()
+        staged.unlink()
+        with self._lock:
+            if digest in self._blobs:
+                return False
+            self._blobs[digest] = data
+            return True
+
+    def size(self, digest: str) -> int | None:
+        with self._lock:
+            data = self._blobs.get(digest)
+        return None if data is None else len(data)
+
+    def read(self, digest: str, start: int = 0, end: int | None = None) -> Iterator[bytes] | None:
+        with self._lock:
+            data = self._blobs.get(digest)
+        if data is None:
+            return None
+        view = memoryview(data)[start:end]
+        return (bytes(view[i : i + _CHUNK]) for i in range(0, len(view), _CHUNK))
+
+    def local_path(self, digest: str) -> Path | None:
+        return None
+
+    def quarantine(self, digest: str) -> None:
+        self.delete(digest)
+
+    def delete(self, digest: str) -> bool:
+        with self._lock:
+            return self._blobs.pop(digest, None) is not None
+
+    def check(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self._staging.cleanup()
+
+    def corrupt(self, digest: str, data: bytes) -> None:
+        """Replace a blob's bytes behind the store's back (tests of corruption at rest)."""
+        with self._lock:
+            self._blobs[digest] = data

@@ -1,0 +1,201 @@
+"""``neffcache serve`` and ``neffcache admin token ...``, registered into the
+``neffcache`` command through the ``neffcache.cli`` entry point.
+
+Importing this module is cheap (no FastAPI): the client's CLI imports it to list the
+commands even where the ``server`` extra is not installed; running ``serve`` then says
+which extra to install.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+DEFAULT_SERVER = "http://127.0.0.1:8787"
+
+
+class CommandError(Exception):
+    """Replaced at registration by the host CLI's own error type (one line, exit 2)."""
+
+
+def register(sub: Any, error_type: type[Exception]) -> None:
+    """Add the server's commands to the ``neffcache`` parser; ``error_type`` is the
+    exception the host CLI reports as a one-line error."""
+    global CommandError
+    CommandError = error_type  # type: ignore[misc,assignment]
+    serve = sub.add_parser("serve", help="run the cache server", description=_SERVE_DOC)
+    serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to bind (default 8787)")
+    serve.add_argument("--data-dir", help="where the embedded stores live")
+    serve.add_argument("--config", help="a TOML settings file")
+    serve.set_defaults(run=run_serve)
+
+    admin = sub.add_parser("admin", help="manage a server: tokens")
+    admin_sub = admin.add_subparsers(dest="admin_command", metavar="WHAT", required=True)
+    token = admin_sub.add_parser("token", help="create, list or revoke tokens")
+    token_sub = token.add_subparsers(dest="token_command", metavar="ACTION", required=True)
+    create = token_sub.add_parser("create", help="create a token and print its secret once")
+    create.add_argument("--scope", choices=("read", "write", "admin"), required=True)
+    create.add_argument(
+        "--namespace", action="append", required=True, help="repeat for several; '*' for all"
+    )
+    create.add_argument("--name", default="", help="who or what the token is for")
+    _target_arguments(create, local=True)
+    create.set_defaults(run=run_token_create)
+    listing = token_sub.add_parser("list", help="list tokens (never their secrets)")
+    _target_arguments(listing, local=True)
+    listing.set_defaults(run=run_token_list)
+    revoke = token_sub.add_parser("revoke", help="revoke a token by id")
+    revoke.add_argument("token_id")
+    _target_arguments(revoke, local=True)
+    revoke.set_defaults(run=run_token_revoke)
+
+
+_SERVE_DOC = (
+    "Run the cache server. Defaults: blobs on the local filesystem and the index in "
+    "SQLite, both under --data-dir. Settings come from NEFFCACHE_* variables, then "
+    "--config, then defaults (docs/configuration.md)."
+)
+
+
+def _target_arguments(parser: argparse.ArgumentParser, *, local: bool) -> None:
+    parser.add_argument(
+        "--server", default=os.environ.get("NEFFCACHE_SERVER", DEFAULT_SERVER), help="server URL"
+    )
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("NEFFCACHE_ADMIN_TOKEN") or os.environ.get("NEFFCACHE_TOKEN"),
+        help="an admin token (default: NEFFCACHE_ADMIN_TOKEN, else NEFFCACHE_TOKEN)",
+    )
+    if local:
+        parser.add_argument(
+            "--local",
+            action="store_true",
+            help="write the server's index directly (on the server host; no server needed)",
+        )
+        parser.add_argument("--data-dir", help="with --local: the server's data directory")
+
+
+def run_serve(args: argparse.Namespace, extra: list[str]) -> int:
+    _no_extra(extra)
+    try:
+        import uvicorn
+
+        from .app import create_app
+    except ImportError as exc:
+        raise CommandError(
+            f"neffcache serve needs the server extra: pip install 'neffcache[server]' ({exc})"
+        ) from None
+    from .auth import is_loopback
+    from .config_errors import ConfigError
+    from .settings import load_settings
+
+    try:
+        settings = load_settings(
+            host=args.host, port=args.port, data_dir=args.data_dir, config_file=args.config
+        )
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        app = create_app(settings)
+    except (ConfigError, OSError) as exc:
+        raise CommandError(str(exc)) from None
+    index = app.state.backends.index
+    if not is_loopback(settings.host) and not index.tokens():
+        raise CommandError(
+            f"refusing to listen on {settings.host} without tokens (protected mode): create "
+            "an admin token first with `neffcache admin token create --local --data-dir "
+            f"{settings.data_dir} --scope admin --namespace '*'`, or set "
+            "NEFFCACHE_BOOTSTRAP_ADMIN_TOKEN"
+        )
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+    return 0
+
+
+def _no_extra(extra: list[str]) -> None:
+    if extra:
+        raise CommandError(f"unexpected arguments after --: {' '.join(extra)}")
+
+
+def _local_index(args: argparse.Namespace) -> Any:
+    from .config_errors import ConfigError
+    from .index import open_index
+    from .settings import load_settings
+
+    try:
+        settings = load_settings(data_dir=args.data_dir)
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        return open_index(settings.index_store_url())
+    except (ConfigError, OSError) as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _request(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+    try:
+        response = httpx.request(
+            method, args.server.rstrip("/") + path, json=body, headers=headers, timeout=10.0
+        )
+    except httpx.HTTPError as exc:
+        raise CommandError(f"cannot reach {args.server}: {exc}") from None
+    if response.status_code >= 400:
+        try:
+            detail = response.json().get("detail", response.text)
+        except ValueError:
+            detail = response.text
+        raise CommandError(f"{args.server} answered {response.status_code}: {detail}")
+    return response.json() if response.content else None
+
+
+def _print(value: Any) -> int:
+    json.dump(value, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+def run_token_create(args: argparse.Namespace, extra: list[str]) -> int:
+    _no_extra(extra)
+    namespaces = tuple(args.namespace)
+    if not args.local:
+        body = {"scope": args.scope, "namespaces": list(namespaces), "name": args.name}
+        return _print(_request(args, "POST", "/v1/admin/tokens", body))
+    from .api.admin import _public
+    from .auth import new_token
+
+    index = _local_index(args)
+    try:
+        token, secret = new_token(args.scope, namespaces, args.name)
+        index.put_token(token)
+    finally:
+        index.close()
+    return _print({**_public(token), "token": secret})
+
+
+def run_token_list(args: argparse.Namespace, extra: list[str]) -> int:
+    _no_extra(extra)
+    if not args.local:
+        return _print(_request(args, "GET", "/v1/admin/tokens"))
+    from .api.admin import _public
+
+    index = _local_index(args)
+    try:
+        return _print({"tokens": [_public(t) for t in index.tokens()]})
+    finally:
+        index.close()
+
+
+def run_token_revoke(args: argparse.Namespace, extra: list[str]) -> int:
+    _no_extra(extra)
+    if not args.local:
+        _request(args, "DELETE", f"/v1/admin/tokens/{args.token_id}")
+        return _print({"revoked": args.token_id})
+    index = _local_index(args)
+    try:
+        if not index.revoke_token(args.token_id):
+            raise CommandError(f"no token {args.token_id}")
+    finally:
+        index.close()
+    return _print({"revoked": args.token_id})

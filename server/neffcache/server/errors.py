@@ -1,0 +1,56 @@
+"""The server's exception tree; ``api`` maps each class to one HTTP status.
+
+    ServerError
+        BadRequest          400  a malformed digest, key, manifest or body
+        Unauthorized        401  no token, or an unknown or revoked one
+        Forbidden           403  a token without the scope or namespace needed
+        NotFound            404  (a miss is a return value in the stores; the API raises this)
+        Conflict            409  a different manifest for an existing key
+        TooLarge            413  over max_blob_bytes
+        StoreError          503  a backend cannot be reached
+            StoreFull       507  no space left; nothing partial is kept
+
+Stores return None for "absent"; they raise only StoreError and its subclasses.
+"""
+
+from __future__ import annotations
+
+
+class ServerError(Exception):
+    status = 500
+
+
+class BadRequest(ServerError):
+    status = 400
+
+
+class Unauthorized(ServerError):
+    status = 401
+
+
+class Forbidden(ServerError):
+    status = 403
+
+
+class NotFound(ServerError):
+    status = 404
+
+
+class Conflict(ServerError):
+    status = 409
+
+
+class TooLarge(ServerError):
+    status = 413
+
+
+class StoreError(ServerError):
+    """A backend failed or cannot be reached."""
+
+    status = 503
+
+
+class StoreFull(StoreError):
+    """The store is out of space; nothing partial was left behind."""
+
+    status = 507

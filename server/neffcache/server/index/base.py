@@ -1,0 +1,70 @@
+"""The index interface: entries (manifests) per namespace, their aliases, and tokens.
+
+Entries are immutable: ``put_entry`` is an atomic create-if-absent, so of two
+concurrent writers of one key exactly one wins and every reader sees only the winner.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class PutResult(enum.Enum):
+    CREATED = "created"  # stored now
+    SAME = "same"  # an identical manifest was already there
+    CONFLICT = "conflict"  # a different manifest holds the key
+
+
+@dataclass(frozen=True)
+class Entry:
+    namespace: str
+    key: str
+    manifest: str  # canonical JSON (sorted keys, no spaces), as the API stored it
+    created_at: float  # server clock, seconds since the epoch
+    writer: str  # id of the token that published it ("anonymous" without tokens)
+
+
+@dataclass(frozen=True)
+class Token:
+    token_id: str  # short public id, for listing and revoking
+    secret_hash: str  # BLAKE3 of the secret; the secret itself is never stored
+    scope: str  # "read", "write" or "admin"
+    namespaces: tuple[str, ...]  # namespaces it applies to; ("*",) for all
+    name: str  # who or what it is for
+    created_at: float
+    revoked: bool = False
+
+
+class Index(Protocol):
+    """Every method is safe to call from several threads; misses return None."""
+
+    def put_entry(self, entry: Entry, aliases: tuple[str, ...]) -> PutResult:
+        """Create the entry if its (namespace, key) is free, and its aliases with it.
+        On SAME or CONFLICT nothing changes. An alias that already names another key
+        keeps its first key."""
+
+    def get_entry(self, namespace: str, key: str) -> Entry | None:
+        """The entry, or None."""
+
+    def resolve_alias(self, namespace: str, alias: str) -> str | None:
+        """The key an alias names in a namespace, or None."""
+
+    def put_token(self, token: Token) -> None:
+        """Store a new token (token_id and secret_hash are unique)."""
+
+    def token_by_hash(self, secret_hash: str) -> Token | None:
+        """The token with this secret hash, revoked or not, or None."""
+
+    def tokens(self) -> list[Token]:
+        """Every token, revoked ones included, oldest first."""
+
+    def revoke_token(self, token_id: str) -> bool:
+        """Mark a token revoked; False if there is no such token."""
+
+    def check(self) -> None:
+        """Raise StoreError if the backend cannot be reached (readiness)."""
+
+    def close(self) -> None:
+        """Release connections."""

@@ -1,0 +1,64 @@
+"""An in-memory index: the shipped fake for tests, and ``memory://`` for trials."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+from .base import Entry, PutResult, Token
+
+
+class MemoryIndex:
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, str], Entry] = {}
+        self._aliases: dict[tuple[str, str], str] = {}
+        self._tokens: dict[str, Token] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str) -> MemoryIndex:
+        return cls()
+
+    def put_entry(self, entry: Entry, aliases: tuple[str, ...]) -> PutResult:
+        with self._lock:
+            existing = self._entries.get((entry.namespace, entry.key))
+            if existing is not None:
+                return PutResult.SAME if existing.manifest == entry.manifest else PutResult.CONFLICT
+            self._entries[(entry.namespace, entry.key)] = entry
+            for alias in aliases:
+                self._aliases.setdefault((entry.namespace, alias), entry.key)
+            return PutResult.CREATED
+
+    def get_entry(self, namespace: str, key: str) -> Entry | None:
+        with self._lock:
+            return self._entries.get((namespace, key))
+
+    def resolve_alias(self, namespace: str, alias: str) -> str | None:
+        with self._lock:
+            return self._aliases.get((namespace, alias))
+
+    def put_token(self, token: Token) -> None:
+        with self._lock:
+            self._tokens[token.token_id] = token
+
+    def token_by_hash(self, secret_hash: str) -> Token | None:
+        with self._lock:
+            return next((t for t in self._tokens.values() if t.secret_hash == secret_hash), None)
+
+    def tokens(self) -> list[Token]:
+        with self._lock:
+            return sorted(self._tokens.values(), key=lambda t: (t.created_at, t.token_id))
+
+    def revoke_token(self, token_id: str) -> bool:
+        with self._lock:
+            token = self._tokens.get(token_id)
+            if token is None:
+                return False
+            self._tokens[token_id] = dataclasses.replace(token, revoked=True)
+            return True
+
+    def check(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None

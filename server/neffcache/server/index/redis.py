@@ -1,0 +1,227 @@
+"""A Redis index, ``redis://host:port/db``: shared by every server replica.
+
+Every key starts with ``neffcache:``::
+
+    neffcache:entry:{ns}:{key}          JSON {"manifest", "created_at", "writer"}
+    neffcache:alias:{ns}:{alias}        the key the alias names
+    neffcache:token:{token_id}          a hash of the Token's fields
+    neffcache:token-hash:{secret_hash}  token_id
+    neffcache:tokens                    sorted set of token_ids, scored by created_at
+
+``put_entry`` runs as one Lua script, so it is atomic across replicas. The script
+touches several keys, which a standalone Redis (or one primary) allows and Redis
+Cluster does not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+from redis.typing import EncodableT, FieldT
+
+from neffcache.server.config_errors import ConfigError
+from neffcache.server.errors import StoreError
+
+from .base import Entry, PutResult, Token
+
+# Short, so that a dead Redis fails a request (and readiness) in seconds rather than
+# holding server threads for redis-py's defaults.
+TIMEOUT_S = 2.0
+# One retry reconnects a pooled connection that Redis closed (restart, idle timeout);
+# more would only multiply the wait when Redis is down. A retried put_entry that had
+# already run reports SAME instead of CREATED, which is still true.
+RETRIES = 1
+
+PREFIX = "neffcache:"
+TOKENS_BY_AGE = PREFIX + "tokens"
+
+# KEYS[1] the entry, KEYS[2..] its aliases; ARGV[1] the entry's JSON, ARGV[2] its
+# manifest, ARGV[3] its key.
+_PUT_ENTRY = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
+  for i = 2, #KEYS do
+    redis.call('SET', KEYS[i], ARGV[3], 'NX')
+  end
+  return 'created'
+end
+if cjson.decode(redis.call('GET', KEYS[1]))['manifest'] == ARGV[2] then
+  return 'same'
+end
+return 'conflict'
+"""
+
+
+def _ns(namespace: str) -> str:
+    # Escape ":" so that namespace "a:b" with key "c" and namespace "a" with key "b:c"
+    # get different Redis keys; "%" too, so the escaping cannot collide with itself.
+    return namespace.replace("%", "%25").replace(":", "%3A")
+
+
+def _entry_key(namespace: str, key: str) -> str:
+    return f"{PREFIX}entry:{_ns(namespace)}:{key}"
+
+
+def _alias_key(namespace: str, alias: str) -> str:
+    return f"{PREFIX}alias:{_ns(namespace)}:{alias}"
+
+
+def _token_key(token_id: str) -> str:
+    return f"{PREFIX}token:{token_id}"
+
+
+def _token_hash_key(secret_hash: str) -> str:
+    return f"{PREFIX}token-hash:{secret_hash}"
+
+
+class RedisIndex:
+    """An index in a Redis database.
+
+    >>> index = RedisIndex.from_url("redis://redis.internal:6379/0")
+    >>> index.check()  # raises StoreError within seconds if Redis is down
+    """
+
+    def __init__(self, client: redis.Redis, *, where: str = "redis") -> None:
+        """``client`` must decode responses; ``where`` names it in errors (no secrets)."""
+        self._redis = client
+        self._where = where
+        self._put_entry = client.register_script(_PUT_ENTRY)
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisIndex:
+        try:
+            client = redis.Redis.from_url(
+                url,
+                decode_responses=True,
+                socket_timeout=TIMEOUT_S,
+                socket_connect_timeout=TIMEOUT_S,
+                retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), RETRIES),
+            )
+        except ValueError as exc:
+            raise ConfigError(f"bad redis index URL: {exc}; use redis://host:port/db") from exc
+        return cls(client, where=_redacted(url))
+
+    @contextlib.contextmanager
+    def _mapped(self) -> Iterator[None]:
+        """Turn redis-py errors into the store error the API maps to 503."""
+        try:
+            yield
+        except redis.RedisError as exc:
+            raise StoreError(f"redis index {self._where}: {exc}") from exc
+
+    # --- entries ----------------------------------------------------------------------
+
+    def put_entry(self, entry: Entry, aliases: tuple[str, ...]) -> PutResult:
+        stored = {
+            "manifest": entry.manifest,
+            "created_at": entry.created_at,
+            "writer": entry.writer,
+        }
+        keys = [_entry_key(entry.namespace, entry.key)]
+        keys += [_alias_key(entry.namespace, alias) for alias in aliases]
+        # ensure_ascii=False: the script's cjson then sees the manifest as the same UTF-8
+        # bytes as ARGV[2], with no \\u escapes to translate.
+        args = [json.dumps(stored, ensure_ascii=False), entry.manifest, entry.key]
+        with self._mapped():
+            return PutResult(self._put_entry(keys=keys, args=args))
+
+    def get_entry(self, namespace: str, key: str) -> Entry | None:
+        with self._mapped():
+            raw = _opt_str(self._redis.get(_entry_key(namespace, key)))
+        if raw is None:
+            return None
+        stored = json.loads(raw)
+        return Entry(namespace, key, stored["manifest"], stored["created_at"], stored["writer"])
+
+    def resolve_alias(self, namespace: str, alias: str) -> str | None:
+        with self._mapped():
+            return _opt_str(self._redis.get(_alias_key(namespace, alias)))
+
+    # --- tokens -----------------------------------------------------------------------
+
+    def put_token(self, token: Token) -> None:
+        fields: dict[FieldT, EncodableT] = {
+            "secret_hash": token.secret_hash,
+            "scope": token.scope,
+            "namespaces": json.dumps(list(token.namespaces)),
+            "name": token.name,
+            "created_at": repr(token.created_at),
+            "revoked": "1" if token.revoked else "0",
+        }
+        # MULTI/EXEC: a reader never sees the hash lookup without the token it names.
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.hset(_token_key(token.token_id), mapping=fields)
+        pipe.set(_token_hash_key(token.secret_hash), token.token_id)
+        pipe.zadd(TOKENS_BY_AGE, {token.token_id: token.created_at})
+        with self._mapped():
+            pipe.execute()
+
+    def token_by_hash(self, secret_hash: str) -> Token | None:
+        with self._mapped():
+            token_id = _opt_str(self._redis.get(_token_hash_key(secret_hash)))
+            if token_id is None:
+                return None
+            return _token(token_id, self._redis.hgetall(_token_key(token_id)))
+
+    def tokens(self) -> list[Token]:
+        with self._mapped():
+            # Equal scores come back ordered by member, i.e. by token_id.
+            token_ids = [_str(t) for t in self._redis.zrange(TOKENS_BY_AGE, 0, -1)]
+            pipe = self._redis.pipeline(transaction=False)
+            for token_id in token_ids:
+                pipe.hgetall(_token_key(token_id))
+            found = pipe.execute()
+        return [_token(token_id, fields) for token_id, fields in zip(token_ids, found, strict=True)]
+
+    def revoke_token(self, token_id: str) -> bool:
+        key = _token_key(token_id)
+        with self._mapped():
+            # Tokens are never deleted, so one that exists now still exists for the HSET.
+            if not self._redis.exists(key):
+                return False
+            self._redis.hset(key, "revoked", "1")
+            return True
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    def check(self) -> None:
+        with self._mapped():
+            self._redis.ping()
+
+    def close(self) -> None:
+        with self._mapped():
+            self._redis.close()
+
+
+def _redacted(url: str) -> str:
+    """host:port/db, without the credentials a URL may carry."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}{parts.path or '/0'}"
+
+
+def _str(value: object) -> str:
+    # redis-py's annotations allow bytes; a client that decodes responses returns str.
+    assert isinstance(value, str), type(value)
+    return value
+
+
+def _opt_str(value: object) -> str | None:
+    return None if value is None else _str(value)
+
+
+def _token(token_id: str, fields: object) -> Token:
+    assert isinstance(fields, dict), type(fields)
+    return Token(
+        token_id=token_id,
+        secret_hash=fields["secret_hash"],
+        scope=fields["scope"],
+        namespaces=tuple(json.loads(fields["namespaces"])),
+        name=fields["name"],
+        created_at=float(fields["created_at"]),
+        revoked=fields["revoked"] == "1",
+    )

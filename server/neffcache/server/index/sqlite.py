@@ -1,0 +1,284 @@
+"""A SQLite index, ``sqlite:///abs/path/index.db``: one file, for one host.
+
+Several server processes on one host may share the file: WAL lets readers run beside
+the one writer, and the busy timeout makes a second writer wait instead of failing.
+Each thread gets its own connection so that reads run concurrently; ``put_entry``
+relies on the database, not on a Python lock, so it stays atomic across processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from neffcache.server.config_errors import ConfigError
+from neffcache.server.errors import StoreError
+
+from .base import Entry, PutResult, Token
+
+# Stored in PRAGMA user_version. Bump it when a table changes, and teach _migrate the
+# step from the previous version; a file newer than this code is refused at start-up.
+SCHEMA_VERSION = 1
+
+# How long a writer waits for another process's write transaction to finish.
+BUSY_TIMEOUT_S = 5.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    namespace TEXT NOT NULL,
+    key TEXT NOT NULL,
+    manifest TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    writer TEXT NOT NULL,
+    PRIMARY KEY (namespace, key)
+);
+CREATE TABLE IF NOT EXISTS aliases (
+    namespace TEXT NOT NULL,
+    alias TEXT NOT NULL,
+    key TEXT NOT NULL,
+    PRIMARY KEY (namespace, alias)
+);
+CREATE TABLE IF NOT EXISTS tokens (
+    token_id TEXT PRIMARY KEY,
+    secret_hash TEXT NOT NULL UNIQUE,
+    scope TEXT NOT NULL,
+    namespaces TEXT NOT NULL,  -- a JSON list
+    name TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    revoked INTEGER NOT NULL DEFAULT 0
+);
+"""
+
+_TOKEN_COLUMNS = "token_id, secret_hash, scope, namespaces, name, created_at, revoked"
+
+
+@contextlib.contextmanager
+def _mapped(path: Path) -> Iterator[None]:
+    """Turn sqlite3 errors into the store error the API maps to 503."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise StoreError(f"sqlite index {path}: {exc}") from exc
+
+
+class SqliteIndex:
+    """An index in one SQLite file.
+
+    >>> index = SqliteIndex.from_url("sqlite:///var/lib/neffcache/index.db")
+    >>> index.get_entry("team-a", "ab" * 32) is None
+    True
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._local = threading.local()
+        # Every connection handed out, so close() can close them all; guarded by _lock.
+        self._connections: dict[threading.Thread, sqlite3.Connection] = {}
+        self._lock = threading.Lock()
+        try:
+            with _mapped(path):
+                self._init_schema(self._connection())
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def from_url(cls, url: str) -> SqliteIndex:
+        path = _path_from_url(url)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create the index directory {path.parent}: {exc}") from exc
+        return cls(path)
+
+    # --- connections ------------------------------------------------------------------
+
+    def _connection(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._connect()
+            self._local.conn = conn
+            with self._lock:
+                self._close_dead_threads()
+                self._connections[threading.current_thread()] = conn
+        return conn
+
+    def _connect(self) -> sqlite3.Connection:
+        # isolation_level=None: no implicit BEGIN; writes say BEGIN IMMEDIATE themselves.
+        # check_same_thread=False only so close() may close another thread's connection.
+        conn = sqlite3.connect(
+            self._path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+        )
+        # NORMAL is durable across process crashes in WAL mode; a power loss may drop the
+        # last commits, which only costs recompiles.
+        conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
+
+    def _close_dead_threads(self) -> None:
+        # Server thread pools retire idle threads; without this their connections
+        # would stay open until close(). Caller holds _lock.
+        for thread in [t for t in self._connections if not t.is_alive()]:
+            self._connections.pop(thread).close()
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction. IMMEDIATE takes the write lock up front, so the busy
+        timeout applies; a deferred read that later upgrades would fail at once."""
+        with _mapped(self._path):
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                # A failed COMMIT leaves the transaction open, and every later BEGIN
+                # on this thread's connection would fail.
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+    def _read(self, sql: str, params: tuple[object, ...]) -> list[tuple[object, ...]]:
+        with _mapped(self._path):
+            rows: list[tuple[object, ...]] = self._connection().execute(sql, params).fetchall()
+            return rows
+
+    # --- schema -----------------------------------------------------------------------
+
+    def _init_schema(self, conn: sqlite3.Connection) -> None:
+        # journal_mode is stored in the file; it cannot change inside a transaction.
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if mode != "wal":
+            raise StoreError(f"sqlite index {self._path}: cannot enable WAL (got {mode!r})")
+        with self._write() as conn:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise ConfigError(
+                    f"index {self._path} has schema version {version}, newer than this "
+                    f"server's {SCHEMA_VERSION}; upgrade neffcache"
+                )
+            if version < SCHEMA_VERSION:
+                self._migrate(conn, version)
+
+    def _migrate(self, conn: sqlite3.Connection, version: int) -> None:
+        # Version 0 is a new file. Later versions add their steps here, in order.
+        if version == 0:
+            # Not executescript(): it commits first, which would end this transaction.
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    # --- entries ----------------------------------------------------------------------
+
+    def put_entry(self, entry: Entry, aliases: tuple[str, ...]) -> PutResult:
+        with self._write() as conn:
+            inserted = conn.execute(
+                "INSERT INTO entries (namespace, key, manifest, created_at, writer)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (entry.namespace, entry.key, entry.manifest, entry.created_at, entry.writer),
+            ).rowcount
+            if inserted:
+                # OR IGNORE: an alias that already names a key keeps its first key.
+                conn.executemany(
+                    "INSERT OR IGNORE INTO aliases (namespace, alias, key) VALUES (?, ?, ?)",
+                    [(entry.namespace, alias, entry.key) for alias in aliases],
+                )
+                return PutResult.CREATED
+            (existing,) = conn.execute(
+                "SELECT manifest FROM entries WHERE namespace = ? AND key = ?",
+                (entry.namespace, entry.key),
+            ).fetchone()
+            return PutResult.SAME if existing == entry.manifest else PutResult.CONFLICT
+
+    def get_entry(self, namespace: str, key: str) -> Entry | None:
+        rows = self._read(
+            "SELECT manifest, created_at, writer FROM entries WHERE namespace = ? AND key = ?",
+            (namespace, key),
+        )
+        if not rows:
+            return None
+        manifest, created_at, writer = rows[0]
+        return Entry(namespace, key, str(manifest), _float(created_at), str(writer))
+
+    def resolve_alias(self, namespace: str, alias: str) -> str | None:
+        rows = self._read(
+            "SELECT key FROM aliases WHERE namespace = ? AND alias = ?", (namespace, alias)
+        )
+        return str(rows[0][0]) if rows else None
+
+    # --- tokens -----------------------------------------------------------------------
+
+    def put_token(self, token: Token) -> None:
+        with self._write() as conn:
+            conn.execute(
+                f"INSERT INTO tokens ({_TOKEN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    token.token_id,
+                    token.secret_hash,
+                    token.scope,
+                    json.dumps(list(token.namespaces)),
+                    token.name,
+                    token.created_at,
+                    int(token.revoked),
+                ),
+            )
+
+    def token_by_hash(self, secret_hash: str) -> Token | None:
+        rows = self._read(
+            f"SELECT {_TOKEN_COLUMNS} FROM tokens WHERE secret_hash = ?", (secret_hash,)
+        )
+        return _token(rows[0]) if rows else None
+
+    def tokens(self) -> list[Token]:
+        rows = self._read(f"SELECT {_TOKEN_COLUMNS} FROM tokens ORDER BY created_at, token_id", ())
+        return [_token(row) for row in rows]
+
+    def revoke_token(self, token_id: str) -> bool:
+        with self._write() as conn:
+            cursor = conn.execute("UPDATE tokens SET revoked = 1 WHERE token_id = ?", (token_id,))
+            return cursor.rowcount == 1
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    def check(self) -> None:
+        self._read("SELECT 1", ())
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._connections.values():
+                conn.close()
+            self._connections.clear()
+
+
+def _path_from_url(url: str) -> Path:
+    # "sqlite:///abs/path" leaves "/abs/path"; "sqlite://rel/path" leaves "rel/path".
+    raw = url.removeprefix("sqlite://")
+    path = Path(raw)
+    if not raw or not path.is_absolute() or raw.endswith("/"):
+        raise ConfigError(
+            f"index URL {url!r} needs an absolute file path: sqlite:///abs/path/index.db "
+            "(three slashes)"
+        )
+    return path
+
+
+def _float(value: object) -> float:
+    assert isinstance(value, (int, float)), value  # the column is REAL NOT NULL
+    return float(value)
+
+
+def _token(row: tuple[object, ...]) -> Token:
+    token_id, secret_hash, scope, namespaces, name, created_at, revoked = row
+    return Token(
+        token_id=str(token_id),
+        secret_hash=str(secret_hash),
+        scope=str(scope),
+        namespaces=tuple(json.loads(str(namespaces))),
+        name=str(name),
+        created_at=_float(created_at),
+        revoked=bool(revoked),
+    )

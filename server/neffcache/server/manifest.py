@@ -1,0 +1,84 @@
+"""Entry manifests: what a client publishes under a key, validated before storing.
+
+The stored form is canonical JSON (sorted keys, no spaces) of the fields the client
+sent, so "the same manifest again" is a byte comparison; the server's own stamps
+(``created_at``, ``writer``) live beside it in the index.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from neffcache.keying import KeyingError, parse_neuron_address
+from neffcache.server.errors import BadRequest
+
+HEX64 = r"[0-9a-f]{64}"
+NAMESPACE = r"[a-z0-9][a-z0-9._-]{0,62}"
+# A file name inside an entry, as the stock layout has them: no directories.
+FILE_NAME = r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}"
+
+
+class FileRef(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    digest: str = Field(pattern=f"^{HEX64}$")
+    size: int = Field(ge=0)
+
+
+class Manifest(BaseModel):
+    """The minimum the protocol requires; further fields are kept as sent."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    key: str = Field(pattern=f"^{HEX64}$")
+    direct_key: str | None = Field(None, pattern=f"^{HEX64}$")
+    neuron_address: str | None = None
+    components: dict[str, Any] = Field(default_factory=dict)
+    files: dict[str, FileRef]
+    compile_seconds: float | None = Field(None, ge=0)
+
+    @field_validator("files")
+    @classmethod
+    def _files(cls, files: dict[str, FileRef]) -> dict[str, FileRef]:
+        if not files:
+            raise ValueError("files must name at least one file")
+        for name in files:
+            if not re.fullmatch(FILE_NAME, name):
+                raise ValueError(f"file name {name!r} is not a plain file name")
+        return files
+
+    @field_validator("neuron_address")
+    @classmethod
+    def _address(cls, address: str | None) -> str | None:
+        if address is not None:
+            try:
+                parse_neuron_address(address)
+            except KeyingError as exc:
+                raise ValueError(str(exc)) from None
+        return address
+
+    def aliases(self) -> tuple[str, ...]:
+        return tuple(a for a in (self.direct_key, self.neuron_address) if a)
+
+
+def parse_manifest(body: bytes, key: str) -> tuple[Manifest, str]:
+    """Validate a manifest for ``key``; return it and its canonical JSON."""
+    try:
+        raw = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"the manifest is not JSON: {exc}") from None
+    try:
+        manifest = Manifest.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'manifest'}: {e['msg']}" for e in exc.errors()
+        )
+        raise BadRequest(f"invalid manifest: {problems}") from None
+    if manifest.key != key:
+        raise BadRequest(f"the manifest's key {manifest.key} is not the key in the path {key}")
+    canonical = json.dumps(raw, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return manifest, canonical

@@ -1,0 +1,114 @@
+"""Server settings: environment ``NEFFCACHE_*`` over an optional TOML file over defaults.
+
+>>> ServerSettings(data_dir="/srv/neffcache").blob_store_url()
+'file:///srv/neffcache'
+
+The TOML file is named by ``NEFFCACHE_CONFIG_FILE`` (or ``--config``); an unknown key
+in it is an error. Unknown ``NEFFCACHE_*`` environment variables are not, because the
+client reads its own ``NEFFCACHE_*`` variables from the same environments.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from .config_errors import ConfigError
+
+
+def default_data_dir() -> Path:
+    """``$XDG_DATA_HOME/neffcache``, else ``~/.local/share/neffcache``."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "neffcache"
+
+
+class ServerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="NEFFCACHE_", extra="forbid")
+
+    host: str = Field("127.0.0.1", description="address to bind")
+    port: int = Field(8787, ge=0, le=65535, description="port to bind (0: any free port)")
+    data_dir: Path = Field(default_factory=default_data_dir, description="embedded store home")
+    blob_url: str | None = Field(
+        None, description="file:///path or s3://bucket/prefix; default file://DATA_DIR/blobs"
+    )
+    index_url: str | None = Field(
+        None, description="sqlite:///path or redis://host:port/db; default sqlite DATA_DIR/index.db"
+    )
+    max_blob_bytes: int = Field(16 * 2**30, gt=0, description="largest blob accepted")
+    bootstrap_admin_token: SecretStr | None = Field(
+        None, description="an admin token the server creates at start-up if absent"
+    )
+    config_file: Path | None = Field(None, description="TOML file with these settings")
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return value.expanduser().absolute()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = os.environ.get("NEFFCACHE_CONFIG_FILE")
+        if config_file:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config_file)))
+        return tuple(sources)
+
+    def blob_store_url(self) -> str:
+        # as_uri quotes what a URL cannot hold as is (%, #, ?, spaces).
+        return self.blob_url or self.data_dir.as_uri()
+
+    def index_store_url(self) -> str:
+        return (
+            self.index_url or "sqlite://" + (self.data_dir / "index.db").as_uri()[len("file://") :]
+        )
+
+
+def load_settings(**overrides: Any) -> ServerSettings:
+    """Settings from the environment (and file), with explicit overrides on top.
+
+    Raises ConfigError with the validation problems in one message.
+    """
+    from pydantic import ValidationError
+
+    config_file = overrides.pop("config_file", None)
+    if config_file is not None:
+        os.environ["NEFFCACHE_CONFIG_FILE"] = str(config_file)
+    try:
+        return ServerSettings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise ConfigError(f"invalid settings: {problems}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read the settings file: {exc}") from None
+
+
+def redact(url: str) -> str:
+    """A URL fit for logs: any password or query (which may hold keys) replaced."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    if "@" in rest.split("/", 1)[0]:
+        userinfo, _, hostpart = rest.partition("@")
+        user = userinfo.split(":", 1)[0]
+        rest = f"{user}:***@{hostpart}" if ":" in userinfo else f"{user}@{hostpart}"
+    rest = rest.split("?", 1)[0] + ("?***" if "?" in rest else "")
+    return f"{scheme}://{rest}"

@@ -1,0 +1,166 @@
+"""Real services for server tests, each a subprocess on a free 127.0.0.1 port, started
+once per session: ``s3_endpoint`` (moto's standalone server) with ``s3_bucket`` per
+test, and ``redis_server``. ``unused_port`` is a port nothing listens on."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+_START_TIMEOUT = 30.0
+# Fake credentials so that nothing signs with, or sends, a developer's real ones.
+_TEST_AWS_ENV: dict[str, str | None] = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_SESSION_TOKEN": None,
+    "AWS_SECURITY_TOKEN": None,
+    "AWS_PROFILE": None,
+}
+
+
+def free_port() -> int:
+    """A port that was free a moment ago (the OS picks it; the socket is closed)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def _environ(values: Mapping[str, str | None]) -> Iterator[None]:
+    """Set (or, for None, unset) environment variables, restoring them afterwards."""
+    saved = {name: os.environ.get(name) for name in values}
+    try:
+        for name, value in values.items():
+            _set_env(name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            _set_env(name, value)
+
+
+def _set_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+@contextmanager
+def _service(argv: list[str], is_ready: Callable[[], bool], log: Path) -> Iterator[None]:
+    """Run ``argv`` until the block ends; its output goes to ``log`` (a file, not a
+    pipe, so a chatty server never blocks on a full pipe)."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+    try:
+        _wait_until_ready(proc, is_ready, log)
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_until_ready(
+    proc: subprocess.Popen[bytes], is_ready: Callable[[], bool], log: Path
+) -> None:
+    deadline = time.monotonic() + _START_TIMEOUT
+    while not is_ready():
+        if proc.poll() is not None:
+            pytest.fail(f"{proc.args!r} exited with {proc.returncode}:\n{_tail(log)}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{proc.args!r} not ready after {_START_TIMEOUT} s:\n{_tail(log)}")
+        time.sleep(0.05)
+
+
+def _tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-2000:]
+
+
+def _http_ready(url: str) -> bool:
+    # No proxies: an HTTP(S)_PROXY in the environment must not intercept 127.0.0.1.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=1):
+            return True
+    except urllib.error.HTTPError:
+        return True  # it answered
+    except OSError:
+        return False
+
+
+def _redis_ready(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``http://127.0.0.1:<port>`` of a moto S3 server; fake AWS credentials are set
+    in the environment for the session."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    with _environ(_TEST_AWS_ENV), _service(argv, lambda: _http_ready(url), log):
+        yield url
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint: str) -> Iterator[str]:
+    """``s3://<fresh bucket>/prefix``, with AWS_ENDPOINT_URL_S3 pointing at moto for the
+    test, so ``open_blob_store`` reaches it."""
+    import boto3  # here, not at the top: only S3 tests need it
+
+    bucket = f"neffcache-test-{uuid.uuid4().hex[:20]}"
+    client = boto3.session.Session().client("s3", endpoint_url=s3_endpoint)
+    try:
+        client.create_bucket(Bucket=bucket)
+    finally:
+        client.close()
+    with _environ({"AWS_ENDPOINT_URL_S3": s3_endpoint}):
+        yield f"s3://{bucket}/prefix"
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``redis://127.0.0.1:<port>/0`` of a fresh redis-server that persists nothing.
+    Shared by the session: tests that need an empty database flush it themselves."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.fail(
+            "redis-server is not on PATH; install it (apt-get install redis-server), "
+            "as CI does: the Redis tests need a real server"
+        )
+    port = free_port()
+    workdir = tmp_path_factory.mktemp("redis")
+    argv = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    argv += ["--dir", str(workdir)]  # in case anything is written anyway
+    with _service(argv, lambda: _redis_ready(port), workdir / "redis.log"):
+        yield f"redis://127.0.0.1:{port}/0"
+
+
+@pytest.fixture
+def unused_port() -> int:
+    """A 127.0.0.1 port with nothing listening: connections to it are refused."""
+    return free_port()

@@ -1,0 +1,300 @@
+"""The HTTP protocol (docs/protocol.md) against in-memory stores, through Starlette's
+TestClient (a real httpx client driving the ASGI app)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import blake3
+import pytest
+from fastapi.testclient import TestClient
+
+from neffcache.server.app import create_app
+from neffcache.server.blobs.memory import MemoryBlobStore
+from neffcache.server.index.memory import MemoryIndex
+from neffcache.server.settings import ServerSettings
+
+ADDRESS = "neuronxcc-2.20.9961.0+0acef03a/MODULE_16518787498567201059+3cc9a3cb"
+
+
+def digest(data: bytes) -> str:
+    value: str = blake3.blake3(data).hexdigest()
+    return value
+
+
+@pytest.fixture
+def stores() -> Iterator[tuple[MemoryBlobStore, MemoryIndex]]:
+    blobs, index = MemoryBlobStore(), MemoryIndex()
+    yield blobs, index
+    blobs.close()
+
+
+@pytest.fixture
+def client(stores: tuple[MemoryBlobStore, MemoryIndex], tmp_path: Any) -> Iterator[TestClient]:
+    settings = ServerSettings(data_dir=tmp_path, max_blob_bytes=1 << 20)
+    app = create_app(settings, blob_store=stores[0], index=stores[1])
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+def put_blob(client: TestClient, data: bytes, **headers: str) -> int:
+    response = client.put(f"/v1/blobs/{digest(data)}", content=data, headers=headers)
+    return response.status_code
+
+
+def manifest(files: dict[str, bytes], key: str = "a" * 64, **extra: Any) -> dict[str, Any]:
+    return {
+        "key": key,
+        "files": {name: {"digest": digest(d), "size": len(d)} for name, d in files.items()},
+        "compile_seconds": 12.5,
+        **extra,
+    }
+
+
+# --- blobs ------------------------------------------------------------------------------
+
+
+def test_blob_round_trip_with_etag(client: TestClient) -> None:
+    data = os.urandom(5000)
+    assert put_blob(client, data) == 201
+    assert put_blob(client, data) == 200
+    got = client.get(f"/v1/blobs/{digest(data)}")
+    assert got.status_code == 200
+    assert got.content == data
+    assert got.headers["etag"] == f'"{digest(data)}"'
+    head = client.head(f"/v1/blobs/{digest(data)}")
+    assert head.status_code == 200
+    assert head.headers["content-length"] == "5000"
+
+
+def test_blob_ranges(client: TestClient) -> None:
+    data = bytes(range(256)) * 4
+    put_blob(client, data)
+    url = f"/v1/blobs/{digest(data)}"
+    part = client.get(url, headers={"Range": "bytes=10-19"})
+    assert part.status_code == 206
+    assert part.content == data[10:20]
+    assert part.headers["content-range"] == f"bytes 10-19/{len(data)}"
+    assert client.get(url, headers={"Range": "bytes=-5"}).content == data[-5:]
+    assert client.get(url, headers={"Range": "bytes=1000-"}).content == data[1000:]
+    assert client.get(url, headers={"Range": "bytes=5000-"}).status_code == 416
+    assert client.get(url, headers={"Range": "lines=1-2"}).status_code == 416
+
+
+def test_absent_blob_is_404(client: TestClient) -> None:
+    assert client.get(f"/v1/blobs/{'0' * 64}").status_code == 404
+    assert client.head(f"/v1/blobs/{'0' * 64}").status_code == 404
+
+
+@pytest.mark.parametrize("bad", ["abc", "G" * 64, "0" * 63, "0" * 65, "../" + "0" * 61])
+def test_malformed_digest_is_400(client: TestClient, bad: str) -> None:
+    assert client.get(f"/v1/blobs/{bad}").status_code in (400, 404)
+    assert client.put(f"/v1/blobs/{bad}", content=b"x").status_code in (400, 404, 405)
+
+
+def test_lying_uploads_store_nothing(
+    client: TestClient, stores: tuple[MemoryBlobStore, MemoryIndex]
+) -> None:
+    data = b"hello"
+    wrong = client.put(f"/v1/blobs/{digest(b'other')}", content=data)
+    assert wrong.status_code == 400
+    assert "hashes to" in wrong.json()["detail"]
+    short = client.put(f"/v1/blobs/{digest(data)}", content=data, headers={"Content-Length": "9"})
+    assert short.status_code == 400
+    assert stores[0].size(digest(data)) is None
+    assert stores[0].size(digest(b"other")) is None
+    assert list(stores[0].staging_dir().iterdir()) == []
+
+
+def test_blob_over_the_limit_is_413(client: TestClient) -> None:
+    data = b"x" * ((1 << 20) + 1)
+    assert put_blob(client, data) == 413
+
+
+def test_missing_lists_only_absent_digests(client: TestClient) -> None:
+    present = b"present"
+    put_blob(client, present)
+    absent = digest(b"absent")
+    response = client.post("/v1/blobs/missing", json={"digests": [digest(present), absent, absent]})
+    assert response.json() == {"missing": [absent]}
+    assert client.post("/v1/blobs/missing", json={"digests": ["nope"]}).status_code == 400
+
+
+def test_corrupt_blob_is_never_served_and_heals(
+    client: TestClient, stores: tuple[MemoryBlobStore, MemoryIndex]
+) -> None:
+    data = b"compiled bytes" * 100
+    put_blob(client, data)
+    stores[0].corrupt(digest(data), b"X" + data[1:])
+    assert client.get(f"/v1/blobs/{digest(data)}").status_code == 404
+    assert stores[0].size(digest(data)) is None  # quarantined
+    assert put_blob(client, data) == 201
+    assert client.get(f"/v1/blobs/{digest(data)}").content == data
+
+
+def test_large_corrupt_blob_never_completes(
+    client: TestClient, stores: tuple[MemoryBlobStore, MemoryIndex], tmp_path: Any
+) -> None:
+    data = os.urandom(17 * 2**20)  # above the verify-first size: streamed, last chunk held
+    settings = ServerSettings(data_dir=tmp_path, max_blob_bytes=1 << 30)
+    app = create_app(settings, blob_store=stores[0], index=stores[1])
+    with TestClient(app) as big:
+        assert put_blob(big, data) == 201
+        assert big.get(f"/v1/blobs/{digest(data)}").content == data
+        stores[0].corrupt(digest(data), data[:-1] + b"\0")
+        with pytest.raises(Exception, match=digest(data)):
+            big.get(f"/v1/blobs/{digest(data)}")
+    assert stores[0].size(digest(data)) is None
+
+
+# --- entries ----------------------------------------------------------------------------
+
+
+def test_entry_publish_lookup_and_immutability(client: TestClient) -> None:
+    neff, hlo = b"NEFF" * 10, b"HLO" * 10
+    put_blob(client, neff)
+    put_blob(client, hlo)
+    body = manifest(
+        {"model.neff": neff, "model.hlo_module.pb": hlo},
+        direct_key="b" * 64,
+        neuron_address=ADDRESS,
+        components={"target": "trn2"},
+    )
+    url = f"/v1/ns/team-a/entries/{'a' * 64}"
+    assert client.put(url, json=body).status_code == 201
+    assert client.put(url, json=body).status_code == 200
+    changed = {**body, "compile_seconds": 99.0}
+    conflict = client.put(url, json=changed)
+    assert conflict.status_code == 409
+    got = client.get(url).json()
+    assert got["compile_seconds"] == 12.5
+    assert got["writer"] == "anonymous"
+    assert got["created_at"] > 0
+    assert got["files"]["model.neff"]["digest"] == digest(neff)
+    by_direct = client.get(f"/v1/ns/team-a/aliases/{'b' * 64}")
+    assert by_direct.json()["key"] == "a" * 64
+    by_address = client.get(f"/v1/ns/team-a/aliases/{ADDRESS}")
+    assert by_address.json()["key"] == "a" * 64
+    assert client.get(f"/v1/ns/team-b/entries/{'a' * 64}").status_code == 404
+
+
+def test_absent_entry_says_why(client: TestClient) -> None:
+    missing = client.get(f"/v1/ns/team-a/entries/{'c' * 64}")
+    assert missing.status_code == 404
+    assert missing.json()["reason"] == "absent"
+    assert client.get(f"/v1/ns/team-a/aliases/{'d' * 64}").json()["reason"] == "absent"
+
+
+def test_entry_naming_missing_blobs_is_400_with_the_list(client: TestClient) -> None:
+    neff = b"neff"
+    response = client.put(f"/v1/ns/team-a/entries/{'a' * 64}", json=manifest({"model.neff": neff}))
+    assert response.status_code == 400
+    assert response.json()["missing"] == [digest(neff)]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"key": "f" * 64},  # not the path's key
+        {"files": {}},
+        {"files": {"../model.neff": {"digest": "0" * 64, "size": 1}}},
+        {"files": {"model.neff": {"digest": "xyz", "size": 1}}},
+        {"neuron_address": "not/an/address"},
+        {"compile_seconds": -1},
+        {"direct_key": "short"},
+    ],
+)
+def test_invalid_manifests_are_400(client: TestClient, change: dict[str, Any]) -> None:
+    body = {**manifest({"model.neff": b"n"}), **change}
+    response = client.put(f"/v1/ns/team-a/entries/{'a' * 64}", json=body)
+    assert response.status_code == 400
+    assert response.json()["detail"]
+
+
+def test_non_json_manifest_and_bad_namespace_are_400(client: TestClient) -> None:
+    assert client.put(f"/v1/ns/team-a/entries/{'a' * 64}", content=b"{").status_code == 400
+    body = json.dumps(manifest({"model.neff": b"n"}))
+    assert client.put(f"/v1/ns/Team_A!/entries/{'a' * 64}", content=body).status_code == 400
+    assert client.get(f"/v1/ns/team-a/aliases/{'a' * 63}").status_code == 400
+
+
+# --- tokens and scopes ------------------------------------------------------------------
+
+
+def admin_token(client: TestClient) -> str:
+    created = client.post("/v1/admin/tokens", json={"scope": "admin", "namespaces": ["*"]})
+    assert created.status_code == 201
+    token: str = created.json()["token"]
+    return token
+
+
+def make_token(client: TestClient, admin: str, scope: str, namespaces: list[str]) -> str:
+    created = client.post(
+        "/v1/admin/tokens",
+        json={"scope": scope, "namespaces": namespaces, "name": f"{scope} for {namespaces}"},
+        headers={"Authorization": f"Bearer {admin}"},
+    )
+    assert created.status_code == 201
+    token: str = created.json()["token"]
+    return token
+
+
+def test_authorization_matrix(
+    client: TestClient, stores: tuple[MemoryBlobStore, MemoryIndex]
+) -> None:
+    admin = admin_token(client)  # anonymous may create the first token (no tokens yet)
+    reader = make_token(client, admin, "read", ["team-a"])
+    writer_a = make_token(client, admin, "write", ["team-a"])
+    writer_b = make_token(client, admin, "write", ["team-b"])
+    neff = b"neff bytes"
+    entry = f"/v1/ns/team-a/entries/{'a' * 64}"
+
+    def auth(token: str | None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    blob_url = f"/v1/blobs/{digest(neff)}"
+    assert client.put(blob_url, content=neff).status_code == 401
+    assert client.put(blob_url, content=neff, headers=auth("nfc_bogus_x")).status_code == 401
+    assert client.put(blob_url, content=neff, headers=auth(reader)).status_code == 403
+    assert client.put(blob_url, content=neff, headers=auth(writer_b)).status_code == 201
+    body = manifest({"model.neff": neff})
+    assert client.put(entry, json=body, headers=auth(writer_b)).status_code == 403
+    assert client.put(entry, json=body, headers=auth(reader)).status_code == 403
+    assert client.put(entry, json=body).status_code == 401
+    assert client.put(entry, json=body, headers=auth(writer_a)).status_code == 201
+    assert client.get(entry, headers=auth(reader)).status_code == 200
+    assert client.get(entry, headers=auth(writer_b)).status_code == 403
+    assert client.get(entry).status_code == 401
+    # Only admin manages tokens.
+    assert client.get("/v1/admin/tokens", headers=auth(writer_a)).status_code == 403
+    listing = client.get("/v1/admin/tokens", headers=auth(admin)).json()["tokens"]
+    assert len(listing) == 4
+    assert all("token" not in t and "secret_hash" not in t for t in listing)
+    reader_id = next(t["token_id"] for t in listing if t["scope"] == "read")
+    assert client.delete(f"/v1/admin/tokens/{reader_id}", headers=auth(admin)).status_code == 204
+    assert client.get(entry, headers=auth(reader)).status_code == 401
+    # Secrets are stored only as hashes.
+    assert all(reader not in repr(t) for t in stores[1].tokens())
+
+
+def test_bootstrap_admin_token(stores: tuple[MemoryBlobStore, MemoryIndex], tmp_path: Any) -> None:
+    settings = ServerSettings(data_dir=tmp_path, bootstrap_admin_token="nfc_boot_secret")
+    with TestClient(create_app(settings, blob_store=stores[0], index=stores[1])) as client:
+        assert client.get("/v1/admin/tokens").status_code == 401
+        ok = client.get("/v1/admin/tokens", headers={"Authorization": "Bearer nfc_boot_secret"})
+        assert ok.status_code == 200
+        assert ok.json()["tokens"][0]["scope"] == "admin"
+
+
+# --- health and the schema ---------------------------------------------------------------
+
+
+def test_health_ready_and_openapi(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json() == {"status": "ready"}
+    paths = client.get("/openapi.json").json()["paths"]
+    for path in ("/v1/blobs/{digest}", "/v1/blobs/missing", "/v1/ns/{namespace}/entries/{key}"):
+        assert path in paths

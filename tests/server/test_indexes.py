@@ -1,0 +1,358 @@
+"""The Index contract (index/base.py), run against every backend: memory, sqlite and a
+real redis-server; then what only one backend promises, and the URL registry."""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from neffcache.server.config_errors import ConfigError
+from neffcache.server.errors import StoreError
+from neffcache.server.index import Entry, Index, PutResult, Token, open_index
+from neffcache.server.index.memory import MemoryIndex
+from neffcache.server.index.redis import RedisIndex
+from neffcache.server.index.sqlite import SCHEMA_VERSION, SqliteIndex
+
+KEY = "ab" * 32
+OTHER_KEY = "cd" * 32
+# Generous: only there so a hung backend fails the test instead of the run.
+HANG_LIMIT_S = 60.0
+
+
+@dataclass
+class Store:
+    """One backing store per test; ``open`` gives a new handle on it, as a replica would."""
+
+    name: str
+    open: Callable[[], Index]
+
+
+def make_store(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    handles: list[Index] = []
+    if name == "memory":
+        shared = MemoryIndex()  # a memory index has no second handle: reuse it
+        opener: Callable[[], Index] = lambda: shared  # noqa: E731
+    elif name == "sqlite":
+        url = f"sqlite:///{tmp_path}/data/index.db"
+        opener = lambda: open_index(url)  # noqa: E731
+    else:
+        url = request.getfixturevalue("redis_server")
+        with redis.Redis.from_url(url) as client:
+            client.flushdb()
+        opener = lambda: open_index(url)  # noqa: E731
+
+    def open_tracked() -> Index:
+        handles.append(opener())
+        return handles[-1]
+
+    yield Store(name, open_tracked)
+    for handle in handles:
+        handle.close()
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    yield from make_store(request.param, request, tmp_path)
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def persistent_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    yield from make_store(request.param, request, tmp_path)
+
+
+@pytest.fixture
+def index(store: Store) -> Index:
+    return store.open()
+
+
+def entry(
+    key: str = KEY,
+    manifest: str = '{"neff":"11"}',
+    *,
+    namespace: str = "team-a",
+    writer: str = "tok1",
+    created_at: float = 1_712_000_000.125,
+) -> Entry:
+    return Entry(namespace, key, manifest, created_at, writer)
+
+
+def token(
+    token_id: str, created_at: float = 1_712_000_000.5, *, namespaces: tuple[str, ...] = ("*",)
+) -> Token:
+    return Token(
+        token_id=token_id,
+        secret_hash=f"hash-of-{token_id}",
+        scope="write",
+        namespaces=namespaces,
+        name=f"ci job {token_id}",
+        created_at=created_at,
+    )
+
+
+# --- entries --------------------------------------------------------------------------
+
+
+def test_put_then_get_round_trips_every_field(index: Index) -> None:
+    index.check()
+    stored = entry()
+    assert index.put_entry(stored, ()) is PutResult.CREATED
+    assert index.get_entry("team-a", KEY) == stored
+
+
+def test_identical_manifest_is_same_and_keeps_the_first_writer(index: Index) -> None:
+    first = entry(writer="tok1", created_at=1.5)
+    index.put_entry(first, ())
+    assert index.put_entry(entry(writer="tok2", created_at=2.5), ()) is PutResult.SAME
+    assert index.get_entry("team-a", KEY) == first
+
+
+def test_different_manifest_conflicts_and_keeps_the_original(index: Index) -> None:
+    original = entry(manifest='{"neff":"11"}')
+    index.put_entry(original, ())
+    assert index.put_entry(entry(manifest='{"neff":"22"}'), ()) is PutResult.CONFLICT
+    assert index.get_entry("team-a", KEY) == original
+
+
+def test_non_ascii_manifests_round_trip_and_compare(index: Index) -> None:
+    # The redis backend compares manifests inside a Lua script.
+    manifest = '{"name":"café 🚀"}'
+    assert index.put_entry(entry(manifest=manifest), ()) is PutResult.CREATED
+    assert index.put_entry(entry(manifest=manifest), ()) is PutResult.SAME
+    assert index.put_entry(entry(manifest='{"name":"cafe 🚀"}'), ()) is PutResult.CONFLICT
+    found = index.get_entry("team-a", KEY)
+    assert found is not None
+    assert found.manifest == manifest
+
+
+def test_absent_is_none(index: Index) -> None:
+    assert index.get_entry("team-a", KEY) is None
+    assert index.resolve_alias("team-a", "resnet") is None
+    assert index.token_by_hash("hash-of-nothing") is None
+    assert index.tokens() == []
+
+
+# --- aliases ---------------------------------------------------------------------------
+
+
+def test_aliases_resolve_and_the_first_key_wins(index: Index) -> None:
+    assert index.put_entry(entry(KEY), ("resnet", "resnet-v1")) is PutResult.CREATED
+    assert index.put_entry(entry(OTHER_KEY), ("resnet", "resnet-v2")) is PutResult.CREATED
+    assert index.resolve_alias("team-a", "resnet") == KEY
+    assert index.resolve_alias("team-a", "resnet-v1") == KEY
+    assert index.resolve_alias("team-a", "resnet-v2") == OTHER_KEY
+
+
+def test_a_refused_put_stores_none_of_its_aliases(index: Index) -> None:
+    index.put_entry(entry(manifest='{"neff":"11"}'), ("first",))
+    assert index.put_entry(entry(manifest='{"neff":"11"}'), ("same",)) is PutResult.SAME
+    assert index.put_entry(entry(manifest='{"neff":"22"}'), ("conflict",)) is PutResult.CONFLICT
+    assert index.resolve_alias("team-a", "first") == KEY
+    assert index.resolve_alias("team-a", "same") is None
+    assert index.resolve_alias("team-a", "conflict") is None
+
+
+# --- namespaces ------------------------------------------------------------------------
+
+
+def test_namespaces_are_isolated(index: Index) -> None:
+    a = entry(namespace="team-a", manifest='{"neff":"aa"}')
+    b = entry(namespace="team-b", manifest='{"neff":"bb"}')
+    assert index.put_entry(a, ("resnet",)) is PutResult.CREATED
+    assert index.put_entry(b, ()) is PutResult.CREATED
+    assert index.get_entry("team-a", KEY) == a
+    assert index.get_entry("team-b", KEY) == b
+    assert index.resolve_alias("team-b", "resnet") is None
+    assert index.get_entry("team-c", KEY) is None
+
+
+def test_a_separator_in_a_namespace_cannot_reach_another_namespace(index: Index) -> None:
+    # Backends that join namespace and name into one string must not let
+    # ("a:b", "c") and ("a", "b:c") meet.
+    index.put_entry(entry("c", namespace="a:b"), ("x",))
+    index.put_entry(entry("b:c", namespace="a", manifest='{"neff":"other"}'), ("b:x",))
+    first = index.get_entry("a:b", "c")
+    assert first is not None
+    assert first.manifest == '{"neff":"11"}'
+    assert index.resolve_alias("a:b", "x") == "c"
+    assert index.resolve_alias("a", "b:x") == "b:c"
+    assert index.get_entry("a", "b:x") is None
+
+
+# --- tokens ----------------------------------------------------------------------------
+
+
+def test_token_round_trips_by_hash(index: Index) -> None:
+    stored = token("t1", namespaces=("team-a", "team-b"))
+    index.put_token(stored)
+    assert index.token_by_hash("hash-of-t1") == stored
+    assert index.token_by_hash("hash-of-t2") is None
+
+
+def test_tokens_are_listed_oldest_first(index: Index) -> None:
+    for token_id, created_at in [("t3", 30.0), ("t1", 10.0), ("t2b", 20.0), ("t2a", 20.0)]:
+        index.put_token(token(token_id, created_at))
+    assert [t.token_id for t in index.tokens()] == ["t1", "t2a", "t2b", "t3"]
+
+
+def test_a_revoked_token_stays_visible_as_revoked(index: Index) -> None:
+    index.put_token(token("t1", 1.0))
+    index.put_token(token("t2", 2.0))
+    assert index.revoke_token("t1") is True
+    revoked = index.token_by_hash("hash-of-t1")
+    assert revoked is not None
+    assert revoked.revoked
+    assert [(t.token_id, t.revoked) for t in index.tokens()] == [("t1", True), ("t2", False)]
+
+
+def test_revoking_an_unknown_token_is_false(index: Index) -> None:
+    index.put_token(token("t1"))
+    assert index.revoke_token("t9") is False
+    assert [t.token_id for t in index.tokens()] == ["t1"]
+
+
+# --- concurrency and persistence -------------------------------------------------------
+
+
+def test_racing_writers_of_one_key_have_one_winner(store: Store) -> None:
+    writers = 50
+    # Two handles: for sqlite and redis, two processes (replicas) sharing one store.
+    handles = [store.open(), store.open()]
+    barrier = threading.Barrier(writers)
+
+    def put(i: int) -> PutResult:
+        barrier.wait(timeout=HANG_LIMIT_S)
+        racer = entry(manifest=f'{{"n":{i}}}', writer=f"w{i}")
+        return handles[i % 2].put_entry(racer, (f"alias{i}",))
+
+    with ThreadPoolExecutor(max_workers=writers) as pool:
+        results = list(pool.map(put, range(writers), timeout=HANG_LIMIT_S))
+
+    winners = [i for i, result in enumerate(results) if result is PutResult.CREATED]
+    assert len(winners) == 1
+    (winner,) = winners
+    # Every manifest differs, so no loser can see SAME.
+    assert results.count(PutResult.CONFLICT) == writers - 1
+    for handle in handles:
+        found = handle.get_entry("team-a", KEY)
+        assert found is not None
+        assert (found.manifest, found.writer) == (f'{{"n":{winner}}}', f"w{winner}")
+    aliases = {i: handles[0].resolve_alias("team-a", f"alias{i}") for i in range(writers)}
+    assert aliases == {i: KEY if i == winner else None for i in range(writers)}
+
+
+def test_data_survives_close_and_reopen(persistent_store: Store) -> None:
+    first = persistent_store.open()
+    first.put_entry(entry(), ("resnet",))
+    first.put_token(token("t1"))
+    first.revoke_token("t1")
+    first.close()
+
+    again = persistent_store.open()
+    assert again.get_entry("team-a", KEY) == entry()
+    assert again.resolve_alias("team-a", "resnet") == KEY
+    assert again.tokens() == [dataclasses.replace(token("t1"), revoked=True)]
+
+
+# --- sqlite ----------------------------------------------------------------------------
+
+
+def test_sqlite_file_is_in_wal_mode_at_the_current_schema(tmp_path: Path) -> None:
+    path = tmp_path / "new" / "dirs" / "index.db"
+    SqliteIndex.from_url(f"sqlite:///{path}").close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+
+
+@pytest.mark.parametrize(
+    "url", ["sqlite://index.db", "sqlite://data/index.db", "sqlite://", "sqlite:///"]
+)
+def test_sqlite_url_needs_an_absolute_file_path(url: str) -> None:
+    with pytest.raises(ConfigError, match="absolute"):
+        open_index(url)
+
+
+def test_sqlite_refuses_a_file_from_a_newer_server(tmp_path: Path) -> None:
+    path = tmp_path / "index.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    with pytest.raises(ConfigError, match="upgrade neffcache"):
+        SqliteIndex.from_url(f"sqlite:///{path}")
+
+
+def test_sqlite_errors_become_store_errors(tmp_path: Path) -> None:
+    # A directory where the database file should be.
+    (tmp_path / "index.db").mkdir()
+    with pytest.raises(StoreError, match="sqlite index"):
+        SqliteIndex.from_url(f"sqlite:///{tmp_path}/index.db")
+
+
+# --- redis -----------------------------------------------------------------------------
+
+
+def test_redis_keys_follow_the_documented_layout(redis_server: str) -> None:
+    client = redis.Redis.from_url(redis_server, decode_responses=True)
+    client.flushdb()
+    index = RedisIndex.from_url(redis_server)
+    index.put_entry(entry(), ("resnet",))
+    index.put_token(token("t1"))
+    index.close()
+    assert set(client.keys("*")) == {
+        f"neffcache:entry:team-a:{KEY}",
+        "neffcache:alias:team-a:resnet",
+        "neffcache:token:t1",
+        "neffcache:token-hash:hash-of-t1",
+        "neffcache:tokens",
+    }
+    client.close()
+
+
+def test_a_dead_redis_fails_fast_with_store_error(unused_port: int) -> None:
+    index = RedisIndex.from_url(f"redis://:s3cret@127.0.0.1:{unused_port}/0")
+    calls: list[Callable[[], object]] = [
+        index.check,
+        lambda: index.get_entry("team-a", KEY),
+        lambda: index.put_entry(entry(), ()),
+    ]
+    for call in calls:
+        started = time.monotonic()
+        with pytest.raises(StoreError) as raised:
+            call()
+        assert time.monotonic() - started < HANG_LIMIT_S / 4
+        assert "s3cret" not in str(raised.value)
+    index.close()
+
+
+def test_redis_url_with_a_bad_port_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="redis://host:port/db"):
+        open_index("redis://127.0.0.1:notaport/0")
+
+
+# --- registry --------------------------------------------------------------------------
+
+
+def test_unknown_scheme_is_a_config_error_naming_the_schemes() -> None:
+    with pytest.raises(ConfigError, match="mysql") as raised:
+        open_index("mysql://x")
+    assert "sqlite:///" in str(raised.value)
+    assert "redis://" in str(raised.value)
+
+
+def test_each_scheme_opens_its_backend(tmp_path: Path, unused_port: int) -> None:
+    opened = [
+        open_index(f"sqlite:///{tmp_path}/index.db"),
+        open_index(f"redis://127.0.0.1:{unused_port}/0"),  # connects on first use
+        open_index("memory://"),
+    ]
+    assert [type(index) for index in opened] == [SqliteIndex, RedisIndex, MemoryIndex]
+    for index in opened:
+        index.close()
