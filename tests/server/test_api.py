@@ -1,19 +1,25 @@
-"""The HTTP protocol (docs/protocol.md) against in-memory stores, through Starlette's
-TestClient (a real httpx client driving the ASGI app)."""
+"""The HTTP protocol (docs/protocol.md), through Starlette's TestClient (a real httpx
+client driving the ASGI app), against every backend combination: in-memory, filesystem
++ SQLite, filesystem + a real redis-server, moto's S3 server + SQLite."""
 
 from __future__ import annotations
 
 import json
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import blake3
 import pytest
+import redis
 from fastapi.testclient import TestClient
 
 from neffcache.server.app import create_app
+from neffcache.server.blobs import BlobStore, open_blob_store
 from neffcache.server.blobs.memory import MemoryBlobStore
+from neffcache.server.errors import StoreFull
+from neffcache.server.index import Index, open_index
 from neffcache.server.index.memory import MemoryIndex
 from neffcache.server.settings import ServerSettings
 
@@ -25,15 +31,46 @@ def digest(data: bytes) -> str:
     return value
 
 
-@pytest.fixture
-def stores() -> Iterator[tuple[MemoryBlobStore, MemoryIndex]]:
-    blobs, index = MemoryBlobStore(), MemoryIndex()
+BACKENDS = ["memory", "fs+sqlite", "fs+redis", "s3+sqlite"]
+
+
+@pytest.fixture(params=BACKENDS)
+def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[BlobStore, Index]]:
+    blob_kind, _, index_kind = request.param.partition("+")
+    blobs: BlobStore
+    index: Index
+    if blob_kind == "memory":
+        blobs, index = MemoryBlobStore(), MemoryIndex()
+    else:
+        blob_url = (tmp_path / "store").as_uri()
+        if blob_kind == "s3":
+            blob_url = request.getfixturevalue("s3_bucket")
+        blobs = open_blob_store(blob_url)
+        if index_kind == "redis":
+            redis_url = request.getfixturevalue("redis_server")
+            redis.Redis.from_url(redis_url).flushdb()
+            index = open_index(redis_url)
+        else:
+            index = open_index(f"sqlite://{tmp_path / 'index.db'}")
     yield blobs, index
     blobs.close()
+    index.close()
+
+
+def corrupt(blobs: BlobStore, key: str, data: bytes) -> None:
+    """Replace stored bytes behind the store's back, as a failing disk would."""
+    if isinstance(blobs, MemoryBlobStore):
+        blobs.corrupt(key, data)
+        return
+    path = blobs.local_path(key)
+    if path is None:
+        pytest.skip("corruption at rest is simulated on local stores only")
+    os.chmod(path, 0o644)
+    path.write_bytes(data)
 
 
 @pytest.fixture
-def client(stores: tuple[MemoryBlobStore, MemoryIndex], tmp_path: Any) -> Iterator[TestClient]:
+def client(stores: tuple[BlobStore, Index], tmp_path: Any) -> Iterator[TestClient]:
     settings = ServerSettings(data_dir=tmp_path, max_blob_bytes=1 << 20)
     app = create_app(settings, blob_store=stores[0], index=stores[1])
     with TestClient(app) as test_client:
@@ -95,9 +132,7 @@ def test_malformed_digest_is_400(client: TestClient, bad: str) -> None:
     assert client.put(f"/v1/blobs/{bad}", content=b"x").status_code in (400, 404, 405)
 
 
-def test_lying_uploads_store_nothing(
-    client: TestClient, stores: tuple[MemoryBlobStore, MemoryIndex]
-) -> None:
+def test_lying_uploads_store_nothing(client: TestClient, stores: tuple[BlobStore, Index]) -> None:
     data = b"hello"
     wrong = client.put(f"/v1/blobs/{digest(b'other')}", content=data)
     assert wrong.status_code == 400
@@ -124,11 +159,11 @@ def test_missing_lists_only_absent_digests(client: TestClient) -> None:
 
 
 def test_corrupt_blob_is_never_served_and_heals(
-    client: TestClient, stores: tuple[MemoryBlobStore, MemoryIndex]
+    client: TestClient, stores: tuple[BlobStore, Index]
 ) -> None:
     data = b"compiled bytes" * 100
     put_blob(client, data)
-    stores[0].corrupt(digest(data), b"X" + data[1:])
+    corrupt(stores[0], digest(data), b"X" + data[1:])
     assert client.get(f"/v1/blobs/{digest(data)}").status_code == 404
     assert stores[0].size(digest(data)) is None  # quarantined
     assert put_blob(client, data) == 201
@@ -136,7 +171,7 @@ def test_corrupt_blob_is_never_served_and_heals(
 
 
 def test_large_corrupt_blob_never_completes(
-    client: TestClient, stores: tuple[MemoryBlobStore, MemoryIndex], tmp_path: Any
+    client: TestClient, stores: tuple[BlobStore, Index], tmp_path: Any
 ) -> None:
     data = os.urandom(17 * 2**20)  # above the verify-first size: streamed, last chunk held
     settings = ServerSettings(data_dir=tmp_path, max_blob_bytes=1 << 30)
@@ -144,7 +179,7 @@ def test_large_corrupt_blob_never_completes(
     with TestClient(app) as big:
         assert put_blob(big, data) == 201
         assert big.get(f"/v1/blobs/{digest(data)}").content == data
-        stores[0].corrupt(digest(data), data[:-1] + b"\0")
+        corrupt(stores[0], digest(data), data[:-1] + b"\0")
         with pytest.raises(Exception, match=digest(data)):
             big.get(f"/v1/blobs/{digest(data)}")
     assert stores[0].size(digest(data)) is None
@@ -242,9 +277,7 @@ def make_token(client: TestClient, admin: str, scope: str, namespaces: list[str]
     return token
 
 
-def test_authorization_matrix(
-    client: TestClient, stores: tuple[MemoryBlobStore, MemoryIndex]
-) -> None:
+def test_authorization_matrix(client: TestClient, stores: tuple[BlobStore, Index]) -> None:
     admin = admin_token(client)  # anonymous may create the first token (no tokens yet)
     reader = make_token(client, admin, "read", ["team-a"])
     writer_a = make_token(client, admin, "write", ["team-a"])
@@ -280,7 +313,7 @@ def test_authorization_matrix(
     assert all(reader not in repr(t) for t in stores[1].tokens())
 
 
-def test_bootstrap_admin_token(stores: tuple[MemoryBlobStore, MemoryIndex], tmp_path: Any) -> None:
+def test_bootstrap_admin_token(stores: tuple[BlobStore, Index], tmp_path: Any) -> None:
     settings = ServerSettings(data_dir=tmp_path, bootstrap_admin_token="nfc_boot_secret")
     with TestClient(create_app(settings, blob_store=stores[0], index=stores[1])) as client:
         assert client.get("/v1/admin/tokens").status_code == 401
@@ -298,3 +331,22 @@ def test_health_ready_and_openapi(client: TestClient) -> None:
     paths = client.get("/openapi.json").json()["paths"]
     for path in ("/v1/blobs/{digest}", "/v1/blobs/missing", "/v1/ns/{namespace}/entries/{key}"):
         assert path in paths
+
+
+class FullStore(MemoryBlobStore):
+    def commit(self, staged: Path, digest: str) -> bool:
+        raise StoreFull("the blob store is out of space")
+
+
+def test_out_of_space_is_507_with_nothing_kept(tmp_path: Path) -> None:
+    blobs, index = FullStore(), MemoryIndex()
+    app = create_app(ServerSettings(data_dir=tmp_path), blob_store=blobs, index=index)
+    with TestClient(app) as client:
+        data = b"no room for this"
+        response = client.put(f"/v1/blobs/{digest(data)}", content=data)
+        assert response.status_code == 507
+        assert "out of space" in response.json()["detail"]
+        assert list(blobs.staging_dir().iterdir()) == []
+        assert blobs.size(digest(data)) is None
+        assert client.get("/healthz").status_code == 200
+    blobs.close()

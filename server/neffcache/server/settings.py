@@ -11,6 +11,7 @@ client reads its own ``NEFFCACHE_*`` variables from the same environments.
 from __future__ import annotations
 
 import os
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,9 @@ from pydantic_settings import (
 )
 
 from .config_errors import ConfigError
+
+# The settings file load_settings was given; the settings sources read it from here.
+_CONFIG_FILE: ContextVar[str | None] = ContextVar("neffcache_config_file", default=None)
 
 
 def default_data_dir() -> Path:
@@ -64,7 +68,7 @@ class ServerSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        config_file = os.environ.get("NEFFCACHE_CONFIG_FILE")
+        config_file = _CONFIG_FILE.get() or os.environ.get("NEFFCACHE_CONFIG_FILE")
         if config_file:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config_file)))
         return tuple(sources)
@@ -86,9 +90,10 @@ def load_settings(**overrides: Any) -> ServerSettings:
     """
     from pydantic import ValidationError
 
-    config_file = overrides.pop("config_file", None)
-    if config_file is not None:
-        os.environ["NEFFCACHE_CONFIG_FILE"] = str(config_file)
+    config_file = overrides.pop("config_file", None) or os.environ.get("NEFFCACHE_CONFIG_FILE")
+    if config_file and not Path(config_file).is_file():
+        raise ConfigError(f"the settings file {config_file} does not exist")
+    token = _CONFIG_FILE.set(str(config_file) if config_file else None)
     try:
         return ServerSettings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
@@ -97,8 +102,10 @@ def load_settings(**overrides: Any) -> ServerSettings:
             for err in exc.errors()
         )
         raise ConfigError(f"invalid settings: {problems}") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read the settings file: {exc}") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the settings file {config_file}: {exc}") from None
+    finally:
+        _CONFIG_FILE.reset(token)
 
 
 def redact(url: str) -> str:

@@ -1,0 +1,87 @@
+"""ServerSettings: environment over file over defaults, and errors that name the fix."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from neffcache.server.config_errors import ConfigError
+from neffcache.server.settings import ServerSettings, load_settings, redact
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("NEFFCACHE_") or name == "XDG_DATA_HOME":
+            monkeypatch.delenv(name)
+
+
+def test_defaults(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    settings = load_settings()
+    assert (settings.host, settings.port) == ("127.0.0.1", 8787)
+    assert settings.data_dir == tmp_path / "neffcache"
+    assert settings.blob_store_url() == (tmp_path / "neffcache").as_uri()
+    assert settings.index_store_url() == f"sqlite://{tmp_path / 'neffcache' / 'index.db'}"
+
+
+def test_environment_over_file_over_defaults(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = tmp_path / "neffcache.toml"
+    config.write_text('port = 9000\nhost = "127.0.0.2"\nmax_blob_bytes = 1024\n')
+    monkeypatch.setenv("NEFFCACHE_CONFIG_FILE", str(config))
+    monkeypatch.setenv("NEFFCACHE_PORT", "9100")
+    settings = load_settings()
+    assert settings.port == 9100  # environment wins
+    assert settings.host == "127.0.0.2"  # from the file
+    assert settings.max_blob_bytes == 1024
+    assert load_settings(port=9200).port == 9200  # a command-line option wins over both
+
+
+def test_unknown_key_in_the_file_is_an_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = tmp_path / "neffcache.toml"
+    config.write_text("prot = 9000\n")
+    monkeypatch.setenv("NEFFCACHE_CONFIG_FILE", str(config))
+    with pytest.raises(ConfigError, match="prot"):
+        load_settings()
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("NEFFCACHE_PORT", "http"), ("NEFFCACHE_PORT", "70000")]
+)
+def test_bad_values_name_the_setting(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match="port"):
+        load_settings()
+
+
+def test_missing_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(config_file=tmp_path / "absent.toml", port=1)
+
+
+def test_the_bootstrap_token_is_a_secret() -> None:
+    settings = ServerSettings(bootstrap_admin_token="nfc_very_secret")
+    assert "nfc_very_secret" not in repr(settings)
+    assert "nfc_very_secret" not in str(settings.model_dump())
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:hunter2@cache:6379/0", "redis://:***@cache:6379/0"),
+        ("redis://user:hunter2@cache:6379/0", "redis://user:***@cache:6379/0"),
+        ("s3://bucket/prefix?access_key=AKIA123", "s3://bucket/prefix?***"),
+        ("sqlite:///var/lib/neffcache/index.db", "sqlite:///var/lib/neffcache/index.db"),
+    ],
+)
+def test_urls_are_redacted_for_logs(url: str, shown: str) -> None:
+    assert redact(url) == shown
+    assert "hunter2" not in redact(url)
