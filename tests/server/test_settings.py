@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,25 @@ def test_the_bootstrap_token_is_a_secret() -> None:
 def test_urls_are_redacted_for_logs(url: str, shown: str) -> None:
     assert redact(url) == shown
     assert "hunter2" not in redact(url)
+
+
+@pytest.mark.parametrize(
+    ("opener", "url", "extra"),
+    [
+        ("blob", "s3://bucket/prefix", "neffcache[s3]"),
+        ("index", "redis://h:6379/0", "neffcache[redis]"),
+    ],
+)
+def test_a_missing_extra_names_the_install(
+    monkeypatch: pytest.MonkeyPatch, opener: str, url: str, extra: str
+) -> None:
+    import sys
+
+    from neffcache.server.blobs import open_blob_store
+    from neffcache.server.index import open_index
+
+    # As if boto3 / redis-py were not installed.
+    for module in ("boto3", "redis", "neffcache.server.blobs.s3", "neffcache.server.index.redis"):
+        monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(ConfigError, match=re.escape(extra)):
+        (open_blob_store if opener == "blob" else open_index)(url)
