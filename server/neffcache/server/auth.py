@@ -68,10 +68,35 @@ def ensure_bootstrap_token(index: Index, secret: str) -> None:
         index.put_token(Token("bootstrap", secret_hash, "admin", ("*",), "bootstrap", time.time()))
 
 
-def authenticate(index: Index, authorization: str | None) -> Caller:
+class TokenPresence:
+    """Whether any token exists, asked of the index at most once per ``ttl`` seconds.
+
+    Anonymous requests need this answer every time; the index's token list is too
+    dear to read per request. A token created elsewhere (``--local``, another replica)
+    ends protected mode within ``ttl``; one created through this server, at once.
+    """
+
+    def __init__(self, index: Index, ttl: float = 1.0) -> None:
+        self._index = index
+        self._ttl = ttl
+        self._known: bool | None = None
+        self._checked = 0.0
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if self._known is None or (not self._known and now - self._checked > self._ttl):
+            self._known = bool(self._index.tokens())
+            self._checked = now
+        return self._known
+
+    def created(self) -> None:
+        self._known = True
+
+
+def authenticate(index: Index, authorization: str | None, tokens_exist: TokenPresence) -> Caller:
     """The caller behind an ``Authorization`` header."""
     if not authorization:
-        if not index.tokens():
+        if not tokens_exist():
             return Caller(ANONYMOUS, "admin", ("*",))
         raise Unauthorized("this server needs a token: Authorization: Bearer <token>")
     kind, _, secret = authorization.partition(" ")

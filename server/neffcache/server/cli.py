@@ -109,7 +109,13 @@ def run_serve(args: argparse.Namespace, extra: list[str]) -> int:
             f"{settings.data_dir} --scope admin --namespace '*'`, or set "
             "NEFFCACHE_BOOTSTRAP_ADMIN_TOKEN"
         )
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        access_log=settings.access_log,
+    )
     return 0
 
 

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Header, Request
+from starlette.concurrency import run_in_threadpool
 
-from neffcache.server.auth import Caller, authenticate
+from neffcache.server.auth import Caller, TokenPresence, authenticate
 from neffcache.server.blobs import BlobStore
 from neffcache.server.index import Index
 from neffcache.server.settings import ServerSettings
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -18,15 +22,30 @@ class Backends:
     settings: ServerSettings
     blobs: BlobStore
     index: Index
+    tokens: TokenPresence
+
+    @property
+    def inline(self) -> bool:
+        """Whether store calls may run on the event loop (see the stores' ``local``)."""
+        return bool(getattr(self.blobs, "local", False) and getattr(self.index, "local", False))
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Call a function that uses the stores: inline for local stores, where a hop
+        to the thread pool costs more than the call, else in a worker thread."""
+        if self.inline:
+            return fn(*args)
+        return await run_in_threadpool(fn, *args)
 
 
-def backends(request: Request) -> Backends:
+# Both async: a plain ``def`` dependency costs a thread-pool hop on every request.
+async def backends(request: Request) -> Backends:
     state: Backends = request.app.state.backends
     return state
 
 
-def caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
-    return authenticate(backends(request).index, authorization)
+async def caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
+    state: Backends = request.app.state.backends
+    return await state.run(authenticate, state.index, authorization, state.tokens)
 
 
 BackendsDep = Annotated[Backends, Depends(backends)]

@@ -20,6 +20,8 @@ HEX64 = r"[0-9a-f]{64}"
 NAMESPACE = r"[a-z0-9][a-z0-9._-]{0,62}"
 # A file name inside an entry, as the stock layout has them: no directories.
 FILE_NAME = r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}"
+# Fields the server adds when it returns an entry; a client may not send them.
+RESERVED = frozenset({"created_at", "namespace", "writer"})
 
 
 class FileRef(BaseModel):
@@ -78,6 +80,9 @@ def parse_manifest(body: bytes, key: str) -> tuple[Manifest, str]:
             f"{'.'.join(str(p) for p in e['loc']) or 'manifest'}: {e['msg']}" for e in exc.errors()
         )
         raise BadRequest(f"invalid manifest: {problems}") from None
+    reserved = RESERVED.intersection(raw)
+    if reserved:
+        raise BadRequest(f"the server sets {', '.join(sorted(reserved))}; leave them out")
     if manifest.key != key:
         raise BadRequest(f"the manifest's key {manifest.key} is not the key in the path {key}")
     canonical = json.dumps(raw, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

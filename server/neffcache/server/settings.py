@@ -52,6 +52,7 @@ class ServerSettings(BaseSettings):
         None, description="an admin token the server creates at start-up if absent"
     )
     config_file: Path | None = Field(None, description="TOML file with these settings")
+    access_log: bool = Field(False, description="log every request (costs throughput)")
 
     @field_validator("data_dir")
     @classmethod

@@ -48,6 +48,7 @@ def create_token(body: TokenRequest, caller: CallerDep, backends: BackendsDep) -
             raise BadRequest(f"{namespace!r} is not a namespace name")
     token, secret = new_token(body.scope, tuple(body.namespaces), body.name)
     backends.index.put_token(token)
+    backends.tokens.created()
     return {**_public(token), "token": secret}
 
 

@@ -14,9 +14,9 @@ import logging
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, BinaryIO
 
 import blake3
 from fastapi import APIRouter, Header, Request, Response
@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from neffcache.server.blobs import BlobStore
-from neffcache.server.deps import BackendsDep, CallerDep
+from neffcache.server.deps import Backends, BackendsDep, CallerDep
 from neffcache.server.errors import BadRequest, NotFound, ServerError, StoreFull, TooLarge
 from neffcache.server.manifest import HEX64
 
@@ -79,17 +79,29 @@ def _staging_file(directory: Path) -> Path:
     return Path(name)
 
 
+_WRITE_BATCH = 2**20
+
+
 async def _receive(request: Request, staged: Path, limit: int) -> tuple[int, str]:
+    """Stream the body to ``staged``; return its length and BLAKE3.
+
+    Hashing and writing happen in a worker thread, 1 MiB at a time, so a large upload
+    never stalls the event loop (and the other requests on it), and each upload holds
+    about 2 MiB of memory."""
     hasher = blake3.blake3()
     received = 0
+    batch = bytearray()
     try:
         with open(staged, "wb") as out:
             async for chunk in request.stream():
                 received += len(chunk)
                 if received > limit:
                     raise BadRequest(f"the body is longer than Content-Length ({limit})")
-                hasher.update(chunk)
-                out.write(chunk)
+                batch += chunk
+                if len(batch) >= _WRITE_BATCH:
+                    full, batch = batch, bytearray()  # hand it over, no copy
+                    await run_in_threadpool(_absorb, hasher, out, full)
+            await run_in_threadpool(_absorb, hasher, out, batch)
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise StoreFull("the blob store is out of space") from exc
@@ -97,23 +109,32 @@ async def _receive(request: Request, staged: Path, limit: int) -> tuple[int, str
     return received, hasher.hexdigest()
 
 
+def _absorb(hasher: Any, out: BinaryIO, data: bytearray) -> None:
+    hasher.update(data)
+    out.write(data)
+
+
 @router.head("/v1/blobs/{digest}")
-def head_blob(digest: Digest, caller: CallerDep, backends: BackendsDep) -> Response:
+async def head_blob(digest: Digest, caller: CallerDep, backends: BackendsDep) -> Response:
     caller.require("read")
-    size = backends.blobs.size(digest)
+    size = await backends.run(backends.blobs.size, digest)
     if size is None:
         raise NotFound(f"no blob {digest}")
     return Response(headers=_headers(digest, size))
 
 
 @router.get("/v1/blobs/{digest}")
-def get_blob(
+async def get_blob(
     digest: Digest,
     caller: CallerDep,
     backends: BackendsDep,
     range_header: Annotated[str | None, Header(alias="range")] = None,
 ) -> Response:
     caller.require("read")
+    return await backends.run(_blob_response, backends, digest, range_header)
+
+
+def _blob_response(backends: Backends, digest: str, range_header: str | None) -> Response:
     blobs = backends.blobs
     size = blobs.size(digest)
     if size is None:
@@ -129,8 +150,11 @@ def get_blob(
     chunks = blobs.read(digest)
     if chunks is None:
         raise NotFound(f"no blob {digest}")
+    checked = _held_back(chunks, digest, lambda: blobs.quarantine(digest))
     return StreamingResponse(
-        _held_back(chunks, digest, lambda: blobs.quarantine(digest)),
+        # A plain iterator makes Starlette move every step to the thread pool: right
+        # for a remote store, a needless hop for a local file in the page cache.
+        _async(checked) if backends.inline else checked,
         headers=_headers(digest, size),
         media_type="application/octet-stream",
     )
@@ -173,6 +197,11 @@ def _held_back(
         yield pending
 
 
+async def _async(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
+
+
 def _headers(digest: str, length: int) -> dict[str, str]:
     return {
         "Content-Length": str(length),
@@ -207,11 +236,15 @@ class MissingRequest(BaseModel):
 
 
 @router.post("/v1/blobs/missing")
-def missing_blobs(
+async def missing_blobs(
     body: MissingRequest, caller: CallerDep, backends: BackendsDep
 ) -> dict[str, list[str]]:
     caller.require("read")
     for digest in body.digests:
         if not re.fullmatch(HEX64, digest):
             raise BadRequest(f"{digest!r} is not a 64-hex digest")
-    return {"missing": [d for d in dict.fromkeys(body.digests) if backends.blobs.size(d) is None]}
+    return {"missing": await backends.run(_missing, backends.blobs, body.digests)}
+
+
+def _missing(blobs: BlobStore, digests: list[str]) -> list[str]:
+    return [d for d in dict.fromkeys(digests) if blobs.size(d) is None]

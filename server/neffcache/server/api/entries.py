@@ -73,18 +73,24 @@ def _publish(
 
 
 @router.get("/v1/ns/{namespace}/entries/{key}")
-def get_entry(namespace: Namespace, key: Key, caller: CallerDep, backends: BackendsDep) -> Response:
+async def get_entry(
+    namespace: Namespace, key: Key, caller: CallerDep, backends: BackendsDep
+) -> Response:
     caller.require("read", namespace)
-    return _entry_response(backends, namespace, key)
+    return await backends.run(_entry_response, backends, namespace, key)
 
 
 @router.get("/v1/ns/{namespace}/aliases/{alias:path}")
-def get_alias(
+async def get_alias(
     namespace: Namespace, alias: str, caller: CallerDep, backends: BackendsDep
 ) -> Response:
     caller.require("read", namespace)
     if not re.fullmatch(ALIAS, alias):
         raise BadRequest(f"{alias!r} is neither a direct key nor a Neuron cache address")
+    return await backends.run(_alias_response, backends, namespace, alias)
+
+
+def _alias_response(backends: Backends, namespace: str, alias: str) -> Response:
     key = backends.index.resolve_alias(namespace, alias)
     if key is None:
         return _absent(f"no entry has the alias {alias} in namespace {namespace}")
@@ -95,9 +101,13 @@ def _entry_response(backends: Backends, namespace: str, key: str) -> Response:
     entry = backends.index.get_entry(namespace, key)
     if entry is None:
         return _absent(f"no entry {key} in namespace {namespace}")
-    body = json.loads(entry.manifest)
-    body.update(namespace=namespace, created_at=entry.created_at, writer=entry.writer)
-    return JSONResponse(body)
+    # The stored manifest is canonical JSON without these fields (manifest.RESERVED):
+    # splice them in rather than decoding and encoding the manifest again.
+    stamps = json.dumps(
+        {"created_at": entry.created_at, "namespace": namespace, "writer": entry.writer}
+    )
+    body = entry.manifest[:-1] + "," + stamps[1:]
+    return Response(body.encode(), media_type="application/json")
 
 
 def _absent(detail: str) -> Response:

@@ -16,7 +16,11 @@ DIGEST_PATTERN = r"[0-9a-f]{64}"
 
 
 class BlobStore(Protocol):
-    """Content-addressed blobs. Every method is safe to call from several threads."""
+    """An implementation may set a class attribute ``local = True`` when it answers
+    from this machine's disk or memory; the server then calls it on its event loop
+    instead of a worker thread. Without it, calls go to worker threads.
+
+    Content-addressed blobs. Every method is safe to call from several threads."""
 
     def staging_dir(self) -> Path:
         """A local directory for upload files; for a filesystem store, on the same

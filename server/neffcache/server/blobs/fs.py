@@ -170,6 +170,9 @@ class FsBlobStore:
     Thread-safe: it keeps no state but the filesystem and its staging lock.
     """
 
+    # Answers come from this machine: the server may call it on its event loop.
+    local = True
+
     def __init__(self, root: Path) -> None:
         self._root = root
         self._blobs = root / "blobs"

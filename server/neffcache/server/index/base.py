@@ -38,7 +38,11 @@ class Token:
 
 
 class Index(Protocol):
-    """Every method is safe to call from several threads; misses return None."""
+    """An implementation may set a class attribute ``local = True`` when it answers
+    from this machine's disk or memory; the server then calls it on its event loop
+    instead of a worker thread. Without it, calls go to worker threads.
+
+    Every method is safe to call from several threads; misses return None."""
 
     def put_entry(self, entry: Entry, aliases: tuple[str, ...]) -> PutResult:
         """Create the entry if its (namespace, key) is free, and its aliases with it.

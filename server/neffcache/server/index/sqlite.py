@@ -73,6 +73,9 @@ class SqliteIndex:
     True
     """
 
+    # Answers come from this machine: the server may call it on its event loop.
+    local = True
+
     def __init__(self, path: Path) -> None:
         self._path = path
         self._local = threading.local()
