@@ -240,6 +240,8 @@ def test_entry_naming_missing_blobs_is_400_with_the_list(client: TestClient) -> 
         {"neuron_address": "not/an/address"},
         {"compile_seconds": -1},
         {"direct_key": "short"},
+        {"writer": "someone else"},  # the server sets it
+        {"created_at": 0},
     ],
 )
 def test_invalid_manifests_are_400(client: TestClient, change: dict[str, Any]) -> None:
