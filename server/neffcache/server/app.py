@@ -21,6 +21,7 @@ from neffcache.server.auth import TokenPresence, ensure_bootstrap_token
 from neffcache.server.blobs import BlobStore, open_blob_store
 from neffcache.server.deps import Backends
 from neffcache.server.errors import ServerError
+from neffcache.server.fastpath import FastPath
 from neffcache.server.index import Index, open_index
 from neffcache.server.settings import ServerSettings, redact
 
@@ -61,18 +62,24 @@ def create_app(
         app.include_router(router)
     app.add_exception_handler(ServerError, _server_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_middleware(FastPath, backends=app.state.backends, on_error=error_response)
     return app
 
 
-async def _server_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, ServerError)
+def error_response(exc: ServerError, path: str) -> JSONResponse:
+    """The JSON body and status of a ServerError, for the app and the fast path."""
     body: dict[str, Any] = {"detail": str(exc)}
     missing = getattr(exc, "missing", None)
     if missing is not None:
         body["missing"] = missing
     if exc.status >= 500:
-        log.error("%s %s: %s", request.method, request.url.path, exc)
+        log.error("%s: %s", path, exc)
     return JSONResponse(body, status_code=exc.status)
+
+
+async def _server_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ServerError)
+    return error_response(exc, request.url.path)
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
