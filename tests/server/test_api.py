@@ -352,3 +352,95 @@ def test_out_of_space_is_507_with_nothing_kept(tmp_path: Path) -> None:
         assert blobs.size(digest(data)) is None
         assert client.get("/healthz").status_code == 200
     blobs.close()
+
+
+# --- found in review -----------------------------------------------------------------------
+
+
+def test_a_changed_bootstrap_secret_rotates_it(
+    stores: tuple[BlobStore, Index], tmp_path: Path
+) -> None:
+    def app_with(secret: str) -> TestClient:
+        settings = ServerSettings(data_dir=tmp_path, bootstrap_admin_token=secret)
+        return TestClient(create_app(settings, blob_store=stores[0], index=stores[1]))
+
+    old = {"Authorization": "Bearer nfc_old_secret"}
+    new = {"Authorization": "Bearer nfc_new_secret"}
+    with app_with("nfc_old_secret") as client:
+        token_id = client.get("/v1/admin/tokens", headers=old).json()["tokens"][0]["token_id"]
+        assert client.delete(f"/v1/admin/tokens/{token_id}", headers=old).status_code == 204
+        assert client.get("/v1/admin/tokens", headers=old).status_code == 401
+    with app_with("nfc_new_secret") as client:  # a restart with another secret
+        assert client.get("/v1/admin/tokens", headers=new).status_code == 200
+        assert client.get("/v1/admin/tokens", headers=old).status_code == 401
+    with app_with("nfc_new_secret") as client:  # and again with the same one
+        assert client.get("/v1/admin/tokens", headers=new).status_code == 200
+
+
+def test_small_json_bodies_are_capped_and_read_after_the_token(client: TestClient) -> None:
+    admin = admin_token(client)
+    huge = b'{"digests": []}' + b" " * (2 << 20)
+    assert client.post("/v1/blobs/missing", content=huge).status_code == 401
+    authorized = {"Authorization": f"Bearer {admin}"}
+    assert client.post("/v1/blobs/missing", content=huge, headers=authorized).status_code == 413
+    big_token_request = b'{"scope": "read", "namespaces": ["a"], "name": "' + b"x" * 70_000 + b'"}'
+    response = client.post("/v1/admin/tokens", content=big_token_request, headers=authorized)
+    assert response.status_code == 413
+
+
+def test_a_manifest_over_1_mib_is_413_even_when_chunked(client: TestClient) -> None:
+    def chunks() -> Iterator[bytes]:
+        yield b'{"key": "' + b"a" * 64 + b'", "pad": "'
+        for _ in range(3):
+            yield b"x" * (1 << 20)
+        yield b'"}'
+
+    response = client.put(f"/v1/ns/team-a/entries/{'a' * 64}", content=chunks())
+    assert response.status_code == 413
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("NaN", "NaN"),
+        ("1e999", "too large"),
+        ("9" * 5000, "not JSON"),  # longer than Python reads an int
+        ("[" * 100_000 + "]" * 100_000, "not JSON"),  # nested past the recursion limit
+    ],
+)
+def test_json_that_python_reads_badly_is_400(client: TestClient, value: str, why: str) -> None:
+    neff = b"neff"
+    put_blob(client, neff)
+    valid = json.dumps(manifest({"model.neff": neff}))
+    assert client.put(f"/v1/ns/team-b/entries/{'a' * 64}", content=valid).status_code == 201
+    text = valid[:-1] + f', "extra": {value}}}'
+    response = client.put(f"/v1/ns/team-a/entries/{'a' * 64}", content=text)
+    assert response.status_code == 400
+    assert why in response.json()["detail"]
+
+
+def test_a_lone_surrogate_in_a_manifest_is_kept_as_an_escape(client: TestClient) -> None:
+    neff = b"neff"
+    put_blob(client, neff)
+    body = json.dumps(manifest({"model.neff": neff}, note="\ud800"))
+    url = f"/v1/ns/team-a/entries/{'a' * 64}"
+    assert client.put(url, content=body).status_code == 201
+    got = client.get(url)
+    assert got.status_code == 200
+    assert got.json()["note"] == "\ud800"
+
+
+def test_ranges_of_large_blobs_stream_and_are_verified(
+    stores: tuple[BlobStore, Index], tmp_path: Path
+) -> None:
+    data = os.urandom(17 * 2**20)
+    settings = ServerSettings(data_dir=tmp_path, max_blob_bytes=1 << 30)
+    with TestClient(create_app(settings, blob_store=stores[0], index=stores[1])) as big:
+        assert put_blob(big, data) == 201
+        url = f"/v1/blobs/{digest(data)}"
+        part = big.get(url, headers={"Range": "bytes=5-9"})
+        assert part.status_code == 206
+        assert part.content == data[5:10]
+        assert big.get(url, headers={"Range": "bytes=" + "9" * 5000 + "-"}).status_code == 416
+        corrupt(stores[0], digest(data), data[:-1] + b"\0")
+        assert big.get(url, headers={"Range": "bytes=5-9"}).status_code == 404

@@ -12,6 +12,7 @@ server refuses to listen on anything but a loopback address.
 from __future__ import annotations
 
 import ipaddress
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import blake3
 
 from neffcache.server.errors import BadRequest, Forbidden, Unauthorized
 from neffcache.server.index import Index, Token
+from neffcache.server.manifest import NAMESPACE
 
 SCOPES = ("read", "write", "admin")
 ANONYMOUS = "anonymous"
@@ -55,17 +57,32 @@ def new_token(scope: str, namespaces: tuple[str, ...], name: str) -> tuple[Token
         raise BadRequest(f"scope {scope!r} is not one of {', '.join(SCOPES)}")
     if not namespaces:
         raise BadRequest("a token needs at least one namespace, or '*'")
+    for namespace in namespaces:
+        if namespace != "*" and not re.fullmatch(NAMESPACE, namespace):
+            raise BadRequest(f"{namespace!r} is not a namespace name")
     token_id = secrets.token_hex(6)
     secret = f"nfc_{token_id}_{secrets.token_urlsafe(32)}"
     token = Token(token_id, hash_secret(secret), scope, namespaces, name, time.time())
     return token, secret
 
 
+BOOTSTRAP = "bootstrap"
+
+
 def ensure_bootstrap_token(index: Index, secret: str) -> None:
-    """Make the configured bootstrap secret an admin token for every namespace."""
+    """Make the configured bootstrap secret an admin token for every namespace, and
+    revoke earlier bootstrap secrets: changing the setting rotates the secret.
+
+    A bootstrap token revoked through the API stays revoked while the setting is
+    unchanged; a new secret gets a new token id, so no old record is reused.
+    """
     secret_hash = hash_secret(secret)
+    for token in index.tokens():
+        if token.name == BOOTSTRAP and token.secret_hash != secret_hash and not token.revoked:
+            index.revoke_token(token.token_id)
     if index.token_by_hash(secret_hash) is None:
-        index.put_token(Token("bootstrap", secret_hash, "admin", ("*",), "bootstrap", time.time()))
+        token_id = f"{BOOTSTRAP}-{secret_hash[:12]}"
+        index.put_token(Token(token_id, secret_hash, "admin", ("*",), BOOTSTRAP, time.time()))
 
 
 class TokenPresence:

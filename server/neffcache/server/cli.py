@@ -91,6 +91,7 @@ def run_serve(args: argparse.Namespace, extra: list[str]) -> int:
         ) from None
     from .auth import is_loopback
     from .config_errors import ConfigError
+    from .errors import StoreError
     from .settings import load_settings
 
     try:
@@ -99,7 +100,7 @@ def run_serve(args: argparse.Namespace, extra: list[str]) -> int:
         )
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         app = create_app(settings)
-    except (ConfigError, OSError) as exc:
+    except (ConfigError, OSError, StoreError) as exc:
         raise CommandError(str(exc)) from None
     index = app.state.backends.index
     if not is_loopback(settings.host) and not index.tokens():
@@ -170,11 +171,14 @@ def run_token_create(args: argparse.Namespace, extra: list[str]) -> int:
         return _print(_request(args, "POST", "/v1/admin/tokens", body))
     from .api.admin import _public
     from .auth import new_token
+    from .errors import ServerError
 
     index = _local_index(args)
     try:
         token, secret = new_token(args.scope, namespaces, args.name)
         index.put_token(token)
+    except ServerError as exc:
+        raise CommandError(str(exc)) from None
     finally:
         index.close()
     return _print({**_public(token), "token": secret})

@@ -14,6 +14,7 @@ import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from neffcache.server.api.blobs import _blob_response
@@ -52,7 +53,9 @@ class FastPath:
         entry = None if blob else _ENTRY.fullmatch(path)
         if blob is None and entry is None:
             return await self.app(scope, receive, send)
-        headers = dict(scope["headers"])
+        headers: dict[bytes, bytes] = {}
+        for name, value in scope["headers"]:
+            headers.setdefault(name, value)  # the first of repeated headers, as Starlette
         try:
             response = await self._answer(headers, blob, entry)
         except ServerError as exc:
@@ -76,7 +79,9 @@ class FastPath:
         if blob is not None:
             caller.require("read")
             range_header = headers.get(b"range")
-            return await backends.run(
+            # A range hashes the whole blob first: too long for the event loop.
+            run = run_in_threadpool if range_header else backends.run
+            return await run(
                 _blob_response,
                 backends,
                 blob[1],

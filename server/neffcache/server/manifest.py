@@ -8,6 +8,7 @@ sent, so "the same manifest again" is a byte comparison; the server's own stamps
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -70,12 +71,15 @@ class Manifest(BaseModel):
 def parse_manifest(body: bytes, key: str) -> tuple[Manifest, str]:
     """Validate a manifest for ``key``; return it and its canonical JSON."""
     try:
-        raw = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(f"the manifest is not JSON: {exc}") from None
+        raw = json.loads(body, parse_constant=_no_constant, parse_float=_finite)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # ValueError covers invalid JSON, NaN and Infinity, and numbers too long to read.
+        raise BadRequest(f"the manifest is not JSON: {str(exc)[:200]}") from None
     try:
         manifest = Manifest.model_validate(raw)
-    except ValidationError as exc:
+    except (ValidationError, RecursionError) as exc:
+        if isinstance(exc, RecursionError):
+            raise BadRequest("the manifest is nested too deeply") from None
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or 'manifest'}: {e['msg']}" for e in exc.errors()
         )
@@ -85,5 +89,17 @@ def parse_manifest(body: bytes, key: str) -> tuple[Manifest, str]:
         raise BadRequest(f"the server sets {', '.join(sorted(reserved))}; leave them out")
     if manifest.key != key:
         raise BadRequest(f"the manifest's key {manifest.key} is not the key in the path {key}")
-    canonical = json.dumps(raw, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    # ASCII, so a lone surrogate stays an escape and the text always encodes.
+    canonical = json.dumps(raw, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return manifest, canonical
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text[:40]} is too large for a JSON number")
+    return value

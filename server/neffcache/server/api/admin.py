@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from fastapi import APIRouter, Response
-from pydantic import BaseModel, Field
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, Field, ValidationError
 
+from neffcache.server.api.body import read_body
 from neffcache.server.auth import Caller, new_token
 from neffcache.server.deps import BackendsDep, CallerDep
 from neffcache.server.errors import BadRequest, Forbidden, NotFound
 from neffcache.server.index import Token
-from neffcache.server.manifest import NAMESPACE
 
 router = APIRouter(prefix="/v1/admin")
+_TOKEN_REQUEST_MAX = 64 * 1024
 
 
 class TokenRequest(BaseModel):
@@ -40,12 +40,23 @@ def _public(token: Token) -> dict[str, Any]:
     }
 
 
-@router.post("/tokens", status_code=201)
-def create_token(body: TokenRequest, caller: CallerDep, backends: BackendsDep) -> dict[str, Any]:
+@router.post(
+    "/tokens",
+    status_code=201,
+    openapi_extra={
+        "requestBody": {
+            "content": {"application/json": {"schema": TokenRequest.model_json_schema()}}
+        }
+    },
+)
+async def create_token(
+    request: Request, caller: CallerDep, backends: BackendsDep
+) -> dict[str, Any]:
     _require_admin(caller)
-    for namespace in body.namespaces:
-        if namespace != "*" and not re.fullmatch(NAMESPACE, namespace):
-            raise BadRequest(f"{namespace!r} is not a namespace name")
+    try:
+        body = TokenRequest.model_validate_json(await read_body(request, _TOKEN_REQUEST_MAX))
+    except ValidationError as exc:
+        raise BadRequest(f"invalid token request: {exc.errors()[0]['msg']}") from None
     token, secret = new_token(body.scope, tuple(body.namespaces), body.name)
     backends.index.put_token(token)
     backends.tokens.created()

@@ -22,9 +22,10 @@ import blake3
 from fastapi import APIRouter, Header, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from neffcache.server.api.body import read_body
 from neffcache.server.blobs import BlobStore
 from neffcache.server.deps import Backends, BackendsDep, CallerDep
 from neffcache.server.errors import BadRequest, NotFound, ServerError, StoreFull, TooLarge
@@ -36,6 +37,7 @@ log = logging.getLogger("neffcache.server")
 Digest = Annotated[str, PathParam(pattern=f"^{HEX64}$")]
 _VERIFY_FIRST = 16 * 2**20
 _MISSING_MAX = 10_000
+_MISSING_BODY_MAX = _MISSING_MAX * 80
 
 
 class RangeNotSatisfiable(ServerError):
@@ -131,7 +133,9 @@ async def get_blob(
     range_header: Annotated[str | None, Header(alias="range")] = None,
 ) -> Response:
     caller.require("read")
-    return await backends.run(_blob_response, backends, digest, range_header)
+    # A range hashes the whole blob first: too long for the event loop, whatever the store.
+    run = run_in_threadpool if range_header else backends.run
+    return await run(_blob_response, backends, digest, range_header)
 
 
 def _blob_response(backends: Backends, digest: str, range_header: str | None) -> Response:
@@ -163,19 +167,33 @@ def _blob_response(backends: Backends, digest: str, range_header: str | None) ->
 def _verified_response(
     blobs: BlobStore, digest: str, size: int, span: tuple[int, int] | None
 ) -> Response:
+    """A whole small blob, or a range of any blob, hashed in full before it is sent."""
+    if span is None:
+        chunks = blobs.read(digest)
+        if chunks is None:
+            raise NotFound(f"no blob {digest}")
+        data = b"".join(chunks)
+        if blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest() != digest:
+            raise CorruptBlob(digest)
+        return Response(data, headers=_headers(digest, size), media_type="application/octet-stream")
+    # A range of a large blob: hash the whole blob as a stream (never all in memory),
+    # then send the range from the store.
     chunks = blobs.read(digest)
     if chunks is None:
         raise NotFound(f"no blob {digest}")
-    data = b"".join(chunks)
-    if blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest() != digest:
+    hasher = blake3.blake3()
+    for chunk in chunks:
+        hasher.update(chunk)
+    if hasher.hexdigest() != digest:
         raise CorruptBlob(digest)
-    if span is None:
-        return Response(data, headers=_headers(digest, size), media_type="application/octet-stream")
     start, end = span
+    part = blobs.read(digest, start, end)
+    if part is None:
+        raise NotFound(f"no blob {digest}")
     headers = _headers(digest, end - start)
     headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
-    return Response(
-        data[start:end], status_code=206, headers=headers, media_type="application/octet-stream"
+    return StreamingResponse(
+        part, status_code=206, headers=headers, media_type="application/octet-stream"
     )
 
 
@@ -211,7 +229,7 @@ def _headers(digest: str, length: int) -> dict[str, str]:
     }
 
 
-_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+_RANGE = re.compile(r"bytes=(\d{0,19})-(\d{0,19})")  # at most int64 digits
 
 
 def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
@@ -235,11 +253,22 @@ class MissingRequest(BaseModel):
     digests: list[str] = Field(max_length=_MISSING_MAX)
 
 
-@router.post("/v1/blobs/missing")
+@router.post(
+    "/v1/blobs/missing",
+    openapi_extra={
+        "requestBody": {
+            "content": {"application/json": {"schema": MissingRequest.model_json_schema()}}
+        }
+    },
+)
 async def missing_blobs(
-    body: MissingRequest, caller: CallerDep, backends: BackendsDep
+    request: Request, caller: CallerDep, backends: BackendsDep
 ) -> dict[str, list[str]]:
     caller.require("read")
+    try:
+        body = MissingRequest.model_validate_json(await read_body(request, _MISSING_BODY_MAX))
+    except ValidationError as exc:
+        raise BadRequest(f"invalid request: {exc.errors()[0]['msg']}") from None
     for digest in body.digests:
         if not re.fullmatch(HEX64, digest):
             raise BadRequest(f"{digest!r} is not a 64-hex digest")

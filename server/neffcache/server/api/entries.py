@@ -12,8 +12,9 @@ from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from neffcache.server.api.body import read_body
 from neffcache.server.deps import Backends, BackendsDep, CallerDep
-from neffcache.server.errors import BadRequest, Conflict, TooLarge
+from neffcache.server.errors import BadRequest, Conflict
 from neffcache.server.index import Entry, PutResult
 from neffcache.server.manifest import HEX64, NAMESPACE, parse_manifest
 
@@ -37,10 +38,7 @@ async def put_entry(
     namespace: Namespace, key: Key, request: Request, caller: CallerDep, backends: BackendsDep
 ) -> Response:
     caller.require("write", namespace)
-    body = await request.body()
-    if len(body) > _MANIFEST_MAX:
-        raise TooLarge(f"a manifest is at most {_MANIFEST_MAX} bytes")
-    manifest, canonical = parse_manifest(body, key)
+    manifest, canonical = parse_manifest(await read_body(request, _MANIFEST_MAX), key)
     result = await run_in_threadpool(
         _publish,
         backends,

@@ -166,7 +166,10 @@ class RedisIndex:
             token_id = _opt_str(self._redis.get(_token_hash_key(secret_hash)))
             if token_id is None:
                 return None
-            return _token(token_id, self._redis.hgetall(_token_key(token_id)))
+            token = _token(token_id, self._redis.hgetall(_token_key(token_id)))
+        # The lookup key could outlive a token rewritten under the same id: trust only
+        # a record whose own hash is the one asked for.
+        return token if token is not None and token.secret_hash == secret_hash else None
 
     def tokens(self) -> list[Token]:
         with self._mapped():
