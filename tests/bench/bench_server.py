@@ -7,7 +7,7 @@ Both servers run on 127.0.0.1 on random free ports, from one temporary directory
 is removed at the end, also on Ctrl-C or an error; both processes are stopped then (and
 killed by the kernel if this script dies first). ``neffcache serve`` runs on its
 embedded defaults (file blobs and a SQLite index under the data dir) as it ships: one
-uvicorn process (uvloop, httptools), its access log on. nginx runs from a generated
+uvicorn process (uvloop, httptools), access log off (its default). nginx runs from a generated
 minimal config with ``worker_processes 1``: the neffcache server is one process with
 one event loop, so one nginx worker is the like-for-like peer, and it leaves the other
 cores to the client (the core count is printed; on a small machine the client's share
@@ -214,7 +214,7 @@ def spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
-            # uvicorn's access log goes to stdout: formatted, then dropped (nginx: off).
+            # Off by default; were it on, uvicorn would log requests to stdout.
             stdout=subprocess.DEVNULL,
             stderr=out,
             start_new_session=True,  # Ctrl-C reaches us; we stop the servers in order
@@ -652,7 +652,7 @@ def versions(client_kind: str) -> list[str]:
         f"uvicorn {version('uvicorn')} (uvloop {version('uvloop')}, "
         f"httptools {version('httptools')}), httpx {version('httpx')}, "
         f"blake3 {version('blake3')}",
-        "neffcache serve: one uvicorn process on embedded defaults (access log on); "
+        "neffcache serve: one uvicorn process on embedded defaults (access log off); "
         f"{nginx.stderr.strip().removeprefix('nginx version: ')}: worker_processes 1 to match, "
         "sendfile on, access_log off",
     ]
