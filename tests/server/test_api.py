@@ -444,3 +444,21 @@ def test_ranges_of_large_blobs_stream_and_are_verified(
         assert big.get(url, headers={"Range": "bytes=" + "9" * 5000 + "-"}).status_code == 416
         corrupt(stores[0], digest(data), data[:-1] + b"\0")
         assert big.get(url, headers={"Range": "bytes=5-9"}).status_code == 404
+
+
+def test_a_stalled_body_times_out() -> None:
+    import asyncio
+
+    from neffcache.server.api.body import RequestTimeout, body_chunks
+
+    class Stalling:
+        async def stream(self) -> Any:
+            yield b"first"
+            await asyncio.sleep(10)
+            yield b"never"
+
+    async def drain() -> list[bytes]:
+        return [chunk async for chunk in body_chunks(Stalling(), idle_seconds=0.05)]  # type: ignore[arg-type]
+
+    with pytest.raises(RequestTimeout, match="stalled"):
+        asyncio.run(drain())

@@ -25,7 +25,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from neffcache.server.api.body import read_body
+from neffcache.server.api.body import body_chunks, read_body
 from neffcache.server.blobs import BlobStore
 from neffcache.server.deps import Backends, BackendsDep, CallerDep
 from neffcache.server.errors import BadRequest, NotFound, ServerError, StoreFull, TooLarge
@@ -95,7 +95,7 @@ async def _receive(request: Request, staged: Path, limit: int) -> tuple[int, str
     batch = bytearray()
     try:
         with open(staged, "wb") as out:
-            async for chunk in request.stream():
+            async for chunk in body_chunks(request):
                 received += len(chunk)
                 if received > limit:
                     raise BadRequest(f"the body is longer than Content-Length ({limit})")

@@ -7,9 +7,35 @@ them here instead: never more than ``limit`` bytes, and only once authenticated.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+
 from fastapi import Request
 
-from neffcache.server.errors import BadRequest, TooLarge
+from neffcache.server.errors import BadRequest, ServerError, TooLarge
+
+# How long a request body may go without sending a byte before the request is dropped
+# (and its staging file removed): a stalled client must not hold them forever.
+BODY_IDLE_SECONDS = 60.0
+
+
+class RequestTimeout(ServerError):
+    status = 408
+
+
+async def body_chunks(
+    request: Request, idle_seconds: float = BODY_IDLE_SECONDS
+) -> AsyncIterator[bytes]:
+    """The request body's chunks; RequestTimeout if none comes for ``idle_seconds``."""
+    stream = request.stream().__aiter__()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(stream.__anext__(), idle_seconds)
+        except StopAsyncIteration:
+            return
+        except asyncio.TimeoutError:
+            raise RequestTimeout(f"the request body stalled for {idle_seconds:.0f} s") from None
+        yield chunk
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -21,7 +47,7 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise TooLarge(f"this body may be at most {limit} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    async for chunk in body_chunks(request):
         size += len(chunk)
         if size > limit:
             raise TooLarge(f"this body may be at most {limit} bytes")
