@@ -108,3 +108,19 @@ def test_a_missing_extra_names_the_install(
         monkeypatch.setitem(sys.modules, module, None)
     with pytest.raises(ConfigError, match=re.escape(extra)):
         (open_blob_store if opener == "blob" else open_index)(url)
+
+
+def test_default_stores_open_in_a_data_dir_with_awkward_characters(tmp_path: Path) -> None:
+    from neffcache.server.blobs import open_blob_store
+    from neffcache.server.index import open_index
+
+    data_dir = tmp_path / "cache dir 100%#1"
+    settings = load_settings(data_dir=str(data_dir))
+    blobs = open_blob_store(settings.blob_store_url())
+    index = open_index(settings.index_store_url())
+    try:
+        assert (data_dir / "blobs").is_dir()
+        assert (data_dir / "index.db").is_file()
+    finally:
+        blobs.close()
+        index.close()

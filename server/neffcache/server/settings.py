@@ -79,9 +79,8 @@ class ServerSettings(BaseSettings):
         return self.blob_url or self.data_dir.as_uri()
 
     def index_store_url(self) -> str:
-        return (
-            self.index_url or "sqlite://" + (self.data_dir / "index.db").as_uri()[len("file://") :]
-        )
+        # sqlite:// takes the path as it is (no percent-decoding), unlike file://.
+        return self.index_url or f"sqlite://{self.data_dir / 'index.db'}"
 
 
 def load_settings(**overrides: Any) -> ServerSettings:
