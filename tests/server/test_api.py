@@ -449,7 +449,8 @@ def test_ranges_of_large_blobs_stream_and_are_verified(
 def test_a_stalled_body_times_out() -> None:
     import asyncio
 
-    from neffcache.server.api.body import RequestTimeout, body_chunks
+    from neffcache.server.api.body import body_chunks
+    from neffcache.server.errors import RequestTimeout
 
     class Stalling:
         async def stream(self) -> Any:

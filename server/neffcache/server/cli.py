@@ -169,7 +169,7 @@ def run_token_create(args: argparse.Namespace, extra: list[str]) -> int:
     if not args.local:
         body = {"scope": args.scope, "namespaces": list(namespaces), "name": args.name}
         return _print(_request(args, "POST", "/v1/admin/tokens", body))
-    from .api.admin import _public
+    from .api.admin import token_view
     from .auth import new_token
     from .errors import ServerError
 
@@ -181,18 +181,18 @@ def run_token_create(args: argparse.Namespace, extra: list[str]) -> int:
         raise CommandError(str(exc)) from None
     finally:
         index.close()
-    return _print({**_public(token), "token": secret})
+    return _print({**token_view(token), "token": secret})
 
 
 def run_token_list(args: argparse.Namespace, extra: list[str]) -> int:
     _no_extra(extra)
     if not args.local:
         return _print(_request(args, "GET", "/v1/admin/tokens"))
-    from .api.admin import _public
+    from .api.admin import token_view
 
     index = _local_index(args)
     try:
-        return _print({"tokens": [_public(t) for t in index.tokens()]})
+        return _print({"tokens": [token_view(t) for t in index.tokens()]})
     finally:
         index.close()
 

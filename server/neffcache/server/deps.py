@@ -44,8 +44,12 @@ async def backends(request: Request) -> Backends:
 
 
 async def caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
-    state: Backends = request.app.state.backends
-    return await state.run(authenticate, state.index, authorization, state.tokens)
+    return await authenticate_request(request.app.state.backends, authorization)
+
+
+async def authenticate_request(backends: Backends, authorization: str | None) -> Caller:
+    """The caller behind an ``Authorization`` header (routes and the fast path alike)."""
+    return await backends.run(authenticate, backends.index, authorization, backends.tokens)
 
 
 BackendsDep = Annotated[Backends, Depends(backends)]

@@ -3,9 +3,10 @@
 ``GET /v1/blobs/{digest}`` and ``GET /v1/ns/{namespace}/entries/{key}`` are what every
 cache hit costs; FastAPI's per-request machinery (routing through every route, building
 dependencies) costs more than the work itself. This middleware matches those two
-shapes exactly and calls the same functions the routes call (``api.blobs``,
-``api.entries``), with the same checks; anything else, including a malformed path,
-goes on to FastAPI, whose routes also document these two in the OpenAPI schema.
+shapes exactly and calls the same functions the routes call (``answer_blob``,
+``answer_entry``, ``authenticate_request``), so the checks are the routes' own.
+Anything else, including a malformed path, goes on to FastAPI, whose routes also
+document these two in the OpenAPI schema.
 """
 
 from __future__ import annotations
@@ -14,13 +15,11 @@ import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from neffcache.server.api.blobs import _blob_response
-from neffcache.server.api.entries import _entry_response
-from neffcache.server.auth import authenticate
-from neffcache.server.deps import Backends
+from neffcache.server.api.blobs import answer_blob
+from neffcache.server.api.entries import answer_entry
+from neffcache.server.deps import Backends, authenticate_request
 from neffcache.server.errors import ServerError
 from neffcache.server.manifest import HEX64, NAMESPACE
 
@@ -68,25 +67,17 @@ class FastPath:
         blob: re.Match[str] | None,
         entry: re.Match[str] | None,
     ) -> Response:
-        backends = self.backends
         authorization = headers.get(b"authorization")
-        caller = await backends.run(
-            authenticate,
-            backends.index,
-            authorization.decode("latin-1") if authorization else None,
-            backends.tokens,
+        caller = await authenticate_request(
+            self.backends, authorization.decode("latin-1") if authorization else None
         )
         if blob is not None:
-            caller.require("read")
             range_header = headers.get(b"range")
-            # A range hashes the whole blob first: too long for the event loop.
-            run = run_in_threadpool if range_header else backends.run
-            return await run(
-                _blob_response,
-                backends,
+            return await answer_blob(
+                self.backends,
+                caller,
                 blob[1],
                 range_header.decode("latin-1") if range_header else None,
             )
         assert entry is not None
-        caller.require("read", entry[1])
-        return await backends.run(_entry_response, backends, entry[1], entry[2])
+        return await answer_entry(self.backends, caller, entry[1], entry[2])

@@ -29,7 +29,7 @@ def _require_admin(caller: Caller) -> None:
         raise Forbidden("managing tokens needs an admin token for every namespace ('*')")
 
 
-def _public(token: Token) -> dict[str, Any]:
+def token_view(token: Token) -> dict[str, Any]:
     return {
         "token_id": token.token_id,
         "scope": token.scope,
@@ -60,13 +60,13 @@ async def create_token(
     token, secret = new_token(body.scope, tuple(body.namespaces), body.name)
     backends.index.put_token(token)
     backends.tokens.created()
-    return {**_public(token), "token": secret}
+    return {**token_view(token), "token": secret}
 
 
 @router.get("/tokens")
 def list_tokens(caller: CallerDep, backends: BackendsDep) -> dict[str, Any]:
     _require_admin(caller)
-    return {"tokens": [_public(t) for t in backends.index.tokens()]}
+    return {"tokens": [token_view(t) for t in backends.index.tokens()]}
 
 
 @router.delete("/tokens/{token_id}", status_code=204)

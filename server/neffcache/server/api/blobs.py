@@ -9,7 +9,6 @@ completes a response. Either way the blob is quarantined and the next upload hea
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import re
@@ -26,9 +25,17 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from neffcache.server.api.body import body_chunks, read_body
+from neffcache.server.auth import Caller
 from neffcache.server.blobs import BlobStore
 from neffcache.server.deps import Backends, BackendsDep, CallerDep
-from neffcache.server.errors import BadRequest, NotFound, ServerError, StoreFull, TooLarge
+from neffcache.server.errors import (
+    FULL_ERRNOS,
+    BadRequest,
+    NotFound,
+    RangeNotSatisfiable,
+    StoreFull,
+    TooLarge,
+)
 from neffcache.server.manifest import HEX64
 
 router = APIRouter()
@@ -38,10 +45,6 @@ Digest = Annotated[str, PathParam(pattern=f"^{HEX64}$")]
 _VERIFY_FIRST = 16 * 2**20
 _MISSING_MAX = 10_000
 _MISSING_BODY_MAX = _MISSING_MAX * 80
-
-
-class RangeNotSatisfiable(ServerError):
-    status = 416
 
 
 class CorruptBlob(Exception):
@@ -105,7 +108,7 @@ async def _receive(request: Request, staged: Path, limit: int) -> tuple[int, str
                     await run_in_threadpool(_absorb, hasher, out, full)
             await run_in_threadpool(_absorb, hasher, out, batch)
     except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if exc.errno in FULL_ERRNOS:
             raise StoreFull("the blob store is out of space") from exc
         raise
     return received, hasher.hexdigest()
@@ -132,6 +135,13 @@ async def get_blob(
     backends: BackendsDep,
     range_header: Annotated[str | None, Header(alias="range")] = None,
 ) -> Response:
+    return await answer_blob(backends, caller, digest, range_header)
+
+
+async def answer_blob(
+    backends: Backends, caller: Caller, digest: str, range_header: str | None
+) -> Response:
+    """``GET /v1/blobs/{digest}`` for a validated digest (the route and the fast path)."""
     caller.require("read")
     # A range hashes the whole blob first: too long for the event loop, whatever the store.
     run = run_in_threadpool if range_header else backends.run
@@ -168,19 +178,16 @@ def _verified_response(
     blobs: BlobStore, digest: str, size: int, span: tuple[int, int] | None
 ) -> Response:
     """A whole small blob, or a range of any blob, hashed in full before it is sent."""
+    chunks = blobs.read(digest)
+    if chunks is None:
+        raise NotFound(f"no blob {digest}")
     if span is None:
-        chunks = blobs.read(digest)
-        if chunks is None:
-            raise NotFound(f"no blob {digest}")
         data = b"".join(chunks)
         if blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest() != digest:
             raise CorruptBlob(digest)
         return Response(data, headers=_headers(digest, size), media_type="application/octet-stream")
     # A range of a large blob: hash the whole blob as a stream (never all in memory),
     # then send the range from the store.
-    chunks = blobs.read(digest)
-    if chunks is None:
-        raise NotFound(f"no blob {digest}")
     hasher = blake3.blake3()
     for chunk in chunks:
         hasher.update(chunk)

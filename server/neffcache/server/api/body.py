@@ -12,15 +12,11 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 
-from neffcache.server.errors import BadRequest, ServerError, TooLarge
+from neffcache.server.errors import BadRequest, RequestTimeout, TooLarge
 
 # How long a request body may go without sending a byte before the request is dropped
 # (and its staging file removed): a stalled client must not hold them forever.
 BODY_IDLE_SECONDS = 60.0
-
-
-class RequestTimeout(ServerError):
-    status = 408
 
 
 async def body_chunks(

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from neffcache.server.api.body import read_body
+from neffcache.server.auth import Caller
 from neffcache.server.deps import Backends, BackendsDep, CallerDep
 from neffcache.server.errors import BadRequest, Conflict
 from neffcache.server.index import Entry, PutResult
@@ -74,6 +75,11 @@ def _publish(
 async def get_entry(
     namespace: Namespace, key: Key, caller: CallerDep, backends: BackendsDep
 ) -> Response:
+    return await answer_entry(backends, caller, namespace, key)
+
+
+async def answer_entry(backends: Backends, caller: Caller, namespace: str, key: str) -> Response:
+    """``GET /v1/ns/{namespace}/entries/{key}`` for validated names (route and fast path)."""
     caller.require("read", namespace)
     return await backends.run(_entry_response, backends, namespace, key)
 

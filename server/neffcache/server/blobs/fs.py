@@ -12,7 +12,6 @@ reader never sees a partial blob and a stored blob is never replaced.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import shutil
@@ -25,11 +24,9 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from neffcache.server.config_errors import ConfigError
-from neffcache.server.errors import StoreError, StoreFull
+from neffcache.server.errors import FULL_ERRNOS, StoreError, StoreFull
 
 _CHUNK = 1 << 20
-# Out of space and out of quota both mean "free space first", so both are StoreFull.
-_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 _LOCK_NAME = "lock"
 _UPLOADS_NAME = "uploads"
 _SETUP_PREFIX = ".setup-"
@@ -44,7 +41,7 @@ def os_errors(action: str) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        if exc.errno in _FULL_ERRNOS:
+        if exc.errno in FULL_ERRNOS:
             raise StoreFull(f"{action}: {exc}") from exc
         raise StoreError(f"{action}: {exc}") from exc
 
