@@ -192,7 +192,7 @@ def test_standin_prints_facts_block(flag: str) -> None:
 
 def test_standin_refuses_other_arguments() -> None:
     done = subprocess.run(
-        [sys.executable, str(STANDIN), "compile", "model.pb"],
+        [sys.executable, str(STANDIN), "frobnicate", "model.pb"],
         capture_output=True,
         text=True,
         check=False,
