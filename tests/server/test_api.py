@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -463,3 +465,264 @@ def test_a_stalled_body_times_out() -> None:
 
     with pytest.raises(RequestTimeout, match="stalled"):
         asyncio.run(drain())
+
+
+# --- failure records ---------------------------------------------------------------------
+
+FAILURES = f"/v1/ns/team-a/failures/{'a' * 64}"
+
+
+def report(**extra: Any) -> dict[str, Any]:
+    return {"compiler_version": "2.20.9961.0+0acef03a", **extra}
+
+
+def test_failure_round_trip_with_every_field(client: TestClient) -> None:
+    assert client.get(FAILURES).json() == {
+        "detail": f"no recent failure of {'a' * 64} in namespace team-a",
+        "reason": "absent",
+    }
+    sent = report(
+        neuron_address=ADDRESS,
+        direct_key="b" * 64,
+        components={"target": "trn2", "flags": ["--model-type=transformer"], "env": {}},
+        exit_code=-9,
+        compile_seconds=812,
+        log="error: out of memory\n",
+        host="trn2-node-17",
+        job_id="slurm-4411",
+    )
+    put = client.put(FAILURES, json=sent)
+    assert put.status_code == 201
+    stored = put.json()
+    stamps = {"namespace", "key", "created_at", "writer", "log_truncated"}
+    assert {k: v for k, v in stored.items() if k not in stamps} == sent
+    assert stored["namespace"] == "team-a"
+    assert stored["key"] == "a" * 64
+    assert stored["writer"] == "anonymous"
+    assert stored["log_truncated"] is False
+    assert abs(stored["created_at"] - time.time()) < 60
+    got = client.get(FAILURES)
+    assert got.status_code == 200
+    assert got.json() == {"failures": [stored]}
+    assert client.get(f"/v1/ns/team-b/failures/{'a' * 64}").status_code == 404
+    assert client.get(f"/v1/ns/team-a/failures/{'b' * 64}").status_code == 404
+
+
+def test_only_compiler_version_is_required(client: TestClient) -> None:
+    stored = client.put(FAILURES, json=report()).json()
+    assert set(stored) == {
+        "compiler_version",
+        "namespace",
+        "key",
+        "created_at",
+        "writer",
+        "log_truncated",
+    }
+    missing = client.put(FAILURES, json={"exit_code": 1})
+    assert missing.status_code == 400
+    assert "compiler_version" in missing.json()["detail"]
+
+
+def test_failures_come_newest_first(client: TestClient) -> None:
+    for job in ("job-0", "job-1", "job-2"):
+        assert client.put(FAILURES, json=report(job_id=job)).status_code == 201
+    records = client.get(FAILURES).json()["failures"]
+    assert [r["job_id"] for r in records] == ["job-2", "job-1", "job-0"]
+    assert records[0]["created_at"] >= records[1]["created_at"] >= records[2]["created_at"]
+
+
+def test_a_long_log_keeps_its_last_64_kib(client: TestClient) -> None:
+    lines = [f"line {i}: compiling\n" for i in range(12_000)]
+    log = "".join(lines)[: 200 * 1024 - 19] + "error: NCC_EVRF001\n"
+    assert len(log) == 200 * 1024
+    stored = client.put(FAILURES, json=report(log=log)).json()
+    assert stored["log_truncated"] is True
+    assert stored["log"] == log[-64 * 1024 :]
+    assert client.get(FAILURES).json()["failures"][0]["log"] == log[-64 * 1024 :]
+
+
+def test_a_log_is_cut_between_characters(client: TestClient) -> None:
+    # 100,000 bytes of two-byte characters, then 11 bytes: the cut falls inside an "é".
+    log = "é" * 50_000 + "🚀 errors"
+    stored = client.put(FAILURES, json=report(log=log)).json()
+    kept: str = stored["log"]
+    assert stored["log_truncated"] is True
+    assert log.endswith(kept)
+    assert len(kept.encode()) == 64 * 1024 - 1
+    exact = "x" * (64 * 1024)
+    assert client.put(FAILURES, json=report(log=exact)).json()["log_truncated"] is False
+
+
+def test_failure_records_are_kept_per_key_under_concurrent_writers(
+    client: TestClient, stores: tuple[BlobStore, Index]
+) -> None:
+    writers = 20
+
+    def put(i: int) -> int:
+        status: int = client.put(FAILURES, json=report(job_id=f"job-{i}")).status_code
+        return status
+
+    with ThreadPoolExecutor(max_workers=writers) as pool:
+        assert list(pool.map(put, range(writers), timeout=60)) == [201] * writers
+    records = client.get(FAILURES).json()["failures"]
+    assert len(records) == 5  # failures_per_key's default
+    assert len({r["job_id"] for r in records}) == 5
+    # And no more are stored than served.
+    assert len(stores[1].failures("team-a", "a" * 64, now=0.0)) == 5
+
+
+def test_failure_records_expire(stores: tuple[BlobStore, Index], tmp_path: Path) -> None:
+    settings = ServerSettings(data_dir=tmp_path, failure_ttl_seconds=0.6, failures_per_key=2)
+    with TestClient(create_app(settings, blob_store=stores[0], index=stores[1])) as client:
+        for job in ("old-0", "old-1", "old-2"):
+            client.put(FAILURES, json=report(job_id=job))
+        records = client.get(FAILURES).json()["failures"]
+        assert [r["job_id"] for r in records] == ["old-2", "old-1"]
+        time.sleep(0.7)
+        gone = client.get(FAILURES)
+        assert gone.status_code == 404
+        assert gone.json()["reason"] == "absent"
+        assert client.put(FAILURES, json=report(job_id="new")).status_code == 201
+        assert [r["job_id"] for r in client.get(FAILURES).json()["failures"]] == ["new"]
+    # Expired records are deleted, not only hidden.
+    assert len(stores[1].failures("team-a", "a" * 64, now=0.0)) == 1
+
+
+def test_a_lowered_keep_applies_to_reads_at_once(
+    client: TestClient, stores: tuple[BlobStore, Index], tmp_path: Path
+) -> None:
+    for job in ("job-0", "job-1", "job-2"):
+        client.put(FAILURES, json=report(job_id=job))
+    settings = ServerSettings(data_dir=tmp_path, failures_per_key=2)
+    with TestClient(create_app(settings, blob_store=stores[0], index=stores[1])) as lowered:
+        records = lowered.get(FAILURES).json()["failures"]
+        assert [r["job_id"] for r in records] == ["job-2", "job-1"]
+
+
+def test_failure_records_need_the_namespace_and_scope(client: TestClient) -> None:
+    admin = admin_token(client)
+    reader = make_token(client, admin, "read", ["team-a"])
+    writer_a = make_token(client, admin, "write", ["team-a"])
+    writer_b = make_token(client, admin, "write", ["team-b"])
+
+    def auth(token: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token}"}
+
+    assert client.put(FAILURES, json=report()).status_code == 401
+    assert client.put(FAILURES, json=report(), headers=auth("nfc_bogus_x")).status_code == 401
+    assert client.put(FAILURES, json=report(), headers=auth(reader)).status_code == 403
+    assert client.put(FAILURES, json=report(), headers=auth(writer_b)).status_code == 403
+    stored = client.put(FAILURES, json=report(), headers=auth(writer_a))
+    assert stored.status_code == 201
+    writer_a_id = next(
+        t["token_id"]
+        for t in client.get("/v1/admin/tokens", headers=auth(admin)).json()["tokens"]
+        if t["scope"] == "write" and t["namespaces"] == ["team-a"]
+    )
+    assert stored.json()["writer"] == writer_a_id
+    assert client.get(FAILURES).status_code == 401
+    assert client.get(FAILURES, headers=auth(writer_b)).status_code == 403
+    assert client.get(FAILURES, headers=auth(reader)).status_code == 200
+    # A body is read only once the token is known: a huge one without a token is 401.
+    huge = b'{"compiler_version": "x", "log": "' + b"x" * (2 << 20) + b'"}'
+    assert client.put(FAILURES, content=huge).status_code == 401
+
+
+@pytest.mark.parametrize("bad", ["A" * 64, "0" * 63, "0" * 65, "g" * 64, "../" + "0" * 61])
+def test_malformed_failure_keys_and_namespaces_are_refused(client: TestClient, bad: str) -> None:
+    assert client.put(f"/v1/ns/team-a/failures/{bad}", json=report()).status_code in (400, 404)
+    assert client.get(f"/v1/ns/team-a/failures/{bad}").status_code in (400, 404)
+    assert client.put(f"/v1/ns/Team_A!/failures/{'a' * 64}", json=report()).status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"bogus": 1, "hostname": "x"}, "bogus, hostname"),
+        ({"writer": "someone else"}, "server sets writer"),
+        ({"created_at": 0, "log_truncated": False}, "created_at, log_truncated"),
+        ({"key": "a" * 64}, "server sets key"),
+        ({"compiler_version": ""}, "compiler_version"),
+        ({"compiler_version": 2.2}, "compiler_version"),
+        ({"exit_code": "1"}, "exit_code"),  # strict: no coercion
+        ({"exit_code": True}, "exit_code"),
+        ({"exit_code": 2**63}, "exit_code"),
+        ({"compile_seconds": -1}, "compile_seconds"),
+        ({"direct_key": "short"}, "direct_key"),
+        ({"neuron_address": "not/an/address"}, "neuron_address"),
+        ({"components": ["not", "an", "object"]}, "components"),
+        ({"host": "h" * 256}, "host"),
+        ({"job_id": "j" * 256}, "job_id"),
+        ({"log": 42}, "log"),
+    ],
+)
+def test_invalid_failure_reports_are_400_naming_the_field(
+    client: TestClient, change: dict[str, Any], named: str
+) -> None:
+    response = client.put(FAILURES, json={**report(), **change})
+    assert response.status_code == 400
+    assert named in response.json()["detail"]
+    assert client.get(FAILURES).status_code == 404  # nothing stored
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (b'{"compiler_version": "x", "compile_seconds": NaN}', "NaN"),
+        (b'{"compiler_version": "x", "compile_seconds": Infinity}', "Infinity"),
+        (b'{"compiler_version": "x", "compile_seconds": 1e999}', "too large"),
+        (b'{"compiler_version": "x", "exit_code": ' + b"9" * 5000 + b"}", "not JSON"),
+        (b"{", "not JSON"),
+        (b'["compiler_version"]', "JSON object"),
+    ],
+)
+def test_failure_reports_python_reads_badly_are_400(
+    client: TestClient, body: bytes, why: str
+) -> None:
+    response = client.put(FAILURES, content=body)
+    assert response.status_code == 400
+    assert why in response.json()["detail"]
+
+
+def test_a_failure_report_over_1_mib_is_413(client: TestClient) -> None:
+    body = json.dumps(report(log="x" * (1 << 20))).encode()
+    assert client.put(FAILURES, content=body).status_code == 413
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"compiler_version": "x", "log": "'
+        for _ in range(3):
+            yield b"x" * (1 << 20)
+        yield b'"}'
+
+    assert client.put(FAILURES, content=chunks()).status_code == 413
+    # Just under the cap is accepted, and its log cut.
+    fits = json.dumps(report(log="x" * ((1 << 20) - 100))).encode()
+    assert client.put(FAILURES, content=fits).json()["log_truncated"] is True
+
+
+def test_failures_never_change_entries(client: TestClient) -> None:
+    entry_url = f"/v1/ns/team-a/entries/{'a' * 64}"
+    assert client.put(FAILURES, json=report(direct_key="b" * 64)).status_code == 201
+    # A failure is never a hit, by key or by alias.
+    assert client.get(entry_url).status_code == 404
+    assert client.get(entry_url).json()["reason"] == "absent"
+    assert client.get(f"/v1/ns/team-a/aliases/{'b' * 64}").status_code == 404
+    neff = b"neff after a failure"
+    put_blob(client, neff)
+    body = manifest({"model.neff": neff}, direct_key="b" * 64)
+    assert client.put(entry_url, json=body).status_code == 201
+    published = client.get(entry_url)
+    assert published.status_code == 200
+    assert client.put(FAILURES, json=report(job_id="later")).status_code == 201
+    assert client.get(entry_url).content == published.content
+    assert client.get(f"/v1/ns/team-a/aliases/{'b' * 64}").json()["key"] == "a" * 64
+    assert client.put(entry_url, json=body).status_code == 200  # still the same entry
+    assert len(client.get(FAILURES).json()["failures"]) == 2
+
+
+def test_failure_routes_are_in_the_schema(client: TestClient) -> None:
+    route = client.get("/openapi.json").json()["paths"]["/v1/ns/{namespace}/failures/{key}"]
+    assert set(route) == {"get", "put"}
+    schema = route["put"]["requestBody"]["content"]["application/json"]["schema"]
+    assert schema["required"] == ["compiler_version"]
+    assert schema["additionalProperties"] is False

@@ -17,7 +17,7 @@ import redis
 
 from neffcache.server.config_errors import ConfigError
 from neffcache.server.errors import StoreError
-from neffcache.server.index import Entry, Index, PutResult, Token, open_index
+from neffcache.server.index import Entry, Failure, Index, PutResult, Token, open_index
 from neffcache.server.index.memory import MemoryIndex
 from neffcache.server.index.redis import RedisIndex
 from neffcache.server.index.sqlite import SCHEMA_VERSION, SqliteIndex
@@ -83,6 +83,22 @@ def entry(
     created_at: float = 1_712_000_000.125,
 ) -> Entry:
     return Entry(namespace, key, manifest, created_at, writer)
+
+
+def failure(
+    created_at: float,
+    record: str | None = None,
+    *,
+    key: str = KEY,
+    namespace: str = "team-a",
+    ttl: float = 3600.0,
+) -> Failure:
+    record = record if record is not None else f'{{"at":{created_at!r}}}'
+    return Failure(namespace, key, record, created_at, created_at + ttl)
+
+
+# Earlier than every record: failures(..., now=BEFORE_ALL) shows all a backend stores.
+BEFORE_ALL = 0.0
 
 
 def token(
@@ -187,6 +203,79 @@ def test_a_separator_in_a_namespace_cannot_reach_another_namespace(index: Index)
     assert index.get_entry("a", "b:x") is None
 
 
+# --- failures --------------------------------------------------------------------------
+
+
+def test_failures_round_trip_newest_first(index: Index) -> None:
+    first, second, third = failure(100.0), failure(120.0), failure(110.0)
+    for record in (first, second, third):
+        index.put_failure(record, keep=5)
+    assert index.failures("team-a", KEY, now=150.0) == [second, third, first]
+
+
+def test_no_failures_is_an_empty_list(index: Index) -> None:
+    assert index.failures("team-a", KEY, now=150.0) == []
+    index.put_failure(failure(100.0), keep=5)
+    assert index.failures("team-a", OTHER_KEY, now=150.0) == []
+    assert index.failures("team-b", KEY, now=150.0) == []
+
+
+def test_failures_of_namespaces_and_keys_stay_apart(index: Index) -> None:
+    a = failure(100.0, '{"n":"a"}', namespace="a:b", key="c")
+    b = failure(100.0, '{"n":"b"}', namespace="a", key="b:c")
+    index.put_failure(a, keep=5)
+    index.put_failure(b, keep=5)
+    assert index.failures("a:b", "c", now=150.0) == [a]
+    assert index.failures("a", "b:c", now=150.0) == [b]
+
+
+def test_expired_failures_are_never_returned(index: Index) -> None:
+    short, long = failure(100.0, ttl=10.0), failure(101.0, ttl=50.0)
+    index.put_failure(short, keep=5)
+    index.put_failure(long, keep=5)
+    assert index.failures("team-a", KEY, now=109.9) == [long, short]
+    assert index.failures("team-a", KEY, now=110.0) == [long]  # expires_at is exclusive
+    assert index.failures("team-a", KEY, now=151.0) == []
+
+
+def test_a_write_deletes_its_keys_expired_failures(index: Index) -> None:
+    index.put_failure(failure(100.0, ttl=10.0), keep=5)
+    index.put_failure(failure(105.0, ttl=100.0), keep=5)
+    fresh = failure(120.0)
+    index.put_failure(fresh, keep=5)
+    # BEFORE_ALL shows what is stored: the expired record is gone, not only hidden.
+    assert index.failures("team-a", KEY, now=BEFORE_ALL) == [fresh, failure(105.0, ttl=100.0)]
+
+
+def test_a_write_keeps_only_the_newest_failures(index: Index) -> None:
+    # Written out of order: "newest" is by created_at, not by arrival.
+    for created_at in (105.0, 101.0, 108.0, 100.0, 107.0, 103.0):
+        index.put_failure(failure(created_at), keep=3)
+    stored = index.failures("team-a", KEY, now=BEFORE_ALL)
+    assert [f.created_at for f in stored] == [108.0, 107.0, 105.0]
+
+
+def test_identical_failures_of_one_instant_are_two_records(index: Index) -> None:
+    index.put_failure(failure(100.0, '{"same":1}'), keep=5)
+    index.put_failure(failure(100.0, '{"same":1}'), keep=5)
+    assert index.failures("team-a", KEY, now=150.0) == [failure(100.0, '{"same":1}')] * 2
+
+
+def test_non_ascii_failure_records_round_trip(index: Index) -> None:
+    record = failure(100.0, '{"log":"café 🚀 error: x y"}')
+    index.put_failure(record, keep=5)
+    assert index.failures("team-a", KEY, now=150.0) == [record]
+
+
+def test_failures_never_touch_entries(index: Index) -> None:
+    index.put_failure(failure(100.0), keep=5)
+    assert index.get_entry("team-a", KEY) is None
+    assert index.put_entry(entry(), ("resnet",)) is PutResult.CREATED
+    index.put_failure(failure(101.0), keep=5)
+    assert index.get_entry("team-a", KEY) == entry()
+    assert len(index.failures("team-a", KEY, now=150.0)) == 2
+
+
 # --- tokens ----------------------------------------------------------------------------
 
 
@@ -249,17 +338,39 @@ def test_racing_writers_of_one_key_have_one_winner(store: Store) -> None:
     assert aliases == {i: KEY if i == winner else None for i in range(writers)}
 
 
+def test_racing_failure_writers_never_exceed_keep(store: Store) -> None:
+    writers, keep = 20, 5
+    handles = [store.open(), store.open()]
+    barrier = threading.Barrier(writers)
+
+    def put(i: int) -> None:
+        barrier.wait(timeout=HANG_LIMIT_S)
+        handles[i % 2].put_failure(failure(1000.0 + i), keep=keep)
+
+    with ThreadPoolExecutor(max_workers=writers) as pool:
+        list(pool.map(put, range(writers), timeout=HANG_LIMIT_S))
+
+    # Each write keeps the newest `keep` of what it sees, so whatever the interleaving
+    # the survivors are the newest `keep` of all.
+    newest = [1000.0 + i for i in reversed(range(writers - keep, writers))]
+    for handle in handles:
+        stored = handle.failures("team-a", KEY, now=BEFORE_ALL)
+        assert [f.created_at for f in stored] == newest
+
+
 def test_data_survives_close_and_reopen(persistent_store: Store) -> None:
     first = persistent_store.open()
     first.put_entry(entry(), ("resnet",))
     first.put_token(token("t1"))
     first.revoke_token("t1")
+    first.put_failure(failure(100.0), keep=5)
     first.close()
 
     again = persistent_store.open()
     assert again.get_entry("team-a", KEY) == entry()
     assert again.resolve_alias("team-a", "resnet") == KEY
     assert again.tokens() == [dataclasses.replace(token("t1"), revoked=True)]
+    assert again.failures("team-a", KEY, now=150.0) == [failure(100.0)]
 
 
 # --- sqlite ----------------------------------------------------------------------------
@@ -271,6 +382,63 @@ def test_sqlite_file_is_in_wal_mode_at_the_current_schema(tmp_path: Path) -> Non
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+
+
+# The version 1 schema as it shipped, copied here so that changes to sqlite.py cannot
+# change what "a file from before" means.
+_SCHEMA_V1 = """
+CREATE TABLE entries (namespace TEXT NOT NULL, key TEXT NOT NULL, manifest TEXT NOT NULL,
+    created_at REAL NOT NULL, writer TEXT NOT NULL, PRIMARY KEY (namespace, key));
+CREATE TABLE aliases (namespace TEXT NOT NULL, alias TEXT NOT NULL, key TEXT NOT NULL,
+    PRIMARY KEY (namespace, alias));
+CREATE TABLE tokens (token_id TEXT PRIMARY KEY, secret_hash TEXT NOT NULL UNIQUE,
+    scope TEXT NOT NULL, namespaces TEXT NOT NULL, name TEXT NOT NULL,
+    created_at REAL NOT NULL, revoked INTEGER NOT NULL DEFAULT 0);
+INSERT INTO entries VALUES ('team-a', '{key}', '{{"neff":"11"}}', 1712000000.125, 'tok1');
+INSERT INTO aliases VALUES ('team-a', 'resnet', '{key}');
+PRAGMA journal_mode = WAL;
+PRAGMA user_version = 1;
+"""
+
+
+def test_sqlite_file_from_schema_1_is_migrated_and_keeps_its_data(tmp_path: Path) -> None:
+    path = tmp_path / "index.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(_SCHEMA_V1.format(key=KEY))
+    conn.close()
+    index = SqliteIndex.from_url(f"sqlite:///{path}")
+    assert index.get_entry("team-a", KEY) == entry()
+    assert index.resolve_alias("team-a", "resnet") == KEY
+    index.put_failure(failure(100.0), keep=5)
+    assert index.failures("team-a", KEY, now=150.0) == [failure(100.0)]
+    index.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+        indexes = {row[1] for row in conn.execute("PRAGMA index_list(failures)")}
+        assert "failures_by_key" in indexes
+    # Opening again at the current version runs no step twice.
+    SqliteIndex.from_url(f"sqlite:///{path}").close()
+
+
+def test_sqlite_reads_failures_through_the_key_index(tmp_path: Path) -> None:
+    index = SqliteIndex.from_url(f"sqlite:///{tmp_path}/index.db")
+    index.close()
+    with sqlite3.connect(tmp_path / "index.db") as conn:
+        plan = conn.execute(
+            "EXPLAIN QUERY PLAN SELECT record FROM failures WHERE namespace = ? AND key = ?"
+            " AND expires_at > ? ORDER BY created_at DESC, id DESC",
+            ("team-a", KEY, 0.0),
+        ).fetchall()
+    assert "failures_by_key" in str(plan)
+
+
+def test_a_write_reclaims_expired_failures_of_every_key(tmp_path: Path) -> None:
+    # Redis reclaims by key expiry instead (test_redis_failure_keys_expire).
+    for index in (MemoryIndex(), SqliteIndex.from_url(f"sqlite:///{tmp_path}/index.db")):
+        index.put_failure(failure(100.0, key=OTHER_KEY, ttl=10.0), keep=5)
+        index.put_failure(failure(200.0), keep=5)
+        assert index.failures("team-a", OTHER_KEY, now=BEFORE_ALL) == []
+        index.close()
 
 
 @pytest.mark.parametrize(
@@ -305,14 +473,36 @@ def test_redis_keys_follow_the_documented_layout(redis_server: str) -> None:
     index = RedisIndex.from_url(redis_server)
     index.put_entry(entry(), ("resnet",))
     index.put_token(token("t1"))
+    index.put_failure(failure(time.time()), keep=5)
     index.close()
     assert set(client.keys("*")) == {
         f"neffcache:entry:team-a:{KEY}",
+        f"neffcache:failures:team-a:{KEY}",
         "neffcache:alias:team-a:resnet",
         "neffcache:token:t1",
         "neffcache:token-hash:hash-of-t1",
         "neffcache:tokens",
     }
+    client.close()
+
+
+def test_redis_failure_keys_expire(redis_server: str) -> None:
+    client = redis.Redis.from_url(redis_server, decode_responses=True)
+    client.flushdb()
+    index = RedisIndex.from_url(redis_server)
+    name = f"neffcache:failures:team-a:{KEY}"
+    now = time.time()
+    index.put_failure(failure(now, ttl=60.0), keep=5)
+    assert 59_000 < client.pttl(name) <= 60_000
+    # A record with a shorter life does not shorten the key's.
+    index.put_failure(failure(now, ttl=0.2), keep=5)
+    assert client.pttl(name) > 59_000
+    client.flushdb()
+    index.put_failure(failure(now, ttl=0.2), keep=5)
+    assert 0 < client.pttl(name) <= 201  # rounded up, never shorter than the record
+    time.sleep(0.3)
+    assert client.exists(name) == 0
+    index.close()
     client.close()
 
 

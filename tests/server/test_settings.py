@@ -63,6 +63,34 @@ def test_bad_values_name_the_setting(
         load_settings()
 
 
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("NEFFCACHE_FAILURE_TTL_SECONDS", "0"),
+        ("NEFFCACHE_FAILURE_TTL_SECONDS", "-5"),
+        ("NEFFCACHE_FAILURE_TTL_SECONDS", "inf"),
+        ("NEFFCACHE_FAILURE_TTL_SECONDS", "nan"),
+        ("NEFFCACHE_FAILURES_PER_KEY", "0"),
+        ("NEFFCACHE_FAILURES_PER_KEY", "101"),
+    ],
+)
+def test_failure_retention_must_be_positive_and_bounded(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=name.removeprefix("NEFFCACHE_").lower()):
+        load_settings()
+
+
+def test_failure_retention_defaults_and_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    defaults = load_settings()
+    assert (defaults.failure_ttl_seconds, defaults.failures_per_key) == (3600.0, 5)
+    monkeypatch.setenv("NEFFCACHE_FAILURE_TTL_SECONDS", "0.25")
+    monkeypatch.setenv("NEFFCACHE_FAILURES_PER_KEY", "100")
+    settings = load_settings()
+    assert (settings.failure_ttl_seconds, settings.failures_per_key) == (0.25, 100)
+
+
 def test_missing_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_settings(config_file=tmp_path / "absent.toml", port=1)

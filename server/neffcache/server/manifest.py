@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -23,6 +23,8 @@ NAMESPACE = r"[a-z0-9][a-z0-9._-]{0,62}"
 FILE_NAME = r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}"
 # Fields the server adds when it returns an entry; a client may not send them.
 RESERVED = frozenset({"created_at", "namespace", "writer"})
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class FileRef(BaseModel):
@@ -57,41 +59,60 @@ class Manifest(BaseModel):
     @field_validator("neuron_address")
     @classmethod
     def _address(cls, address: str | None) -> str | None:
-        if address is not None:
-            try:
-                parse_neuron_address(address)
-            except KeyingError as exc:
-                raise ValueError(str(exc)) from None
-        return address
+        return check_neuron_address(address)
 
     def aliases(self) -> tuple[str, ...]:
         return tuple(a for a in (self.direct_key, self.neuron_address) if a)
 
 
+def check_neuron_address(address: str | None) -> str | None:
+    """A field validator: the address, or ValueError if it is not a stock address."""
+    if address is not None:
+        try:
+            parse_neuron_address(address)
+        except KeyingError as exc:
+            raise ValueError(str(exc)) from None
+    return address
+
+
 def parse_manifest(body: bytes, key: str) -> tuple[Manifest, str]:
     """Validate a manifest for ``key``; return it and its canonical JSON."""
-    try:
-        raw = json.loads(body, parse_constant=_no_constant, parse_float=_finite)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        # ValueError covers invalid JSON, NaN and Infinity, and numbers too long to read.
-        raise BadRequest(f"the manifest is not JSON: {str(exc)[:200]}") from None
-    try:
-        manifest = Manifest.model_validate(raw)
-    except (ValidationError, RecursionError) as exc:
-        if isinstance(exc, RecursionError):
-            raise BadRequest("the manifest is nested too deeply") from None
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'manifest'}: {e['msg']}" for e in exc.errors()
-        )
-        raise BadRequest(f"invalid manifest: {problems}") from None
+    raw = load_json(body, "manifest")
+    manifest = validated(Manifest, raw, "manifest")
     reserved = RESERVED.intersection(raw)
     if reserved:
         raise BadRequest(f"the server sets {', '.join(sorted(reserved))}; leave them out")
     if manifest.key != key:
         raise BadRequest(f"the manifest's key {manifest.key} is not the key in the path {key}")
-    # ASCII, so a lone surrogate stays an escape and the text always encodes.
-    canonical = json.dumps(raw, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return manifest, canonical
+    return manifest, canonical_json(raw)
+
+
+def load_json(body: bytes, what: str) -> Any:
+    """A JSON body, or BadRequest naming ``what`` it should have been."""
+    try:
+        return json.loads(body, parse_constant=_no_constant, parse_float=_finite)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # ValueError covers invalid JSON, NaN and Infinity, and numbers too long to read.
+        raise BadRequest(f"the {what} is not JSON: {str(exc)[:200]}") from None
+
+
+def validated(model: type[M], raw: Any, what: str) -> M:
+    """``raw`` as a ``model``, or BadRequest listing every problem."""
+    try:
+        return model.model_validate(raw)
+    except (ValidationError, RecursionError) as exc:
+        if isinstance(exc, RecursionError):
+            raise BadRequest(f"the {what} is nested too deeply") from None
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or what}: {e['msg']}" for e in exc.errors()
+        )
+        raise BadRequest(f"invalid {what}: {problems}") from None
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no spaces; ASCII, so a lone surrogate stays an escape and the text
+    always encodes."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 def _no_constant(name: str) -> Any:

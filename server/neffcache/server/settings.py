@@ -48,6 +48,13 @@ class ServerSettings(BaseSettings):
         None, description="sqlite:///path or redis://host:port/db; default sqlite DATA_DIR/index.db"
     )
     max_blob_bytes: int = Field(16 * 2**30, gt=0, description="largest blob accepted")
+    failure_ttl_seconds: float = Field(
+        3600.0, gt=0, allow_inf_nan=False, description="how long a failure record is kept"
+    )
+    # Bounded: a GET returns every record kept, each up to a 1 MiB report.
+    failures_per_key: int = Field(
+        5, ge=1, le=100, description="failure records kept per key, newest first"
+    )
     bootstrap_admin_token: SecretStr | None = Field(
         None, description="an admin token the server creates at start-up if absent"
     )

@@ -97,14 +97,14 @@ async def get_alias(
 def _alias_response(backends: Backends, namespace: str, alias: str) -> Response:
     key = backends.index.resolve_alias(namespace, alias)
     if key is None:
-        return _absent(f"no entry has the alias {alias} in namespace {namespace}")
+        return absent(f"no entry has the alias {alias} in namespace {namespace}")
     return _entry_response(backends, namespace, key)
 
 
 def _entry_response(backends: Backends, namespace: str, key: str) -> Response:
     entry = backends.index.get_entry(namespace, key)
     if entry is None:
-        return _absent(f"no entry {key} in namespace {namespace}")
+        return absent(f"no entry {key} in namespace {namespace}")
     # The stored manifest is canonical JSON without these fields (manifest.RESERVED):
     # splice them in rather than decoding and encoding the manifest again.
     stamps = json.dumps(
@@ -114,6 +114,6 @@ def _entry_response(backends: Backends, namespace: str, key: str) -> Response:
     return Response(body.encode(), media_type="application/json")
 
 
-def _absent(detail: str) -> Response:
+def absent(detail: str) -> Response:
     # Why a lookup missed; later reasons (expired, evicted) share this shape.
     return JSONResponse({"detail": detail, "reason": "absent"}, status_code=404)

@@ -1,7 +1,10 @@
-"""The index interface: entries (manifests) per namespace, their aliases, and tokens.
+"""The index interface: entries (manifests) per namespace, their aliases, tokens, and
+failure records.
 
 Entries are immutable: ``put_entry`` is an atomic create-if-absent, so of two
 concurrent writers of one key exactly one wins and every reader sees only the winner.
+Failure records are the opposite: many per key, short-lived, never a cache hit, and
+kept apart from entries so that no failure can change what a lookup answers.
 """
 
 from __future__ import annotations
@@ -24,6 +27,17 @@ class Entry:
     manifest: str  # canonical JSON (sorted keys, no spaces), as the API stored it
     created_at: float  # server clock, seconds since the epoch
     writer: str  # id of the token that published it ("anonymous" without tokens)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One reported failed compile of a key."""
+
+    namespace: str
+    key: str
+    record: str  # canonical JSON of the whole record, stamps included, as the API returns it
+    created_at: float  # server clock; orders the records of a key
+    expires_at: float  # server clock; fixed when written, so a later TTL change spares it
 
 
 @dataclass(frozen=True)
@@ -54,6 +68,17 @@ class Index(Protocol):
 
     def resolve_alias(self, namespace: str, alias: str) -> str | None:
         """The key an alias names in a namespace, or None."""
+
+    def put_failure(self, failure: Failure, keep: int) -> None:
+        """Add a failure record, then drop the records of its (namespace, key) that
+        expired by ``failure.created_at`` and all but the ``keep`` newest. Atomic:
+        concurrent writers never leave more than ``keep`` records of one key. Expired
+        records of other keys are reclaimed here too (or by the backend's own expiry),
+        so storage holds only live records and stays bounded."""
+
+    def failures(self, namespace: str, key: str, now: float) -> list[Failure]:
+        """The records of (namespace, key) with ``expires_at > now``, newest first
+        (records created at the same instant in any order); ``[]`` when none."""
 
     def put_token(self, token: Token) -> None:
         """Store a new token (token_id and secret_hash are unique)."""

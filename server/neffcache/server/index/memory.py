@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import threading
 
-from .base import Entry, PutResult, Token
+from .base import Entry, Failure, PutResult, Token
 
 
 class MemoryIndex:
@@ -16,6 +17,11 @@ class MemoryIndex:
         self._entries: dict[tuple[str, str], Entry] = {}
         self._aliases: dict[tuple[str, str], str] = {}
         self._tokens: dict[str, Token] = {}
+        # Each key's failure records, newest first; and a heap of (expires_at, key) with
+        # one item per record written, so a write reclaims every expired record without
+        # scanning all keys.
+        self._failures: dict[tuple[str, str], list[Failure]] = {}
+        self._expiries: list[tuple[float, tuple[str, str]]] = []
         self._lock = threading.Lock()
 
     @classmethod
@@ -39,6 +45,30 @@ class MemoryIndex:
     def resolve_alias(self, namespace: str, alias: str) -> str | None:
         with self._lock:
             return self._aliases.get((namespace, alias))
+
+    def put_failure(self, failure: Failure, keep: int) -> None:
+        where = (failure.namespace, failure.key)
+        with self._lock:
+            self._drop_expired(failure.created_at)
+            records = [failure, *self._failures.get(where, [])]
+            # Stable: of records created at the same instant, the later write comes first.
+            records.sort(key=lambda f: f.created_at, reverse=True)
+            self._failures[where] = records[:keep]
+            heapq.heappush(self._expiries, (failure.expires_at, where))
+
+    def _drop_expired(self, now: float) -> None:
+        # Caller holds _lock.
+        while self._expiries and self._expiries[0][0] <= now:
+            _, where = heapq.heappop(self._expiries)
+            live = [f for f in self._failures.get(where, []) if f.expires_at > now]
+            if live:
+                self._failures[where] = live
+            else:
+                self._failures.pop(where, None)
+
+    def failures(self, namespace: str, key: str, now: float) -> list[Failure]:
+        with self._lock:
+            return [f for f in self._failures.get((namespace, key), []) if f.expires_at > now]
 
     def put_token(self, token: Token) -> None:
         with self._lock:

@@ -7,16 +7,22 @@ Every key starts with ``neffcache:``::
     neffcache:token:{token_id}          a hash of the Token's fields
     neffcache:token-hash:{secret_hash}  token_id
     neffcache:tokens                    sorted set of token_ids, scored by created_at
+    neffcache:failures:{ns}:{key}       sorted set of failure records, scored by
+                                        created_at; each member is
+                                        "<expires_at> <nonce> <record JSON>"
 
 ``put_entry`` runs as one Lua script, so it is atomic across replicas. The script
 touches several keys, which a standalone Redis (or one primary) allows and Redis
-Cluster does not.
+Cluster does not. ``put_failure`` is one script on one key; the key expires when its
+newest record does, so Redis itself reclaims keys nobody writes again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
+import secrets
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
@@ -28,7 +34,7 @@ from redis.typing import EncodableT, FieldT
 from neffcache.server.config_errors import ConfigError
 from neffcache.server.errors import StoreError
 
-from .base import Entry, PutResult, Token
+from .base import Entry, Failure, PutResult, Token
 
 # Short, so that a dead Redis fails a request (and readiness) in seconds rather than
 # holding server threads for redis-py's defaults.
@@ -56,6 +62,23 @@ end
 return 'conflict'
 """
 
+# KEYS[1] the key's failures; ARGV[1] the new record's created_at (also "now"),
+# ARGV[2] its member, ARGV[3] how many to keep, ARGV[4] its lifetime in ms. Expired
+# members go before trimming, so trimming never drops a live record for a dead one.
+_PUT_FAILURE = """
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+local now = tonumber(ARGV[1])
+for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  if tonumber(string.match(member, '^%S+')) <= now then
+    redis.call('ZREM', KEYS[1], member)
+  end
+end
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[3]) + 1))
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[4]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+end
+"""
+
 
 def _ns(namespace: str) -> str:
     # Escape ":" so that namespace "a:b" with key "c" and namespace "a" with key "b:c"
@@ -69,6 +92,10 @@ def _entry_key(namespace: str, key: str) -> str:
 
 def _alias_key(namespace: str, alias: str) -> str:
     return f"{PREFIX}alias:{_ns(namespace)}:{alias}"
+
+
+def _failures_key(namespace: str, key: str) -> str:
+    return f"{PREFIX}failures:{_ns(namespace)}:{key}"
 
 
 def _token_key(token_id: str) -> str:
@@ -91,6 +118,7 @@ class RedisIndex:
         self._redis = client
         self._where = where
         self._put_entry = client.register_script(_PUT_ENTRY)
+        self._put_failure = client.register_script(_PUT_FAILURE)
 
     @classmethod
     def from_url(cls, url: str) -> RedisIndex:
@@ -141,6 +169,33 @@ class RedisIndex:
     def resolve_alias(self, namespace: str, alias: str) -> str | None:
         with self._mapped():
             return _opt_str(self._redis.get(_alias_key(namespace, alias)))
+
+    # --- failures ---------------------------------------------------------------------
+
+    def put_failure(self, failure: Failure, keep: int) -> None:
+        # The nonce keeps two identical records of one instant two members.
+        member = f"{failure.expires_at!r} {secrets.token_hex(8)} {failure.record}"
+        # Relative, on Redis's clock: replicas' clocks may differ from Redis's.
+        lifetime_ms = max(1, math.ceil((failure.expires_at - failure.created_at) * 1000))
+        keys = [_failures_key(failure.namespace, failure.key)]
+        args: list[EncodableT] = [repr(failure.created_at), member, keep, lifetime_ms]
+        with self._mapped():
+            self._put_failure(keys=keys, args=args)
+
+    def failures(self, namespace: str, key: str, now: float) -> list[Failure]:
+        with self._mapped():
+            found = self._redis.zrevrange(_failures_key(namespace, key), 0, -1, withscores=True)
+        assert isinstance(found, list), type(found)
+        records = []
+        for pair in found:
+            assert isinstance(pair, tuple), type(pair)  # withscores: (member, score)
+            member, created_at = pair
+            expires_at, _nonce, record = _str(member).split(" ", 2)
+            if float(expires_at) > now:
+                records.append(
+                    Failure(namespace, key, record, float(created_at), float(expires_at))
+                )
+        return records
 
     # --- tokens -----------------------------------------------------------------------
 

@@ -18,16 +18,17 @@ from pathlib import Path
 from neffcache.server.config_errors import ConfigError
 from neffcache.server.errors import StoreError
 
-from .base import Entry, PutResult, Token
+from .base import Entry, Failure, PutResult, Token
 
-# Stored in PRAGMA user_version. Bump it when a table changes, and teach _migrate the
-# step from the previous version; a file newer than this code is refused at start-up.
-SCHEMA_VERSION = 1
+# Stored in PRAGMA user_version. Bump it when a table changes, and add the step from
+# the previous version to _STEPS; a file newer than this code is refused at start-up.
+SCHEMA_VERSION = 2
 
 # How long a writer waits for another process's write transaction to finish.
 BUSY_TIMEOUT_S = 5.0
 
-_SCHEMA = """
+# Version 1: entries, aliases, tokens.
+_V1 = """
 CREATE TABLE IF NOT EXISTS entries (
     namespace TEXT NOT NULL,
     key TEXT NOT NULL,
@@ -53,7 +54,28 @@ CREATE TABLE IF NOT EXISTS tokens (
 );
 """
 
+# Version 2: failure records. ``id`` breaks ties between records of one instant; the
+# (namespace, key, created_at) index serves reads and trimming, the expires_at index
+# the sweep of expired records on every write.
+_V2 = """
+CREATE TABLE IF NOT EXISTS failures (
+    id INTEGER PRIMARY KEY,  -- a new row gets one above every row left: insertion order
+    namespace TEXT NOT NULL,
+    key TEXT NOT NULL,
+    record TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS failures_by_key ON failures (namespace, key, created_at);
+CREATE INDEX IF NOT EXISTS failures_by_expiry ON failures (expires_at);
+"""
+
+# The statements that bring a file from version n - 1 to version n, by n.
+_STEPS = {1: _V1, 2: _V2}
+
 _TOKEN_COLUMNS = "token_id, secret_hash, scope, namespaces, name, created_at, revoked"
+# Newest first; of records created at the same instant, the later write first.
+_NEWEST = "ORDER BY created_at DESC, id DESC"
 
 
 @contextlib.contextmanager
@@ -167,10 +189,10 @@ class SqliteIndex:
                 self._migrate(conn, version)
 
     def _migrate(self, conn: sqlite3.Connection, version: int) -> None:
-        # Version 0 is a new file. Later versions add their steps here, in order.
-        if version == 0:
+        # Version 0 is a new file: it takes every step, in order.
+        for step in range(version + 1, SCHEMA_VERSION + 1):
             # Not executescript(): it commits first, which would end this transaction.
-            for statement in _SCHEMA.split(";"):
+            for statement in _STEPS[step].split(";"):
                 if statement.strip():
                     conn.execute(statement)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -212,6 +234,40 @@ class SqliteIndex:
             "SELECT key FROM aliases WHERE namespace = ? AND alias = ?", (namespace, alias)
         )
         return str(rows[0][0]) if rows else None
+
+    # --- failures ---------------------------------------------------------------------
+
+    def put_failure(self, failure: Failure, keep: int) -> None:
+        with self._write() as conn:
+            # Every expired record, of any key: storage holds only live records.
+            conn.execute("DELETE FROM failures WHERE expires_at <= ?", (failure.created_at,))
+            conn.execute(
+                "INSERT INTO failures (namespace, key, record, created_at, expires_at)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (
+                    failure.namespace,
+                    failure.key,
+                    failure.record,
+                    failure.created_at,
+                    failure.expires_at,
+                ),
+            )
+            conn.execute(
+                "DELETE FROM failures WHERE namespace = ? AND key = ? AND id NOT IN"
+                f" (SELECT id FROM failures WHERE namespace = ? AND key = ? {_NEWEST} LIMIT ?)",
+                (failure.namespace, failure.key, failure.namespace, failure.key, keep),
+            )
+
+    def failures(self, namespace: str, key: str, now: float) -> list[Failure]:
+        rows = self._read(
+            "SELECT record, created_at, expires_at FROM failures"
+            f" WHERE namespace = ? AND key = ? AND expires_at > ? {_NEWEST}",
+            (namespace, key, now),
+        )
+        return [
+            Failure(namespace, key, str(record), _float(created_at), _float(expires_at))
+            for record, created_at, expires_at in rows
+        ]
 
     # --- tokens -----------------------------------------------------------------------
 
