@@ -6,12 +6,14 @@
 ...                             target="trn2", flags="--model-type=transformer")
 >>> compute_key(KeyInputs(fingerprint_hlo(module), ctx)).key         # doctest: +SKIP
 
-Depends only on the standard library, ``blake3`` and ``protobuf``.
+Depends only on the standard library, ``blake3`` and ``protobuf`` (imported on first
+use of the fingerprint functions).
 """
 
 from __future__ import annotations
 
-from ._canonical import DEBUG_FRONTEND_ATTRIBUTES, canonical_hlo, fingerprint_hlo
+import typing as _typing
+
 from ._compiler import check_compiler_version, compiler_version
 from ._env import ENV_ALLOWLIST, FRAMEWORK_ALLOWLIST, compile_env
 from ._errors import KeyingError
@@ -26,6 +28,28 @@ from ._inputs import TARGETS, CompileContext, KeyInputs
 from ._key import CacheKey, compute_key, direct_key
 from ._neuron import NeuronAddress, neuron_address, parse_neuron_address
 from ._version import KEY_VERSION
+
+if _typing.TYPE_CHECKING:
+    from ._canonical import DEBUG_FRONTEND_ATTRIBUTES, canonical_hlo, fingerprint_hlo
+
+# The fingerprint needs protobuf, whose import costs more than a cache hit through the
+# compiler wrapper may spend in all; it loads on first use (PEP 562), so a caller that
+# only needs a direct key never pays for it.
+_LAZY = {
+    name: "._canonical"
+    for name in ("DEBUG_FRONTEND_ATTRIBUTES", "canonical_hlo", "fingerprint_hlo")
+}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DEBUG_FRONTEND_ATTRIBUTES",

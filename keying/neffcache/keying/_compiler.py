@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 import threading
 
 from ._errors import KeyingError
@@ -60,6 +58,8 @@ def check_compiler_version(version: str) -> str:
 
 
 def _resolve(compiler: str) -> str:
+    import shutil
+
     found = shutil.which(compiler)
     if found is None:
         where = "at that path" if os.sep in compiler else "on PATH"
@@ -71,6 +71,8 @@ def _resolve(compiler: str) -> str:
 
 
 def _ask(path: str) -> str:
+    import subprocess  # here: the wrapper's cache hits never ask
+
     try:
         done = subprocess.run(
             [path, "--version"],

@@ -22,7 +22,6 @@ formula byte for byte, spelling and order included, so addresses interoperate.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shlex
@@ -235,4 +234,6 @@ def neuron_flags_hash(flags: Sequence[str], *, legacy: bool = False) -> str:
     else:
         tokens = split_flags(flags)
         preimage = " ".join(tokens) if legacy else json.dumps(tokens)
+    import hashlib  # here: loading OpenSSL costs milliseconds the wrapper's hits lack
+
     return hashlib.md5(preimage.encode("utf-8"), usedforsecurity=False).hexdigest()[:8]

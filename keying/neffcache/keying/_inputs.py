@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 from ._compiler import check_compiler_version
 from ._env import check_env, check_frameworks
@@ -20,8 +20,58 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 Pairs = tuple[tuple[str, str], ...]
 
 
-@dataclass(frozen=True)
-class CompileContext:
+class FrozenInstanceError(AttributeError):
+    """An attempt to assign or delete a field of a frozen value (as dataclasses')."""
+
+
+class Frozen:
+    """What ``@dataclass(frozen=True)`` generated, for keying's value classes.
+
+    ``dataclasses`` imports ``inspect`` and builds each class's methods at import; the
+    compiler wrapper imports keying once per graph and cannot spare the milliseconds.
+    A subclass lists its fields in order as ``__match_args__`` (what repr shows and
+    pickling keeps) and as ``__slots__``, and in ``_compared`` those that ``__eq__``
+    and ``__hash__`` use; its ``__init__`` sets them with ``object.__setattr__``, and
+    it declares them to mypy as properties, under TYPE_CHECKING.
+    """
+
+    __slots__ = ()
+    __match_args__: ClassVar[tuple[str, ...]] = ()
+    _compared: ClassVar[tuple[str, ...]] = ()
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is self.__class__:
+            return _values(self, self._compared) == _values(other, self._compared)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(_values(self, self._compared))
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__match_args__)
+        return f"{self.__class__.__qualname__}({fields})"
+
+    def __getstate__(self) -> tuple[object, ...]:
+        return _values(self, self.__match_args__)
+
+    def __setstate__(self, state: tuple[object, ...]) -> None:
+        for name, value in zip(self.__match_args__, state, strict=True):
+            object.__setattr__(self, name, value)
+
+    if not TYPE_CHECKING:  # hidden from mypy, which would then allow any attribute
+
+        def __setattr__(self, name, value):
+            raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+        def __delattr__(self, name):
+            raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+
+def _values(value: object, names: tuple[str, ...]) -> tuple[object, ...]:
+    return tuple([getattr(value, name) for name in names])
+
+
+class CompileContext(Frozen):
     """Everything but the graph that decides the NEFF.
 
     >>> CompileContext.create(compiler_version="2.20.9961.0+0acef03a", target="trn2",
@@ -35,11 +85,50 @@ flags=('--model-type=transformer', '--optlevel=1'), env=(), frameworks=())
     therefore equal, however they were spelled.
     """
 
-    compiler_version: str
-    target: str
-    flags: tuple[str, ...] = ()
-    env: Pairs = ()
-    frameworks: Pairs = ()
+    __match_args__ = ("compiler_version", "target", "flags", "env", "frameworks")
+    __slots__ = _compared = __match_args__
+
+    if TYPE_CHECKING:  # read-only fields, as a frozen dataclass's
+
+        @property
+        def compiler_version(self) -> str: ...
+        @property
+        def target(self) -> str: ...
+        @property
+        def flags(self) -> tuple[str, ...]: ...
+        @property
+        def env(self) -> Pairs: ...
+        @property
+        def frameworks(self) -> Pairs: ...
+
+    def __init__(
+        self,
+        compiler_version: str,
+        target: str,
+        flags: tuple[str, ...] = (),
+        env: Pairs = (),
+        frameworks: Pairs = (),
+    ) -> None:
+        check_compiler_version(compiler_version)
+        if target not in TARGETS:
+            raise KeyingError(f"target {target!r} is not one of {', '.join(TARGETS)}")
+        kept = []
+        for flag in normalize_flags(flags):
+            name, _, value = flag.partition("=")
+            if name == "--target":
+                if value != target:
+                    raise KeyingError(f"flag {flag} contradicts target {target!r}")
+                continue
+            kept.append(flag)
+        object.__setattr__(self, "compiler_version", compiler_version)
+        object.__setattr__(self, "target", target)
+        object.__setattr__(self, "flags", tuple(kept))
+        object.__setattr__(self, "env", tuple(check_env(_as_dict(env, "env")).items()))
+        object.__setattr__(
+            self,
+            "frameworks",
+            tuple(check_frameworks(_as_dict(frameworks, "frameworks")).items()),
+        )
 
     @classmethod
     def create(
@@ -60,42 +149,29 @@ flags=('--model-type=transformer', '--optlevel=1'), env=(), frameworks=())
             frameworks=tuple((frameworks or {}).items()),
         )
 
-    def __post_init__(self) -> None:
-        check_compiler_version(self.compiler_version)
-        if self.target not in TARGETS:
-            raise KeyingError(f"target {self.target!r} is not one of {', '.join(TARGETS)}")
-        flags = []
-        for flag in normalize_flags(self.flags):
-            name, _, value = flag.partition("=")
-            if name == "--target":
-                if value != self.target:
-                    raise KeyingError(f"flag {flag} contradicts target {self.target!r}")
-                continue
-            flags.append(flag)
-        object.__setattr__(self, "flags", tuple(flags))
-        object.__setattr__(self, "env", tuple(check_env(_as_dict(self.env, "env")).items()))
-        object.__setattr__(
-            self,
-            "frameworks",
-            tuple(check_frameworks(_as_dict(self.frameworks, "frameworks")).items()),
-        )
 
-
-@dataclass(frozen=True)
-class KeyInputs:
+class KeyInputs(Frozen):
     """A graph fingerprint (from ``fingerprint_hlo``) plus its compile context."""
 
-    fingerprint: str
-    context: CompileContext
+    __match_args__ = ("fingerprint", "context")
+    __slots__ = _compared = __match_args__
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.fingerprint, str) or not _HEX64.fullmatch(self.fingerprint):
+    if TYPE_CHECKING:  # read-only fields, as a frozen dataclass's
+
+        @property
+        def fingerprint(self) -> str: ...
+        @property
+        def context(self) -> CompileContext: ...
+
+    def __init__(self, fingerprint: str, context: CompileContext) -> None:
+        if not isinstance(fingerprint, str) or not _HEX64.fullmatch(fingerprint):
             raise KeyingError(
-                f"fingerprint {self.fingerprint!r} is not 64 lowercase hex digits "
-                "(use fingerprint_hlo)"
+                f"fingerprint {fingerprint!r} is not 64 lowercase hex digits (use fingerprint_hlo)"
             )
-        if not isinstance(self.context, CompileContext):
+        if not isinstance(context, CompileContext):
             raise KeyingError("context must be a CompileContext")
+        object.__setattr__(self, "fingerprint", fingerprint)
+        object.__setattr__(self, "context", context)
 
 
 def _as_dict(pairs: Pairs, what: str) -> dict[str, str]:

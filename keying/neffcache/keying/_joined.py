@@ -25,8 +25,7 @@ from __future__ import annotations
 import os
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import DecodeError
 
@@ -37,6 +36,7 @@ from ._hlo_schema import (
     IGNORED_INSTRUCTION_FIELDS,
     JoinedInstructions,
 )
+from ._inputs import Frozen
 
 # Sentinels in the joined lists. Ids are never negative, so they cannot be confused
 # with these; attribute sentinels are not valid FrontendAttributes messages.
@@ -91,8 +91,7 @@ _JOINED_FIELDS = (
 )
 
 
-@dataclass(frozen=True)
-class Joined:
+class Joined(Frozen):
     """All instructions of a module, parsed as one message (see the module doc).
 
     ``ids``, ``operands``, ``preds``, ``called`` and ``attrs`` hold, per instruction,
@@ -101,12 +100,39 @@ class Joined:
     closed by its mark.
     """
 
-    ids: list[int]
-    operands: list[int]
-    preds: list[int]
-    called: list[int]
-    attrs: list[bytes]
-    content: bytes  # the unknown-field stream: kept fields and marks
+    __match_args__ = ("ids", "operands", "preds", "called", "attrs", "content")
+    __slots__ = _compared = __match_args__
+
+    if TYPE_CHECKING:  # read-only fields, as a frozen dataclass's
+
+        @property
+        def ids(self) -> list[int]: ...
+        @property
+        def operands(self) -> list[int]: ...
+        @property
+        def preds(self) -> list[int]: ...
+        @property
+        def called(self) -> list[int]: ...
+        @property
+        def attrs(self) -> list[bytes]: ...
+        @property
+        def content(self) -> bytes: ...  # the unknown-field stream: kept fields and marks
+
+    def __init__(
+        self,
+        ids: list[int],
+        operands: list[int],
+        preds: list[int],
+        called: list[int],
+        attrs: list[bytes],
+        content: bytes,
+    ) -> None:
+        object.__setattr__(self, "ids", ids)
+        object.__setattr__(self, "operands", operands)
+        object.__setattr__(self, "preds", preds)
+        object.__setattr__(self, "called", called)
+        object.__setattr__(self, "attrs", attrs)
+        object.__setattr__(self, "content", content)
 
     @classmethod
     def parse(cls, comps: Sequence[Any]) -> Joined:

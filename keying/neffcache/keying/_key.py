@@ -11,15 +11,14 @@ different domains, so a direct key can never equal a canonical one.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import blake3
 
 from ._errors import KeyingError
 from ._hasher import ComponentValue, TaggedHasher
-from ._inputs import CompileContext, KeyInputs
+from ._inputs import CompileContext, Frozen, KeyInputs
 from ._version import KEY_VERSION
 
 _CANONICAL_DOMAIN = f"neffcache {KEY_VERSION} cache key"
@@ -27,16 +26,27 @@ _DIRECT_DOMAIN = f"neffcache {KEY_VERSION} direct key"
 _MODULE_DIGEST_DOMAIN = f"neffcache {KEY_VERSION} raw HloModuleProto bytes"
 
 
-@dataclass(frozen=True)
-class CacheKey:
+class CacheKey(Frozen):
     """A 64-hex key and the labelled components it was hashed from, in hash order.
 
     ``components`` is what explanations diff: two keys that differ differ in at least
-    one component.
+    one component. Equality and hash look at ``key`` alone.
     """
 
-    key: str
-    components: Mapping[str, ComponentValue] = field(compare=False)
+    __match_args__ = ("key", "components")
+    __slots__ = __match_args__
+    _compared = ("key",)
+
+    if TYPE_CHECKING:  # read-only fields, as a frozen dataclass's
+
+        @property
+        def key(self) -> str: ...
+        @property
+        def components(self) -> Mapping[str, ComponentValue]: ...
+
+    def __init__(self, key: str, components: Mapping[str, ComponentValue]) -> None:
+        object.__setattr__(self, "key", key)
+        object.__setattr__(self, "components", components)
 
     def as_json(self) -> dict[str, Any]:
         """Components as plain JSON values (lists and dicts)."""

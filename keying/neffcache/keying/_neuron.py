@@ -10,10 +10,11 @@ never computed here.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ._compiler import check_compiler_version
 from ._errors import KeyingError
+from ._inputs import Frozen
 
 _ADDRESS = re.compile(
     r"^neuronxcc-(?P<version>[^/]+)/MODULE_(?P<module_key>[0-9A-Za-z]{1,128})"
@@ -23,20 +24,30 @@ _MODULE_KEY = re.compile(r"^[0-9A-Za-z]{1,128}$")
 _FLAGS_HASH = re.compile(r"^[0-9a-f]{8}$")
 
 
-@dataclass(frozen=True)
-class NeuronAddress:
+class NeuronAddress(Frozen):
     """A parsed stock address; ``str()`` gives it back."""
 
-    compiler_version: str
-    module_key: str
-    flags_hash: str
+    __match_args__ = ("compiler_version", "module_key", "flags_hash")
+    __slots__ = _compared = __match_args__
 
-    def __post_init__(self) -> None:
-        check_compiler_version(self.compiler_version)
-        if not _MODULE_KEY.fullmatch(self.module_key):
-            raise KeyingError(f"module key {self.module_key!r} is not 1-128 letters or digits")
-        if not _FLAGS_HASH.fullmatch(self.flags_hash):
-            raise KeyingError(f"flags hash {self.flags_hash!r} is not 8 lowercase hex digits")
+    if TYPE_CHECKING:  # read-only fields, as a frozen dataclass's
+
+        @property
+        def compiler_version(self) -> str: ...
+        @property
+        def module_key(self) -> str: ...
+        @property
+        def flags_hash(self) -> str: ...
+
+    def __init__(self, compiler_version: str, module_key: str, flags_hash: str) -> None:
+        check_compiler_version(compiler_version)
+        if not _MODULE_KEY.fullmatch(module_key):
+            raise KeyingError(f"module key {module_key!r} is not 1-128 letters or digits")
+        if not _FLAGS_HASH.fullmatch(flags_hash):
+            raise KeyingError(f"flags hash {flags_hash!r} is not 8 lowercase hex digits")
+        object.__setattr__(self, "compiler_version", compiler_version)
+        object.__setattr__(self, "module_key", module_key)
+        object.__setattr__(self, "flags_hash", flags_hash)
 
     def __str__(self) -> str:
         return f"neuronxcc-{self.compiler_version}/MODULE_{self.module_key}+{self.flags_hash}"
