@@ -6,30 +6,34 @@ traceback: a CLI's users are people and shell scripts, not Python callers.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
-from importlib.metadata import entry_points
+from typing import TYPE_CHECKING
 
-from neffcache.keying import KeyingError
-
-from . import _key_cmd
 from ._common import CommandError
 
-_COMMANDS = (_key_cmd,)
+if TYPE_CHECKING:
+    import argparse
+
 # Other parts add commands through this entry point group (the server adds `serve` and
 # `admin`), so this package never imports them by name.
 PLUGIN_GROUP = "neffcache.cli"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog="neffcache",
         description="A shared compilation cache for AWS Neuron.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for command in _COMMANDS:
+    from . import _key_cmd, _wrap_cmd
+
+    for command in (_key_cmd, _wrap_cmd):
         command.register(sub)
+    from importlib.metadata import entry_points  # scans every installed package
+
     for plugin in entry_points(group=PLUGIN_GROUP):
         try:
             register = plugin.load()
@@ -41,12 +45,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
+    if args_in[:1] == ["wrap"] and "-h" not in args_in[1:2] and "--help" not in args_in[1:2]:
+        # Once per graph, in a fresh process: skip the parser, the plugins and keying's
+        # import, which together cost more than a cache hit may.
+        from neffcache.client.wrapper import main as wrap
+
+        command = args_in[1:]
+        return wrap(command[1:] if command[:1] == ["--"] else command)
     # Everything after the first "--" is compiler flags, passed through untouched:
     # argparse would otherwise try to read "--model-type" as one of its own options.
     extra: list[str] = []
     if "--" in args_in:
         cut = args_in.index("--")
         args_in, extra = args_in[:cut], args_in[cut + 1 :]
+    from neffcache.keying import KeyingError
+
     parser = build_parser()
     args = parser.parse_args(args_in)
     try:

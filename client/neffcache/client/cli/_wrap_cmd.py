@@ -1,0 +1,87 @@
+"""``neffcache wrap -- neuronx-cc compile ...`` and ``neffcache shim-dir``.
+
+``wrap`` runs one compile through the cache (see ``neffcache.client.wrapper``).
+``shim-dir`` prints a directory holding a ``neuronx-cc`` that does the same; put it
+first on ``PATH`` and every caller that runs ``neuronx-cc`` by name goes through the
+cache, including the flows that bypass the Neuron persistent cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+from neffcache.client.compiler import SHIM_MARK
+from neffcache.client.config import DEFAULT_LOCAL_DIR
+
+from ._common import CommandError
+
+SHIM = f"""#!{{python}}
+# {SHIM_MARK}; made by `neffcache shim-dir`.
+import sys
+
+from neffcache.client.wrapper import main
+
+sys.exit(main(["neuronx-cc", *sys.argv[1:]]))
+"""
+
+
+def register(sub: Any) -> None:
+    wrap = sub.add_parser(
+        "wrap",
+        help="run a neuronx-cc command through the cache",
+        usage="neffcache wrap -- neuronx-cc compile --framework=XLA IN.pb --output OUT.neff "
+        "--target=T [FLAG ...]",
+        description="Runs the compiler command after -- through the cache: a hit writes "
+        "the NEFF at --output without compiling; a miss compiles and publishes. Anything "
+        "else is passed to the real compiler untouched.",
+    )
+    wrap.set_defaults(run=run_wrap)
+    shim = sub.add_parser(
+        "shim-dir",
+        help="print a directory with a neuronx-cc that runs the wrapper",
+        description="Prints (creating it if needed) a directory holding a neuronx-cc "
+        "script that runs `neffcache wrap`. Prepend it to PATH; the real compiler is "
+        "NEFFCACHE_REAL_COMPILER, else the next neuronx-cc on PATH.",
+    )
+    shim.add_argument(
+        "--dir",
+        type=Path,
+        help="where to put it (default: .neffcache/shim under NEFFCACHE_LOCAL_DIR)",
+    )
+    shim.set_defaults(run=run_shim_dir)
+
+
+def run_wrap(args: argparse.Namespace, command: list[str]) -> int:
+    from neffcache.client.wrapper import main
+
+    return main(command)
+
+
+def run_shim_dir(args: argparse.Namespace, extra: list[str]) -> int:
+    if extra:
+        raise CommandError(f"unexpected arguments: {' '.join(extra)}")
+    local = os.environ.get("NEFFCACHE_LOCAL_DIR") or DEFAULT_LOCAL_DIR
+    directory: Path = args.dir or Path(local) / ".neffcache" / "shim"
+    print(make_shim_dir(directory))
+    return 0
+
+
+def make_shim_dir(directory: Path) -> Path:
+    directory = directory.absolute()
+    script = directory / "neuronx-cc"
+    text = SHIM.format(python=sys.executable)
+    try:
+        if not script.is_file() or script.read_text() != text:
+            directory.mkdir(parents=True, exist_ok=True)
+            tmp = directory / f".neuronx-cc.{os.getpid()}"
+            tmp.write_text(text)
+            tmp.chmod(tmp.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+            os.replace(tmp, script)
+    except OSError as exc:
+        raise CommandError(f"cannot write the shim in {directory}: {exc}") from exc
+    return directory

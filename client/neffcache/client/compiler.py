@@ -1,0 +1,99 @@
+"""The real ``neuronx-cc`` behind the shim, and its version without running it each time.
+
+``neuronx-cc --version`` starts a Python program (about a second for the real one);
+asked once per graph it would cost more than a cache hit. The answer is remembered on
+disk per (path, inode, size, mtime), so a reinstalled compiler is asked again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+
+from neffcache.client.local import atomic_write
+
+SHIM_MARK = "neffcache-shim: runs the neffcache compiler wrapper"
+_VERSION_TIMEOUT = 120.0
+
+
+def is_shim(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return SHIM_MARK.encode() in f.read(512)
+    except OSError:
+        return False
+
+
+def find_real_compiler(name: str, configured: str | None, path_env: str | None) -> str | None:
+    """``configured`` (NEFFCACHE_REAL_COMPILER) if set and not a neffcache shim, else
+    ``name`` as given when it is a path, else the first ``name`` on PATH that is not a
+    neffcache shim."""
+    if configured and not is_shim(configured):
+        return configured
+    # A configured shim (say, `which neuronx-cc` taken after the shim went first on
+    # PATH) would run itself without end: look further along PATH instead.
+    if os.sep in name:
+        return None if is_shim(name) else name
+    for directory in (path_env or "").split(os.pathsep):
+        candidate = os.path.join(directory or ".", name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK) and not is_shim(candidate):
+            return candidate
+    return None
+
+
+def compiler_version(compiler: str, memo_dir: Path) -> str | None:
+    """The full build string (``2.20.9961.0+0acef03a``) of ``compiler``, or None if it
+    cannot tell (then nothing is cached for it)."""
+    try:
+        real = os.path.realpath(compiler)
+        st = os.stat(real)
+    except OSError:
+        return None
+    stamp = [st.st_ino, st.st_size, st.st_mtime_ns]
+    memo = memo_dir / "compiler-versions.json"
+    try:
+        known = json.loads(memo.read_bytes())
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
+        known = {}
+    entry = known.get(real)
+    if isinstance(entry, dict) and entry.get("stamp") == stamp:
+        version = entry.get("version")
+        return version if isinstance(version, str) else None
+    version = _ask(compiler)
+    if version is not None:
+        known[real] = {"stamp": stamp, "version": version}
+        with contextlib.suppress(OSError):  # asked again next time: slower, never wrong
+            atomic_write(memo, json.dumps(known, sort_keys=True).encode())
+    return version
+
+
+def _ask(compiler: str) -> str | None:
+    # Imported here: keying's version parser is the one place that knows the format.
+    import subprocess
+
+    from neffcache.keying import KeyingError, check_compiler_version
+
+    env = dict(os.environ, NEFFCACHE_IN_WRAPPER="1")
+    try:
+        done = subprocess.run(
+            [compiler, "--version"],
+            capture_output=True,
+            text=True,
+            timeout=_VERSION_TIMEOUT,
+            env=env,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    marker = "NeuronX Compiler version "
+    for line in (done.stdout + "\n" + done.stderr).splitlines():
+        if line.startswith(marker):
+            try:
+                return check_compiler_version(line[len(marker) :].strip())
+            except KeyingError:
+                return None
+    return None

@@ -1,0 +1,129 @@
+"""Where the cache is and how the client behaves, read from the environment once.
+
+The URL lives where a Neuron user already puts a cache URL, with the SDK's precedence
+(facts §2): ``--cache_dir=`` inside ``NEURON_CC_FLAGS``, then
+``NEURON_COMPILE_CACHE_URL``; ``NEFFCACHE_URL`` overrides both. Only a
+``neffcache+http(s)://HOST:PORT/NAMESPACE`` URL turns neffcache on: anything else (a
+directory, ``s3://``) leaves the stock cache alone.
+
+This module is imported by the ``.pth`` hook in every Python process of a training
+image, so it imports nothing beyond the standard library's cheapest modules.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Mapping
+from typing import NamedTuple
+
+SCHEME_PREFIX = "neffcache+"
+DEFAULT_LOCAL_DIR = "/var/tmp/neuron-compile-cache"
+_NAMESPACE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+_CACHE_DIR = re.compile(r"--cache_dir(?:=|\s+)(\S+)")
+
+
+class ConfigError(ValueError):
+    """A neffcache URL or setting that cannot be used (the message names the fix)."""
+
+
+def cache_url(environ: Mapping[str, str]) -> str | None:
+    """The cache URL in force, by the precedence above (None: the SDK default)."""
+    if environ.get("NEFFCACHE_URL"):
+        return environ["NEFFCACHE_URL"]
+    flags = environ.get("NEURON_CC_FLAGS", "")
+    if "--cache_dir" in flags:
+        try:
+            tokens = shlex.split(flags)
+        except ValueError:
+            tokens = flags.split()
+        found = _CACHE_DIR.search(" ".join(tokens))
+        if found:
+            return found[1]
+    return environ.get("NEURON_COMPILE_CACHE_URL") or None
+
+
+def wants_neffcache(environ: Mapping[str, str]) -> bool:
+    """Cheap test for the .pth hook: is any neffcache URL configured?"""
+    url = cache_url(environ)
+    return url is not None and url.startswith(SCHEME_PREFIX)
+
+
+class ClientConfig(NamedTuple):
+    server: str  # http(s)://host:port, no trailing slash
+    namespace: str
+    token: str | None
+    local_dir: str
+    connect_timeout: float
+    timeout: float
+    backoff: float
+    publish_wait: float
+    real_compiler: str | None
+    run_manifest: str | None
+    stock_failures: bool  # replay cached failures like the stock cache does
+
+    @property
+    def url(self) -> str:
+        return f"{SCHEME_PREFIX}{self.server}/{self.namespace}"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ClientConfig | None:
+        """The configuration, or None when no neffcache URL is configured (or
+        ``NEFFCACHE_DISABLE`` is set). Raises ConfigError for a malformed one."""
+        env = os.environ if environ is None else environ
+        if _flag(env, "NEFFCACHE_DISABLE"):
+            return None
+        url = cache_url(env)
+        if url is None or not url.startswith(SCHEME_PREFIX):
+            return None
+        server, namespace = parse_url(url)
+        return cls(
+            server=server,
+            namespace=namespace,
+            token=env.get("NEFFCACHE_TOKEN") or None,
+            local_dir=env.get("NEFFCACHE_LOCAL_DIR") or DEFAULT_LOCAL_DIR,
+            connect_timeout=_seconds(env, "NEFFCACHE_CONNECT_TIMEOUT", 2.0),
+            timeout=_seconds(env, "NEFFCACHE_TIMEOUT", 10.0),
+            backoff=_seconds(env, "NEFFCACHE_BACKOFF", 60.0),
+            publish_wait=_seconds(env, "NEFFCACHE_PUBLISH_WAIT", 30.0),
+            real_compiler=env.get("NEFFCACHE_REAL_COMPILER") or None,
+            run_manifest=env.get("NEFFCACHE_RUN_MANIFEST") or None,
+            stock_failures=_flag(env, "NEFFCACHE_STOCK_FAILURES"),
+        )
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """``neffcache+http://host:port/namespace`` -> (``http://host:port``, namespace)."""
+    rest = url[len(SCHEME_PREFIX) :]
+    scheme, sep, tail = rest.partition("://")
+    if not sep or scheme not in ("http", "https"):
+        raise ConfigError(
+            f"{url!r}: use neffcache+http://HOST:PORT/NAMESPACE (or neffcache+https://)"
+        )
+    host, slash, namespace = tail.partition("/")
+    namespace = namespace.strip("/")
+    if not host or not slash or not _NAMESPACE.fullmatch(namespace):
+        raise ConfigError(
+            f"{url!r}: the URL must end with one namespace name "
+            "(lowercase letters, digits, '.', '_', '-'), as in "
+            "neffcache+http://cache.internal:8787/team-a"
+        )
+    return f"{scheme}://{host}", namespace
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
+    if not value >= 0 or value == float("inf"):
+        raise ConfigError(f"{name}={raw!r} must be a finite number of seconds >= 0")
+    return value
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")

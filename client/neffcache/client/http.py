@@ -1,0 +1,260 @@
+"""A small HTTP/1.1 client for talking to one neffcache server, every call time-boxed.
+
+Why not httpx (which the client may use): importing it costs more (about 70 ms) than a
+whole cache hit through the compiler wrapper may spend, and the wrapper runs once per
+graph in a fresh process. The protocol needs little: GET and PUT with a
+``Content-Length`` body, keep-alive, a response body read whole or streamed to a file.
+Every socket operation has the connect or per-request timeout, and the whole request
+has a deadline, so a server that accepts and then says nothing cannot hang a job.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import BinaryIO, NamedTuple
+from urllib.parse import urlsplit
+
+_MAX_HEAD = 64 * 1024
+_READ = 1 << 20
+
+
+class HttpError(Exception):
+    """The request did not complete: connection, timeout, or a malformed response."""
+
+
+class Response(NamedTuple):
+    status: int
+    headers: dict[str, str]  # lower-case names
+    body: bytes  # empty when streamed elsewhere
+
+
+class Connection:
+    """One keep-alive connection to ``base`` (``http://host:port`` or ``https://...``),
+    reopened when the server closed it. Not thread-safe: one per thread."""
+
+    def __init__(self, base: str, connect_timeout: float, timeout: float) -> None:
+        parts = urlsplit(base)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise HttpError(f"cannot talk to {base!r}")
+        self.tls = parts.scheme == "https"
+        self.host = parts.hostname
+        self.port = parts.port or (443 if self.tls else 80)
+        self.host_header = parts.netloc
+        self.connect_timeout = connect_timeout
+        self.timeout = timeout
+        self._sock: socket.socket | None = None
+        self._buffer = b""
+
+    def close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            finally:
+                self._sock = None
+                self._buffer = b""
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        body: bytes | None = None,
+        body_file: tuple[BinaryIO, int] | None = None,
+        sink: Callable[[bytes], None] | None = None,
+        timeout: float | None = None,
+    ) -> Response:
+        """Send one request; the body goes to ``sink`` in chunks when given (then
+        ``Response.body`` is empty), else it is returned whole. A reused connection
+        that turns out closed is retried once on a fresh one, before any byte of the
+        response was read."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        for attempt in (0, 1):
+            reused = self._sock is not None
+            try:
+                self._send(method, path, headers or {}, body, body_file, deadline)
+                return self._receive(method, sink, deadline)
+            except _StaleConnection:
+                self.close()
+                if attempt or not reused:
+                    raise HttpError("the server closed the connection") from None
+                if body_file is not None:
+                    body_file[0].seek(0)
+            except (OSError, HttpError) as exc:
+                self.close()
+                if isinstance(exc, HttpError):
+                    raise
+                raise HttpError(f"{method} {path}: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    def _socket(self, deadline: float) -> socket.socket:
+        if self._sock is None:
+            timeout = max(0.001, min(self.connect_timeout, deadline - time.monotonic()))
+            sock = socket.create_connection((self.host, self.port), timeout=timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.tls:
+                import ssl  # only for https: its import is not free
+
+                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self.host)
+            self._sock = sock
+        return self._sock
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        body_file: tuple[BinaryIO, int] | None,
+        deadline: float,
+    ) -> None:
+        sock = self._socket(deadline)
+        lines = [f"{method} {path} HTTP/1.1", f"Host: {self.host_header}"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        if body is not None:
+            lines.append(f"Content-Length: {len(body)}")
+        elif body_file is not None:
+            lines.append(f"Content-Length: {body_file[1]}")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        _set_timeout(sock, deadline)
+        try:
+            sock.sendall(head + body if body is not None and len(body) < _READ else head)
+            if body is not None and len(body) >= _READ:
+                sock.sendall(body)
+            if body_file is not None:
+                file, size = body_file
+                sent = 0
+                while sent < size:
+                    chunk = file.read(min(_READ, size - sent))
+                    if not chunk:
+                        raise HttpError(f"the file to upload ended after {sent} of {size} bytes")
+                    _set_timeout(sock, deadline)
+                    sock.sendall(chunk)
+                    sent += len(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            raise _StaleConnection() from None
+
+    def _receive(
+        self, method: str, sink: Callable[[bytes], None] | None, deadline: float
+    ) -> Response:
+        head = self._read_head(deadline)
+        status_line, *header_lines = head.decode("latin-1").split("\r\n")
+        parts = status_line.split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+            raise HttpError(f"not an HTTP response: {status_line[:80]!r}")
+        status = int(parts[1])
+        headers: dict[str, str] = {}
+        for line in header_lines:
+            name, sep, value = line.partition(":")
+            if sep:
+                headers[name.strip().lower()] = value.strip()
+        chunks: list[bytes] = []
+        # Only a success's body is the payload; an error's (a JSON reason) is kept.
+        write = sink if sink is not None and 200 <= status < 300 else chunks.append
+        if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+            pass
+        elif headers.get("transfer-encoding", "").lower() == "chunked":
+            for chunk in self._chunked(deadline):
+                write(chunk)
+        elif "content-length" in headers:
+            try:
+                length = int(headers["content-length"])
+            except ValueError:
+                raise HttpError(f"bad Content-Length {headers['content-length'][:40]!r}") from None
+            if length < 0:
+                raise HttpError(f"bad Content-Length {length}")
+            for chunk in self._exactly(length, deadline):
+                write(chunk)
+        else:  # delimited by close
+            for chunk in self._until_close(deadline):
+                write(chunk)
+            self.close()
+        if headers.get("connection", "").lower() == "close":
+            self.close()
+        return Response(status, headers, b"".join(chunks))
+
+    def _recv(self, deadline: float) -> bytes:
+        if self._buffer:
+            data, self._buffer = self._buffer, b""
+            return data
+        assert self._sock is not None
+        _set_timeout(self._sock, deadline)
+        return self._sock.recv(_READ)
+
+    def _read_head(self, deadline: float) -> bytes:
+        data = b""
+        first = True
+        while True:
+            end = data.find(b"\r\n\r\n")
+            if end >= 0:
+                self._buffer = data[end + 4 :] + self._buffer
+                return data[:end]
+            if len(data) > _MAX_HEAD:
+                raise HttpError("the response head is too large")
+            chunk = self._recv(deadline)
+            if not chunk:
+                if first:
+                    raise _StaleConnection()
+                raise HttpError("the connection closed inside the response head")
+            first = False
+            data += chunk
+
+    def _exactly(self, length: int, deadline: float) -> Iterator[bytes]:
+        remaining = length
+        while remaining > 0:
+            chunk = self._recv(deadline)
+            if not chunk:
+                raise HttpError(f"the connection closed {remaining} bytes before the end")
+            if len(chunk) > remaining:
+                self._buffer = chunk[remaining:]
+                chunk = chunk[:remaining]
+            remaining -= len(chunk)
+            yield chunk
+
+    def _line(self, deadline: float) -> bytes:
+        data = b""
+        while b"\r\n" not in data:
+            chunk = self._recv(deadline)
+            if not chunk:
+                raise HttpError("the connection closed inside a chunk header")
+            data += chunk
+            if len(data) > _MAX_HEAD:
+                raise HttpError("a chunk header is too large")
+        line, _, rest = data.partition(b"\r\n")
+        self._buffer = rest + self._buffer
+        return line
+
+    def _chunked(self, deadline: float) -> Iterator[bytes]:
+        while True:
+            size_text = self._line(deadline).split(b";")[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise HttpError(f"bad chunk size {size_text[:20]!r}") from None
+            if size == 0:
+                while self._line(deadline):  # trailers, then the empty line
+                    pass
+                return
+            yield from self._exactly(size, deadline)
+            if self._line(deadline):
+                raise HttpError("a chunk did not end with CRLF")
+
+    def _until_close(self, deadline: float) -> Iterator[bytes]:
+        while True:
+            chunk = self._recv(deadline)
+            if not chunk:
+                return
+            yield chunk
+
+
+class _StaleConnection(Exception):
+    """A kept-alive connection the server had already closed."""
+
+
+def _set_timeout(sock: socket.socket, deadline: float) -> None:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise HttpError("the request ran out of time")
+    sock.settimeout(left)

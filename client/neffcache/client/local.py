@@ -1,0 +1,193 @@
+"""The host's level-1 cache and the per-key locks that make ranks share one compile.
+
+Layout under ``NEFFCACHE_LOCAL_DIR`` (which also holds the stock Neuron layout the
+persistent-cache hook serves)::
+
+    .neffcache/blobs/ab/abcd...     files by BLAKE3 digest, verified when read
+    .neffcache/keys/ab/abcd....json a manifest by canonical or direct key
+    .neffcache/locks/<name>.flock   per-key locks (flock: the kernel releases a dead
+                                    holder's lock, so a killed rank never blocks others)
+
+Names end in ``.flock``, not ``.lock``: the SDK's ``clear_locks`` removes ``*.lock``
+files, and removing a held flock file would let a second holder in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import blake3
+
+from neffcache.client._log import log
+from neffcache.client.stats import STATS
+
+_POLL = 0.05
+_LOG_EVERY = 60.0
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename, so readers
+    see the old file or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def copy_atomic(src: Path, dest: Path) -> None:
+    """Copy ``src`` to ``dest`` through a temporary name in ``dest``'s directory and a
+    rename; the kernel copies (``sendfile``). Never a hard link: a file the SDK serves
+    or a compiler's ``--output`` must not share its bytes with an L1 blob, or an
+    in-place write to one would change the other."""
+    import shutil
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".{dest.name}.{os.getpid()}.{os.urandom(4).hex()}"
+    try:
+        shutil.copyfile(src, tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def file_digest(path: Path) -> str:
+    hasher = blake3.blake3()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+class LocalStore:
+    def __init__(self, local_dir: str | Path) -> None:
+        self.root = Path(local_dir) / ".neffcache"
+
+    def blob_path(self, digest: str) -> Path:
+        return self.root / "blobs" / digest[:2] / digest
+
+    def has_blob(self, digest: str, size: int) -> bool:
+        """Whether the blob is here with the right bytes; a damaged copy is removed."""
+        path = self.blob_path(digest)
+        try:
+            if path.stat().st_size != size:
+                raise ValueError("size")
+            if file_digest(path) != digest:
+                raise ValueError("digest")
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError):
+            STATS.count("bad_local_blobs")
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return False
+        return True
+
+    def add_blob(self, src: Path, digest: str) -> Path:
+        """Copy a verified file in (no-op when present); returns the stored path."""
+        dest = self.blob_path(digest)
+        if not dest.exists():
+            copy_atomic(src, dest)
+        return dest
+
+    def manifest(self, key: str) -> dict[str, Any] | None:
+        path = self.root / "keys" / key[:2] / f"{key}.json"
+        try:
+            value = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            STATS.count("bad_local_manifests")
+            return None
+        return value if isinstance(value, dict) else None
+
+    def put_manifest(self, key: str, manifest: dict[str, Any]) -> None:
+        path = self.root / "keys" / key[:2] / f"{key}.json"
+        atomic_write(path, json.dumps(manifest, sort_keys=True).encode())
+
+    @contextlib.contextmanager
+    def lock(self, name: str, what: str, wait: float = 0.0) -> Iterator[bool]:
+        """Hold the lock ``name`` while the block runs; yields True when held. Waits
+        while another live process holds it (``wait`` > 0 bounds the wait: then it
+        yields False and the caller goes on without it). Yields False too when the
+        lock cannot be created at all (a read-only directory): never a reason to fail."""
+        fd = self.acquire(name, what, wait)
+        try:
+            yield fd is not None
+        finally:
+            if fd is not None:
+                release(fd)
+
+    def acquire(self, name: str, what: str, wait: float = 0.0) -> int | None:
+        """The lock ``name`` as an open descriptor (``release`` it), or None when it
+        could not be taken (see ``lock``)."""
+        path = self.root / "locks" / f"{name}.flock"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            STATS.count("local_errors")
+            log.warning("neffcache: cannot create lock %s: %s", path, exc)
+            return None
+        if not _acquire(fd, what, wait):
+            os.close(fd)
+            return None
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        return fd
+
+
+def release(fd: int) -> None:
+    os.close(fd)  # closing releases the flock
+
+
+def _acquire(fd: int, what: str, wait: float) -> bool:
+    start = time.monotonic()
+    next_log = start + _LOG_EVERY
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                STATS.count("local_errors")
+                return False
+        now = time.monotonic()
+        if wait and now - start >= wait:
+            STATS.count("lock_wait_timeouts")
+            return False
+        if now >= next_log:
+            holder = _holder(fd)
+            log.warning(
+                "neffcache: waiting %.0f s for %s (held by pid %s on this host)",
+                now - start,
+                what,
+                holder,
+            )
+            next_log += _LOG_EVERY
+        time.sleep(_POLL)
+
+
+def _holder(fd: int) -> str:
+    try:
+        return os.pread(fd, 32, 0).decode().strip() or "?"
+    except OSError:
+        return "?"

@@ -1,0 +1,427 @@
+"""The ``CompileCache`` the persistent-cache hook hands to libneuronxla (facts §9).
+
+It wraps the SDK's own filesystem cache over the L1 directory (``NEFFCACHE_LOCAL_DIR``,
+the stock layout), so locks, ``get_hlos``, ``try_lookup_for_compile`` and
+``clear_locks`` behave exactly as the SDK's do for ``neuron_parallel_compile``. Three
+methods add the server:
+
+* ``exists(<entry>/model.done)`` (and ``model.neff``, which older SDKs probe, §3.3):
+  true if L1 has it; else the server is asked for the entry by its Neuron address
+  and, when the entry's HLO is already in L1, by its direct and canonical keys; a
+  found entry is written into L1 (``model.done`` last) before the answer is true.
+* ``exists(<entry>/model.log)``: false unless ``NEFFCACHE_STOCK_FAILURES`` is set, so
+  a failed compile is never replayed (the stock cache's "cached failed neff").
+* ``upload_file``/``upload_string_to_file``: written to L1 as the SDK asked; when
+  ``model.done`` arrives the entry is published in the background, and a
+  ``model.log`` is reported to the server as a failure record.
+
+The order in which the SDK writes the HLO and probes ``model.done`` is not public
+(facts §3.3): when the probe comes first, only the address can be looked up; a trace
+that differs in metadata then misses here and is caught by the compiler wrapper, which
+is why both interception points are meant to be enabled together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from neffcache.client._log import log
+from neffcache.client.config import ClientConfig
+from neffcache.client.stats import STATS
+
+DONE = "model.done"
+NEFF = "model.neff"
+LOG = "model.log"
+FLAGS = "compile_flags.json"
+HLO_NAMES = ("model.hlo_module.pb", "model.hlo.pb")
+# Files the SDK keeps in an entry that are not artifacts to publish.
+_NOT_ARTIFACTS = frozenset({DONE, LOG})
+
+
+def make_proxy_class(base: type, cache_url_class: type) -> type:
+    """A subclass of the SDK's ``CompileCache`` (so isinstance checks hold)."""
+
+    class NeffcacheCompileCache(base):  # type: ignore[misc]
+        """Server-backed; see the module docstring."""
+
+        def __init__(self, stock: Any, config: ClientConfig, original_url: Any) -> None:
+            # Not base.__init__: the stock cache already parsed its URL, and every path
+            # the SDK builds from ``cache_path`` must point into L1.
+            self._stock = stock
+            self._core = Core(stock, config)
+            self.cache_url = stock.cache_url
+            self.cache_path = stock.cache_path
+            self.cache_type = getattr(stock, "cache_type", "fs")
+            self.neffcache_url = original_url
+
+        # -- the three methods with server behaviour ----------------------------------
+
+        def exists(self, path: str) -> bool:
+            return self._core.exists(path)
+
+        def upload_file(self, cache_path: str, src_path: str) -> None:
+            self._stock.upload_file(cache_path, src_path)
+            self._core.uploaded(cache_path)
+
+        def upload_string_to_file(self, cache_path: str, data: Any) -> None:
+            self._stock.upload_string_to_file(cache_path, data)
+            self._core.uploaded(cache_path, data)
+
+        def hlo_acquire_lock(self, hlo_path: str, *args: Any, **kwargs: Any) -> None:
+            self._core.acquire_entry(hlo_path)
+            try:
+                self._stock.hlo_acquire_lock(hlo_path, *args, **kwargs)
+            except BaseException:
+                self._core.release_entry(hlo_path)
+                raise
+            self._core.mark_entry(hlo_path)
+
+        def hlo_release_lock(self, hlo_path: str, *args: Any, **kwargs: Any) -> None:
+            try:
+                self._stock.hlo_release_lock(hlo_path, *args, **kwargs)
+            finally:
+                self._core.release_entry(hlo_path)
+
+        def try_lookup_for_compile(self, hlo_path: str) -> Any:
+            entry = self._stock.try_lookup_for_compile(hlo_path)
+            if entry is not None and hasattr(entry, "cache"):
+                entry.cache = self  # its uploads then come through here, and publish
+            return entry
+
+        # -- everything else is the stock cache's -------------------------------------
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._stock, name)
+
+    for name in _DELEGATED:
+        if name not in NeffcacheCompileCache.__dict__:
+            setattr(NeffcacheCompileCache, name, _delegate(name))
+    NeffcacheCompileCache.cache_url_class = cache_url_class
+    return NeffcacheCompileCache
+
+
+# Methods the SDK's base class may define itself (so __getattr__ would not see them):
+# they go to the stock L1 cache explicitly.
+_DELEGATED = (
+    "get_cache_dir",
+    "get_cache_dir_with_cache_key",
+    "download_file",
+    "download_file_to_string",
+    "download_folder",
+    "download_artifacts",
+    "upload_folder",
+    "remove",
+    "clean",
+    "clear_locks",
+    "clear_neffs",
+    "get_hlos",
+)
+
+
+def _delegate(name: str) -> Any:
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self._stock, name)(*args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+class Core:
+    """The proxy's logic, independent of the SDK's classes (tested directly)."""
+
+    def __init__(self, stock: Any, config: ClientConfig) -> None:
+        from neffcache.client.local import LocalStore
+        from neffcache.client.remote import Remote
+
+        self.stock = stock
+        self.config = config
+        self.root = Path(stock.cache_path)
+        self.local = LocalStore(config.local_dir)
+        self.remote = Remote(config)
+        self._hlo_seen: dict[str, float] = {}  # entry dir -> when its HLO was written
+        self._entry_locks: dict[str, int] = {}  # HLO path -> held flock descriptor
+
+    # -- the SDK's per-entry compile lock, made safe against dead holders ---------------
+    #
+    # The SDK's lock is a file that exists while someone compiles (facts §6.2); a killed
+    # compile leaves it forever. Here a neffcache process first takes a flock (which
+    # the kernel drops when the process dies), then the SDK's lock, and writes its
+    # pid into the lock file. So a lock file with a pid, found while holding the
+    # flock, belongs to a dead neffcache process and is removed; an empty one was made
+    # by a process without neffcache and is waited for, as the SDK does.
+
+    def acquire_entry(self, hlo_path: str) -> None:
+        import blake3
+
+        name = "hlo-" + blake3.blake3(hlo_path.encode()).hexdigest()[:32]
+        fd = self.local.acquire(name, f"the compile lock of {hlo_path}")
+        if fd is None:
+            return  # no flock possible here: the SDK's own lock still serializes
+        self._entry_locks[hlo_path] = fd
+        stale = Path(hlo_path + ".lock")
+        try:
+            if stale.read_text().strip().startswith("neffcache pid"):
+                stale.unlink()
+                STATS.count("stale_locks_removed")
+                log.warning("neffcache: removed %s, left by a killed compile", stale)
+        except (OSError, UnicodeDecodeError):
+            pass
+
+    def mark_entry(self, hlo_path: str) -> None:
+        if hlo_path in self._entry_locks:
+            with contextlib.suppress(OSError):
+                Path(hlo_path + ".lock").write_text(f"neffcache pid {os.getpid()}\n")
+
+    def release_entry(self, hlo_path: str) -> None:
+        from neffcache.client.local import release
+
+        fd = self._entry_locks.pop(hlo_path, None)
+        if fd is not None:
+            release(fd)
+
+    def exists(self, path: str) -> bool:
+        name = os.path.basename(path)
+        if name == LOG and not self.config.stock_failures:
+            return False  # a failure is recorded, never replayed
+        if self.stock.exists(path):
+            if name == DONE:
+                self._record(Path(path).parent, "hit", "l1", None)
+            return True
+        if name not in (DONE, NEFF):
+            return False
+        try:
+            return self._fetch(Path(path).parent) and self.stock.exists(path)
+        except Exception:  # the cache's trouble is never the job's
+            STATS.count("hook_errors")
+            log.exception("neffcache: lookup of %s failed; compiling", path)
+            return False
+
+    def uploaded(self, cache_path: str, data: Any = None) -> None:
+        try:
+            name = os.path.basename(cache_path)
+            entry = str(Path(cache_path).parent)
+            if name in HLO_NAMES:
+                self._hlo_seen.setdefault(entry, time.monotonic())
+            elif name == DONE:
+                started = self._hlo_seen.pop(entry, None)
+                seconds = None if started is None else time.monotonic() - started
+                self._record(Path(entry), "miss", "compiler", seconds)
+                _publisher(self.config).submit(lambda: self._publish(Path(entry), seconds))
+            elif name == LOG:
+                started = self._hlo_seen.pop(entry, None)
+                seconds = None if started is None else time.monotonic() - started
+                text = data if isinstance(data, str) else _read_text(cache_path)
+                _publisher(self.config).submit(lambda: self._report(Path(entry), text, seconds))
+        except Exception:
+            STATS.count("hook_errors")
+            log.exception("neffcache: could not handle the upload of %s", cache_path)
+
+    def _record(self, entry: Path, result: str, source: str, seconds: float | None) -> None:
+        """A run-manifest line for a graph the SDK found in L1 or compiled itself."""
+        from neffcache.client.runlog import record
+
+        STATS.count("hits_l1" if source == "l1" else "compiles")
+        if not self.config.run_manifest:
+            return
+        try:
+            size = (entry / NEFF).stat().st_size
+        except OSError:
+            size = 0
+        record(
+            self.config.run_manifest,
+            via="hook",
+            key=None,
+            direct_key=None,
+            neuron_address=self._address(entry),
+            result=result,
+            source=source,
+            fetch_seconds=0.0,
+            compile_seconds=None if seconds is None else round(seconds, 3),
+            bytes=size,
+            fallback=None,
+        )
+
+    # -- lookups ----------------------------------------------------------------------
+
+    def _address(self, entry: Path) -> str | None:
+        try:
+            relative = entry.relative_to(self.root)
+        except ValueError:
+            return None
+        parts = relative.parts
+        if len(parts) != 2 or not parts[0].startswith("neuronxcc-"):
+            return None
+        from neffcache.keying import KeyingError, parse_neuron_address
+
+        try:
+            return str(parse_neuron_address("/".join(parts)))
+        except KeyingError:
+            return None
+
+    def _fetch(self, entry: Path) -> bool:
+        """Find the entry on the server and write it into L1; True when it is there."""
+        address = self._address(entry)
+        if address is None or not self.remote.available():
+            return False
+        t0 = time.monotonic()
+        with self.local.lock(_lock_name(address), f"entry {address}") as _held:
+            if (entry / DONE).exists():
+                return True  # another rank on this host fetched it meanwhile
+            manifest = self.remote.alias(address)
+            if manifest is None:
+                keys = self._keys(entry, address)
+                if keys is not None:
+                    direct, canonical = keys
+                    manifest = self.remote.alias(direct.key)
+                    if manifest is None:
+                        manifest = self.remote.entry(canonical().key)
+            if manifest is None or not self._materialize(entry, manifest):
+                return False
+        from neffcache.client.runlog import record
+
+        STATS.count("hits_server")
+        record(
+            self.config.run_manifest,
+            via="hook",
+            key=manifest.get("key"),
+            direct_key=manifest.get("direct_key"),
+            neuron_address=address,
+            result="hit",
+            source="server",
+            fetch_seconds=round(time.monotonic() - t0, 6),
+            compile_seconds=None,
+            bytes=manifest["files"][NEFF]["size"],
+            fallback=None,
+        )
+        return True
+
+    def _keys(self, entry: Path, address: str) -> tuple[Any, Any] | None:
+        """The entry's direct key and a function for its canonical key, when its HLO
+        and flags are in L1; None otherwise (nothing to key)."""
+        hlo = next((entry / n for n in HLO_NAMES if (entry / n).is_file()), None)
+        if hlo is None or not (entry / FLAGS).is_file():
+            return None
+        from neffcache.client.keys import canonical_key, context, direct_key
+
+        try:
+            flags = json.loads((entry / FLAGS).read_text())
+            if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+                return None
+            target = _target(flags)
+            if target is None:
+                return None
+            version = address.split("/")[0][len("neuronxcc-") :]
+            ctx = context(version, target, flags, os.environ)
+            module = hlo.read_bytes()
+        except (OSError, ValueError):
+            return None
+        return direct_key(module, ctx), lambda: canonical_key(module, ctx)
+
+    def _materialize(self, entry: Path, manifest: dict[str, Any]) -> bool:
+        """Fetch the entry's files into L1's blob store, copy them into the entry
+        directory (the SDK's own HLO and flags files are kept), ``model.done`` last."""
+        from neffcache.client.local import copy_atomic
+
+        files = manifest.get("files")
+        if not isinstance(files, dict) or not isinstance(files.get(NEFF), dict):
+            return False
+        for name, ref in sorted(files.items()):
+            if not isinstance(ref, dict) or name in _NOT_ARTIFACTS or "/" in name:
+                continue
+            target = entry / name
+            if name != NEFF and target.exists():
+                continue
+            digest, size = ref.get("digest"), ref.get("size")
+            if not isinstance(digest, str) or not isinstance(size, int):
+                return False
+            stored = self.local.has_blob(digest, size) or self.remote.fetch(
+                digest, size, self.local.blob_path(digest)
+            )
+            if not stored:
+                return False
+            copy_atomic(self.local.blob_path(digest), target)
+        self.stock.upload_string_to_file(str(entry / DONE), "")
+        return True
+
+    # -- publishing -------------------------------------------------------------------
+
+    def _publish(self, entry: Path, seconds: float | None) -> None:
+        from neffcache.client.publish import make_manifest, publish
+
+        address = self._address(entry)
+        if address is None or not (entry / NEFF).is_file():
+            return
+        keys = self._keys(entry, address)
+        if keys is None:
+            STATS.count("unkeyable")
+            return
+        direct, canonical = keys
+        files = {
+            p.name: p
+            for p in entry.iterdir()
+            if p.is_file()
+            and p.name not in _NOT_ARTIFACTS
+            and not p.name.startswith(".")
+            and not p.name.endswith(".lock")
+        }
+        manifest, paths = make_manifest(canonical(), direct, address, files, seconds)
+        publish(self.remote, manifest, paths)
+
+    def _report(self, entry: Path, text: str, seconds: float | None) -> None:
+        address = self._address(entry)
+        if address is None:
+            return
+        keys = self._keys(entry, address)
+        if keys is None:
+            return
+        direct, canonical = keys
+        key = canonical()
+        record: dict[str, Any] = {
+            "compiler_version": key.components["compiler_version"],
+            "neuron_address": address,
+            "direct_key": direct.key,
+            "components": key.as_json(),
+            "log": text[-64 * 1024 :],
+        }
+        if seconds is not None:
+            record["compile_seconds"] = round(seconds, 3)
+        STATS.count("compile_failures")
+        self.remote.put_failure(key.key, record)
+
+
+def _target(flags: list[str]) -> str | None:
+    for flag in flags:
+        name, _, value = flag.partition("=")
+        if name == "--target" and value:
+            return value
+    return os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE") or None
+
+
+def _lock_name(address: str) -> str:
+    import blake3
+
+    return "entry-" + blake3.blake3(address.encode()).hexdigest()[:32]
+
+
+def _read_text(path: str) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+_publishers: dict[str, Any] = {}
+
+
+def _publisher(config: ClientConfig) -> Any:
+    from neffcache.client.publish import Publisher
+
+    publisher = _publishers.get("default")
+    if publisher is None:
+        publisher = _publishers["default"] = Publisher(config.publish_wait)
+    return publisher

@@ -1,0 +1,132 @@
+"""Publishing a compiled graph to the server: blobs the server lacks, then the manifest.
+
+``publish`` does it now (the wrapper, once its compiler has exited). ``Publisher`` does
+it on a background thread for the persistent-cache hook, so a training step never
+waits for an upload: a bounded queue (a full queue drops the publish and counts it)
+and, at interpreter exit, a flush bounded by ``NEFFCACHE_PUBLISH_WAIT``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from neffcache.client._log import log
+from neffcache.client.local import file_digest
+from neffcache.client.remote import Manifest, Remote
+from neffcache.client.stats import STATS
+from neffcache.keying import CacheKey
+
+_QUEUE_SIZE = 256
+
+
+def make_manifest(
+    canonical: CacheKey,
+    direct: CacheKey | None,
+    address: str | None,
+    files: dict[str, Path],
+    compile_seconds: float | None,
+) -> tuple[Manifest, dict[str, Path]]:
+    """The manifest of an entry and the local file behind each digest it names."""
+    refs: dict[str, dict[str, Any]] = {}
+    paths: dict[str, Path] = {}
+    for name, path in sorted(files.items()):
+        digest = file_digest(path)
+        refs[name] = {"digest": digest, "size": path.stat().st_size}
+        paths[digest] = path
+    manifest: Manifest = {
+        "key": canonical.key,
+        "components": canonical.as_json(),
+        "files": refs,
+        "host": socket.gethostname(),
+    }
+    if direct is not None:
+        manifest["direct_key"] = direct.key
+    if address is not None:
+        manifest["neuron_address"] = address
+    if compile_seconds is not None:
+        manifest["compile_seconds"] = round(compile_seconds, 3)
+    return manifest, paths
+
+
+def publish(remote: Remote, manifest: Manifest, paths: dict[str, Path]) -> bool:
+    """Upload what the server lacks, then the manifest. True once the server holds an
+    entry for the key (ours, or an identical or earlier one: entries are immutable)."""
+    for _attempt in (0, 1):
+        missing = remote.missing(sorted(paths))
+        if missing is None:
+            return False
+        for digest in missing:
+            if digest not in paths or not remote.put_blob(digest, paths[digest]):
+                STATS.count("publish_failures")
+                return False
+        response = remote.put_entry(manifest["key"], manifest)
+        if response is None:
+            STATS.count("publish_failures")
+            return False
+        if response.status in (200, 201):
+            STATS.count("publishes")
+            return True
+        if response.status == 409:
+            # Another host published this key first, with other stamps: its NEFF serves.
+            STATS.count("publish_conflicts")
+            return True
+        if response.status == 400 and b"missing" in response.body:
+            continue  # a blob vanished between the check and the manifest: once more
+        STATS.count("publish_failures")
+        log.warning(
+            "neffcache: publishing %s was refused: HTTP %s", manifest["key"], response.status
+        )
+        return False
+    STATS.count("publish_failures")
+    return False
+
+
+class Publisher:
+    """Runs publish jobs on one daemon thread; ``flush`` waits for them, boundedly."""
+
+    def __init__(self, wait: float) -> None:
+        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(_QUEUE_SIZE)
+        self._wait = wait
+        self._thread = threading.Thread(target=self._run, name="neffcache-publish", daemon=True)
+        self._thread.start()
+        atexit.register(self.flush)
+
+    def submit(self, job: Callable[[], None]) -> None:
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            STATS.count("publishes_dropped")
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every submitted job ran; False if ``timeout`` (default: the
+        configured wait) ran out first. Jobs left then are dropped with the process."""
+        deadline = time.monotonic() + (self._wait if timeout is None else timeout)
+        while self._queue.unfinished_tasks:
+            if time.monotonic() >= deadline:
+                STATS.count("publishes_unflushed", self._queue.unfinished_tasks)
+                log.warning(
+                    "neffcache: %d publish(es) still pending at exit; giving up",
+                    self._queue.unfinished_tasks,
+                )
+                return False
+            time.sleep(0.02)
+        return True
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                if job is not None:
+                    job()
+            except Exception:  # a publish must never take the thread down
+                STATS.count("publish_failures")
+                log.exception("neffcache: a background publish failed")
+            finally:
+                self._queue.task_done()

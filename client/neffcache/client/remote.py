@@ -1,0 +1,226 @@
+"""The neffcache server as the client sees it: every answer is a value, never an error.
+
+A miss is None. So is trouble (connection refused, a timeout, a 5xx, a malformed
+answer): it is counted, logged once, and the server is considered down for this
+process for ``NEFFCACHE_BACKOFF`` seconds, during which calls return at once and the
+graph compiles locally (sccache's and ccache's policy). Downloads are verified against
+their BLAKE3 digest before they become visible; a mismatch is a miss.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import blake3
+
+from neffcache.client._log import log
+from neffcache.client.config import ClientConfig
+from neffcache.client.http import Connection, HttpError, Response
+from neffcache.client.stats import STATS
+
+Manifest = dict[str, Any]
+
+# Blob transfers get the request timeout plus this much time per byte: a 256 MiB NEFF
+# over a slow link must not count as a dead server, a stalled one must still end.
+_MIN_RATE = 8 * 2**20  # bytes per second
+_down_until: dict[str, float] = {}
+_down_lock = threading.Lock()
+
+
+class Remote:
+    def __init__(self, config: ClientConfig) -> None:
+        self.config = config
+        self._local = threading.local()
+        self._headers = {"Accept": "application/json"}
+        if config.token:
+            self._headers["Authorization"] = f"Bearer {config.token}"
+        self._ns = f"/v1/ns/{config.namespace}"
+
+    # -- state ------------------------------------------------------------------------
+
+    def available(self) -> bool:
+        """False while the server is marked down after an error."""
+        with _down_lock:
+            return time.monotonic() >= _down_until.get(self.config.server, 0.0)
+
+    def _mark_down(self, what: str, reason: object) -> None:
+        STATS.count("server_errors")
+        with _down_lock:
+            first = time.monotonic() >= _down_until.get(self.config.server, 0.0)
+            _down_until[self.config.server] = time.monotonic() + self.config.backoff
+        if first:
+            log.warning(
+                "neffcache: %s failed (%s); compiling locally, server %s skipped for %.0f s",
+                what,
+                reason,
+                self.config.server,
+                self.config.backoff,
+            )
+
+    def _connection(self) -> Connection:
+        conn: Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = Connection(self.config.server, self.config.connect_timeout, self.config.timeout)
+            self._local.conn = conn
+        return conn
+
+    def close(self) -> None:
+        conn: Connection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+
+    def _call(self, what: str, method: str, path: str, **kwargs: Any) -> Response | None:
+        """One request; None (counted, server marked down) when it did not complete or
+        the server failed (5xx)."""
+        if not self.available():
+            STATS.count("server_skipped")
+            return None
+        headers = dict(self._headers)
+        headers.update(kwargs.pop("headers", {}))
+        try:
+            response = self._connection().request(method, path, headers=headers, **kwargs)
+        except HttpError as exc:
+            self._mark_down(what, exc)
+            return None
+        if response.status >= 500:
+            self._mark_down(what, f"HTTP {response.status}")
+            return None
+        if response.status in (401, 403):
+            STATS.count("auth_errors")
+            log.warning(
+                "neffcache: %s refused (HTTP %d): check NEFFCACHE_TOKEN and the namespace",
+                what,
+                response.status,
+            )
+        return response
+
+    def _json(self, what: str, path: str) -> Manifest | None:
+        response = self._call(what, "GET", path)
+        if response is None or response.status != 200:
+            return None
+        try:
+            value = json.loads(response.body)
+        except ValueError:
+            self._mark_down(what, "the answer is not JSON")
+            return None
+        return value if isinstance(value, dict) else None
+
+    # -- reads ------------------------------------------------------------------------
+
+    def entry(self, key: str) -> Manifest | None:
+        return self._json("entry lookup", f"{self._ns}/entries/{key}")
+
+    def alias(self, alias: str) -> Manifest | None:
+        """By direct key or stock Neuron address."""
+        return self._json("alias lookup", f"{self._ns}/aliases/{quote(alias, safe='/')}")
+
+    def fetch(self, digest: str, size: int, dest: Path) -> bool:
+        """Download a blob to ``dest`` (atomically, verified); False on any problem."""
+        if not self.available():
+            STATS.count("server_skipped")
+            return False
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp_name = tempfile.mkstemp(prefix=".fetch-", dir=dest.parent)
+        except OSError as exc:
+            STATS.count("local_errors")
+            log.warning("neffcache: cannot write into %s: %s", dest.parent, exc)
+            return False
+        tmp = Path(tmp_name)
+        hasher = blake3.blake3()
+        received = 0
+        try:
+            with os.fdopen(fd, "wb") as out:
+
+                def sink(chunk: bytes) -> None:
+                    nonlocal received
+                    received += len(chunk)
+                    if received > size:
+                        raise HttpError(f"blob {digest} is longer than its manifest says")
+                    hasher.update(chunk)
+                    out.write(chunk)
+
+                response = self._call(
+                    "blob download",
+                    "GET",
+                    f"/v1/blobs/{digest}",
+                    sink=sink,
+                    timeout=self.config.timeout + size / _MIN_RATE,
+                )
+            if response is None or response.status != 200:
+                return False
+            if received != size or hasher.hexdigest() != digest:
+                STATS.count("bad_downloads")
+                log.warning("neffcache: blob %s arrived with other bytes; discarded", digest)
+                return False
+            os.replace(tmp, dest)
+            return True
+        except OSError as exc:
+            STATS.count("local_errors")
+            log.warning("neffcache: cannot write %s: %s", dest, exc)
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    # -- writes -----------------------------------------------------------------------
+
+    def missing(self, digests: list[str]) -> list[str] | None:
+        body = json.dumps({"digests": digests}).encode()
+        response = self._call(
+            "blob check",
+            "POST",
+            "/v1/blobs/missing",
+            body=body,
+            headers={"Content-Type": "application/json"},
+        )
+        if response is None or response.status != 200:
+            return None
+        try:
+            missing = json.loads(response.body)["missing"]
+        except (ValueError, KeyError, TypeError):
+            return None
+        return [d for d in missing if isinstance(d, str)]
+
+    def put_blob(self, digest: str, path: Path) -> bool:
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                response = self._call(
+                    "blob upload",
+                    "PUT",
+                    f"/v1/blobs/{digest}",
+                    body_file=(f, size),
+                    headers={"Content-Type": "application/octet-stream"},
+                    timeout=self.config.timeout + size / _MIN_RATE,
+                )
+        except OSError as exc:
+            STATS.count("local_errors")
+            log.warning("neffcache: cannot read %s for upload: %s", path, exc)
+            return False
+        return response is not None and response.status in (200, 201)
+
+    def put_entry(self, key: str, manifest: Manifest) -> Response | None:
+        return self._call(
+            "publish",
+            "PUT",
+            f"{self._ns}/entries/{key}",
+            body=json.dumps(manifest).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+
+    def put_failure(self, key: str, record: dict[str, Any]) -> bool:
+        response = self._call(
+            "failure report",
+            "PUT",
+            f"{self._ns}/failures/{key}",
+            body=json.dumps(record).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        return response is not None and response.status in (200, 201)

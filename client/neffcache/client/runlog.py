@@ -1,0 +1,41 @@
+"""The run manifest (``NEFFCACHE_RUN_MANIFEST=PATH``): one JSON object per line per graph.
+
+Each line is written with one ``write`` on a file opened ``O_APPEND``, so the ranks of
+a job (and the wrapper's processes) can share one file without interleaving lines.
+Fields: ``time`` (UTC, ISO 8601), ``via`` (``wrapper`` or ``hook``), ``key``,
+``direct_key``, ``neuron_address`` (each null when unknown), ``result`` (``hit`` or
+``miss``), ``source`` (``l1``, ``server`` or ``compiler``), ``fetch_seconds``,
+``compile_seconds`` (null on a hit), ``bytes`` (the NEFF's size, 0 when there is none),
+``exit_code`` (the wrapper's), ``fallback`` (why the cache could not help, or null),
+``pid`` and ``host``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from datetime import datetime, timezone
+from typing import Any
+
+from neffcache.client._log import log
+
+
+def record(path: str | None, **fields: Any) -> None:
+    if not path:
+        return
+    line = {
+        "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+        **fields,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+    }
+    data = (json.dumps(line, sort_keys=True) + "\n").encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        log.warning("neffcache: cannot write the run manifest %s: %s", path, exc)

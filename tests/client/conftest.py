@@ -1,0 +1,67 @@
+"""Fixtures for the client's end-to-end tests (test_e2e_*.py); the helpers they build
+on are in e2e_harness.py.
+
+* ``server``: one ``neffcache serve`` process shared by the session (anonymous, on a
+  free loopback port). Tests share it through their own ``namespace``; a test that
+  damages or stops its server asks for ``private_server`` instead.
+* ``namespace``: a namespace name derived from the test's node id, unique per test.
+* ``sandbox``: per-test directories, the stand-in compiler's invocation counter, child
+  environments and process launchers; every child still running at teardown is killed.
+* ``silent_server``: a loopback port that accepts connections and never answers.
+* ``unused_port``: a loopback port nothing listens on.
+
+Nothing here is autouse: test_cli_key.py shares this directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from client.e2e_harness import Sandbox, Server, SilentServer, free_port
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    running = Server(tmp_path_factory.mktemp("shared-server") / "data")
+    running.start()
+    yield running
+    running.kill()
+
+
+@pytest.fixture
+def private_server(tmp_path: Path) -> Iterator[Server]:
+    running = Server(tmp_path / "server-data")
+    running.start()
+    yield running
+    running.kill()
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest) -> str:
+    base = re.sub(r"[^a-z0-9._-]+", "-", request.node.name.lower()).strip("-._")[:40]
+    digest = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:10]
+    return f"{base}-{digest}"
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path, namespace: str) -> Iterator[Sandbox]:
+    box = Sandbox(tmp_path / "sandbox", namespace)
+    box.root.mkdir()
+    yield box
+    box.kill_all()
+
+
+@pytest.fixture
+def silent_server() -> Iterator[SilentServer]:
+    silent = SilentServer()
+    yield silent
+    silent.close()
+
+
+@pytest.fixture
+def unused_port() -> int:
+    return free_port()

@@ -1,0 +1,538 @@
+"""Unit tests for ``neffcache.client.proxy.Core``, the server logic behind the cache the
+hook hands to libneuronxla, over a minimal stand-in for the SDK's filesystem cache and
+a scripted in-test HTTP server."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import blake3
+import pytest
+
+from neffcache.client import remote as remote_module
+from neffcache.client.config import ClientConfig
+from neffcache.client.keys import context, direct_key
+from neffcache.client.proxy import Core, _publisher, make_proxy_class
+from neffcache.client.stats import STATS
+
+VERSION = "2.20.9961.0+0acef03a"
+ADDRESS = f"neuronxcc-{VERSION}/MODULE_123+abcdef01"
+HLO_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "hlo" / "block_a.pb"
+
+
+def digest(data: bytes) -> str:
+    value: str = blake3.blake3(data).hexdigest()
+    return value
+
+
+def delta(before: dict[str, int], name: str) -> int:
+    return STATS.snapshot().get(name, 0) - before.get(name, 0)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class FakeStock:
+    """The parts of the SDK's CompileCacheFs that Core uses; it records, for each
+    ``upload_string_to_file``, which entry files were already in place."""
+
+    def __init__(self, root: Path) -> None:
+        self.cache_path = str(root)
+        self.uploads: list[tuple[str, list[str]]] = []
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def upload_string_to_file(self, path: str, data: str) -> None:
+        directory = os.path.dirname(path)
+        self.uploads.append((os.path.basename(path), sorted(os.listdir(directory))))
+        Path(path).write_text(data)
+
+
+Route = Callable[[str, str, bytes], tuple[int, bytes]]
+
+
+class FakeServer:
+    """Answers with ``route(method, path, body)``; keeps every request."""
+
+    def __init__(self, route: Route) -> None:
+        self.route = route
+        self.requests: list[tuple[str, str, bytes]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                path = unquote(self.path)
+                outer.requests.append((self.command, path, body))
+                status, answer = outer.route(self.command, path, body)
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            do_GET = do_PUT = do_POST = _answer  # noqa: N815
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
+        ).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@contextlib.contextmanager
+def fake_server(route: Route) -> Iterator[FakeServer]:
+    server = FakeServer(route)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+_CORES: list[Core] = []
+
+
+@pytest.fixture(autouse=True)
+def _fresh_backoff(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No server is down at the start; every Core's connection is closed at the end."""
+    monkeypatch.setattr(remote_module, "_down_until", {})
+    yield
+    while _CORES:
+        _CORES.pop().remote.close()
+
+
+def make_core(
+    tmp_path: Path, server: str | None = None, **extra: str
+) -> tuple[Core, FakeStock, Path]:
+    root = tmp_path / "l1"
+    root.mkdir(exist_ok=True)
+    env = {
+        "NEFFCACHE_URL": f"neffcache+{server or f'http://127.0.0.1:{free_port()}'}/team-a",
+        "NEFFCACHE_LOCAL_DIR": str(root),
+        "NEFFCACHE_CONNECT_TIMEOUT": "0.5",
+        "NEFFCACHE_TIMEOUT": "2",
+        "NEFFCACHE_RUN_MANIFEST": str(tmp_path / "run.jsonl"),
+        **extra,
+    }
+    config = ClientConfig.from_env(env)
+    assert config is not None
+    stock = FakeStock(root)
+    core = Core(stock, config)
+    _CORES.append(core)
+    entry = root / ADDRESS
+    entry.mkdir(parents=True)
+    return core, stock, entry
+
+
+def run_lines(tmp_path: Path) -> list[dict[str, Any]]:
+    path = tmp_path / "run.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+# --- model.log ------------------------------------------------------------------------
+
+
+def test_a_cached_failure_is_never_replayed(tmp_path: Path) -> None:
+    core, _, entry = make_core(tmp_path)
+    (entry / "model.log").write_text("ERROR")
+    assert core.exists(str(entry / "model.log")) is False
+    assert core.remote.available()  # decided without the server
+
+
+@pytest.mark.parametrize("value", ["1", "true"])
+def test_stock_failures_replays_it(tmp_path: Path, value: str) -> None:
+    core, _, entry = make_core(tmp_path, NEFFCACHE_STOCK_FAILURES=value)
+    assert core.exists(str(entry / "model.log")) is False  # none there
+    (entry / "model.log").write_text("ERROR")
+    assert core.exists(str(entry / "model.log")) is True
+
+
+# --- model.done -----------------------------------------------------------------------
+
+
+def test_done_in_l1_is_a_hit_without_the_server(tmp_path: Path) -> None:
+    with fake_server(lambda m, p, b: (500, b"")) as server:
+        core, _, entry = make_core(tmp_path, server.url)
+        (entry / "model.done").write_text("")
+        (entry / "model.neff").write_bytes(b"x" * 10)
+        assert core.exists(str(entry / "model.done"))
+        assert server.requests == []
+    (line,) = run_lines(tmp_path)
+    assert (line["result"], line["source"], line["neuron_address"]) == ("hit", "l1", ADDRESS)
+    assert line["bytes"] == 10
+
+
+def test_other_files_are_not_looked_up(tmp_path: Path) -> None:
+    with fake_server(lambda m, p, b: (404, b"{}")) as server:
+        core, _, entry = make_core(tmp_path, server.url)
+        assert not core.exists(str(entry / "compile_flags.json"))
+        assert not core.exists(str(entry / "model.hlo_module.pb"))
+        # Not an entry of this cache's layout: nothing to ask for.
+        assert not core.exists(str(tmp_path / "elsewhere" / "model.done"))
+        assert not core.exists(str(entry.parent / "model.done"))
+        assert server.requests == []
+
+
+def test_done_with_the_server_refusing_is_false_and_quick(tmp_path: Path) -> None:
+    core, stock, entry = make_core(tmp_path)
+    start = time.monotonic()
+    assert core.exists(str(entry / "model.done")) is False
+    assert time.monotonic() - start < 1.0
+    assert not core.remote.available()
+    start = time.monotonic()
+    assert core.exists(str(entry / "model.done")) is False
+    assert time.monotonic() - start < 0.1
+    assert stock.uploads == []
+    assert not (entry / "model.done").exists()
+
+
+def test_done_with_the_server_down_does_not_ask_again(tmp_path: Path) -> None:
+    with fake_server(lambda m, p, b: (503, b"")) as server:
+        core, _, entry = make_core(tmp_path, server.url)
+        assert core.exists(str(entry / "model.done")) is False
+        assert len(server.requests) == 1
+        assert core.exists(str(entry / "model.done")) is False
+        assert core.exists(str(entry / "model.neff")) is False
+        assert len(server.requests) == 1
+
+
+def test_done_with_a_silent_server_ends_within_the_timeout(tmp_path: Path) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))  # accepts (backlog), never answers
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        core, _, entry = make_core(tmp_path, url, NEFFCACHE_TIMEOUT="0.5")
+        start = time.monotonic()
+        assert core.exists(str(entry / "model.done")) is False
+        assert time.monotonic() - start < 0.5 + 1.0
+    finally:
+        listener.close()
+
+
+def _entry_route(
+    files: dict[str, bytes], *, alias: str = ADDRESS, serve: dict[str, bytes] | None = None
+) -> tuple[Route, dict[str, Any]]:
+    manifest = {
+        "key": "c" * 64,
+        "direct_key": "d" * 64,
+        "neuron_address": ADDRESS,
+        "files": {
+            name: {"digest": digest(data), "size": len(data)} for name, data in files.items()
+        },
+    }
+    blobs = {digest(data): data for data in files.values()}
+    blobs.update(serve or {})
+
+    def route(method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        if path == f"/v1/ns/team-a/aliases/{alias}":
+            return 200, json.dumps(manifest).encode()
+        if path.startswith("/v1/blobs/") and path[len("/v1/blobs/") :] in blobs:
+            return 200, blobs[path[len("/v1/blobs/") :]]
+        return 404, b'{"detail": "absent"}'
+
+    return route, manifest
+
+
+def test_a_server_hit_is_written_into_l1_done_last(tmp_path: Path) -> None:
+    neff = os.urandom(20_000)
+    theirs = b"the publisher's HLO"
+    files = {"model.neff": neff, "model.hlo_module.pb": theirs, "wrapped_neff.hlo": b"w" * 99}
+    route, _ = _entry_route(files)
+    before = STATS.snapshot()
+    with fake_server(route) as server:
+        core, stock, entry = make_core(tmp_path, server.url)
+        ours = b"the SDK's own HLO"
+        (entry / "model.hlo_module.pb").write_bytes(ours)
+        assert core.exists(str(entry / "model.done")) is True
+    assert (entry / "model.neff").read_bytes() == neff
+    assert (entry / "wrapped_neff.hlo").read_bytes() == b"w" * 99
+    assert (entry / "model.hlo_module.pb").read_bytes() == ours  # the SDK's file is kept
+    # model.done came through the SDK's own writer, after every artifact was in place.
+    assert stock.uploads == [
+        ("model.done", ["model.hlo_module.pb", "model.neff", "wrapped_neff.hlo"])
+    ]
+    assert (entry / "model.done").stat().st_mtime_ns >= (entry / "model.neff").stat().st_mtime_ns
+    assert core.local.has_blob(digest(neff), len(neff))
+    assert delta(before, "hits_server") == 1
+    (line,) = run_lines(tmp_path)
+    assert (line["result"], line["source"]) == ("hit", "server")
+    assert line["key"] == "c" * 64
+    assert line["bytes"] == len(neff)
+
+
+def test_a_blob_with_other_bytes_is_not_a_hit(tmp_path: Path) -> None:
+    neff = os.urandom(5000)
+    route, _ = _entry_route({"model.neff": neff}, serve={digest(neff): os.urandom(5000)})
+    with fake_server(route) as server:
+        core, stock, entry = make_core(tmp_path, server.url)
+        assert core.exists(str(entry / "model.done")) is False
+    assert stock.uploads == []
+    assert sorted(os.listdir(entry)) == []
+    assert not core.local.has_blob(digest(neff), len(neff))
+
+
+def test_a_manifest_without_a_neff_is_not_a_hit(tmp_path: Path) -> None:
+    route, _ = _entry_route({"model.hlo_module.pb": b"hlo"})
+    with fake_server(route) as server:
+        core, stock, entry = make_core(tmp_path, server.url)
+        assert core.exists(str(entry / "model.done")) is False
+    assert stock.uploads == []
+
+
+def test_the_direct_key_is_asked_when_the_address_misses(tmp_path: Path) -> None:
+    module = HLO_FIXTURE.read_bytes()
+    flags = ["--target=trn1", "--model-type=transformer"]
+    direct = direct_key(module, context(VERSION, "trn1", flags, os.environ)).key
+    neff = os.urandom(3000)
+    route, _ = _entry_route({"model.neff": neff}, alias=direct)
+    with fake_server(route) as server:
+        core, _, entry = make_core(tmp_path, server.url)
+        (entry / "model.hlo_module.pb").write_bytes(module)
+        (entry / "compile_flags.json").write_text(json.dumps(flags))
+        assert core.exists(str(entry / "model.done")) is True
+    asked = [path for method, path, _ in server.requests if "/v1/ns/" in path]
+    assert asked == [
+        f"/v1/ns/team-a/aliases/{ADDRESS}",
+        f"/v1/ns/team-a/aliases/{direct}",
+    ]
+    assert (entry / "model.neff").read_bytes() == neff
+
+
+# --- publishing -----------------------------------------------------------------------
+
+
+def test_done_uploaded_by_the_sdk_is_published(tmp_path: Path) -> None:
+    def route(method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        if path == "/v1/blobs/missing":
+            return 200, json.dumps({"missing": json.loads(body)["digests"]}).encode()
+        return 201, b"{}"
+
+    module = HLO_FIXTURE.read_bytes()
+    with fake_server(route) as server:
+        core, _, entry = make_core(tmp_path, server.url)
+        (entry / "model.hlo_module.pb").write_bytes(module)
+        core.uploaded(str(entry / "model.hlo_module.pb"))
+        (entry / "compile_flags.json").write_text('["--target=trn1"]')
+        (entry / "model.neff").write_bytes(b"NEFF" * 50)
+        (entry / "model.hlo_module.pb.lock").write_text("")
+        (entry / "model.done").write_text("")
+        core.uploaded(str(entry / "model.done"))
+        assert _publisher(core.config).flush(timeout=10)
+    puts = [(p, b) for m, p, b in server.requests if m == "PUT" and "/entries/" in p]
+    assert len(puts) == 1
+    manifest = json.loads(puts[0][1])
+    assert manifest["neuron_address"] == ADDRESS
+    assert set(manifest["files"]) == {"model.neff", "model.hlo_module.pb", "compile_flags.json"}
+    assert manifest["files"]["model.neff"]["digest"] == digest(b"NEFF" * 50)
+    assert isinstance(manifest["compile_seconds"], float)
+    (line,) = run_lines(tmp_path)
+    assert (line["result"], line["source"]) == ("miss", "compiler")
+
+
+# --- the SDK's per-entry compile lock -------------------------------------------------
+
+
+def _flock_name(hlo: Path) -> str:
+    return "hlo-" + digest(str(hlo).encode())[:32]
+
+
+def test_entry_lock_is_marked_and_released(tmp_path: Path) -> None:
+    core, _, entry = make_core(tmp_path)
+    hlo = entry / "model.hlo_module.pb"
+    core.acquire_entry(str(hlo))
+    (entry / "model.hlo_module.pb.lock").write_text("")  # what the SDK's lock creates
+    core.mark_entry(str(hlo))
+    assert (entry / "model.hlo_module.pb.lock").read_text() == f"neffcache pid {os.getpid()}\n"
+    with core.local.lock(_flock_name(hlo), "test", wait=0.1) as held:
+        assert held is False  # the flock is held while the SDK's lock is
+    core.release_entry(str(hlo))
+    with core.local.lock(_flock_name(hlo), "test", wait=0.1) as held:
+        assert held is True
+    core.release_entry(str(hlo))  # a second release is harmless
+
+
+def test_a_lock_left_by_a_dead_neffcache_process_is_removed(tmp_path: Path) -> None:
+    core, _, entry = make_core(tmp_path)
+    hlo = entry / "model.hlo_module.pb"
+    (entry / "model.hlo_module.pb.lock").write_text("neffcache pid 999999\n")
+    before = STATS.snapshot()
+    core.acquire_entry(str(hlo))
+    core.release_entry(str(hlo))
+    assert not (entry / "model.hlo_module.pb.lock").exists()
+    assert delta(before, "stale_locks_removed") == 1
+
+
+@pytest.mark.parametrize("content", [b"", b"1234\n", b"\xffneffcache pid 1"])
+def test_a_lock_made_without_neffcache_is_kept(tmp_path: Path, content: bytes) -> None:
+    core, _, entry = make_core(tmp_path)
+    hlo = entry / "model.hlo_module.pb"
+    (entry / "model.hlo_module.pb.lock").write_bytes(content)
+    core.acquire_entry(str(hlo))
+    core.release_entry(str(hlo))
+    assert (entry / "model.hlo_module.pb.lock").read_bytes() == content
+
+
+_ENTRY_HOLDER = """
+import sys, time
+from neffcache.client.config import ClientConfig
+from neffcache.client.proxy import Core
+
+class Stock:
+    cache_path = sys.argv[1]
+
+config = ClientConfig.from_env({"NEFFCACHE_URL": "neffcache+http://127.0.0.1:1/team-a",
+                                "NEFFCACHE_LOCAL_DIR": sys.argv[1]})
+core = Core(Stock(), config)
+core.acquire_entry(sys.argv[2])
+open(sys.argv[2] + ".lock", "w").close()
+core.mark_entry(sys.argv[2])
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_killed_compile_frees_its_entry(tmp_path: Path) -> None:
+    core, _, entry = make_core(tmp_path)
+    hlo = entry / "model.hlo_module.pb"
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(repo / d) for d in ("keying", "client")))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _ENTRY_HOLDER, core.stock.cache_path, str(hlo)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    waiter = threading.Thread(target=core.acquire_entry, args=(str(hlo),), daemon=True)
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "held"
+        waiter.start()
+        waiter.join(0.3)
+        assert waiter.is_alive()  # a live holder is waited for
+        assert (entry / "model.hlo_module.pb.lock").exists()
+        holder.kill()
+        holder.wait(timeout=10)
+        waiter.join(2.0)
+        assert not waiter.is_alive()
+        assert not (entry / "model.hlo_module.pb.lock").exists()  # the dead one's lock
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.wait(timeout=10)
+        assert holder.stdout is not None
+        holder.stdout.close()
+        core.release_entry(str(hlo))
+
+
+# --- the class the hook hands to the SDK ----------------------------------------------
+
+
+class SdkBase:
+    """Stands for libneuronxla's CompileCache: methods the proxy must not inherit."""
+
+    def get_hlos(self) -> str:
+        return "base"
+
+    def hlo_acquire_lock(self, hlo_path: str) -> None:
+        raise AssertionError("the base class must not be reached")
+
+
+class LockingStock(FakeStock):
+    def __init__(self, root: Path, fail: bool = False) -> None:
+        super().__init__(root)
+        self.cache_url = "url"
+        self.fail = fail
+        self.calls: list[str] = []
+
+    def get_hlos(self) -> str:
+        return "stock"
+
+    def hlo_acquire_lock(self, hlo_path: str, timeout: float | None = None) -> None:
+        self.calls.append(f"acquire {timeout}")
+        if self.fail:
+            raise TimeoutError("still locked")
+        Path(hlo_path + ".lock").write_text("")
+
+    def hlo_release_lock(self, hlo_path: str) -> None:
+        self.calls.append("release")
+        Path(hlo_path + ".lock").unlink()
+
+
+def make_proxy(tmp_path: Path, fail: bool = False) -> tuple[Any, LockingStock, Path]:
+    core, _, entry = make_core(tmp_path)
+    stock = LockingStock(Path(core.stock.cache_path), fail)
+    proxy = make_proxy_class(SdkBase, object)(stock, core.config, "neffcache+http://x/team-a")
+    _CORES.append(proxy._core)
+    return proxy, stock, entry
+
+
+def test_the_proxy_is_an_sdk_cache_over_l1(tmp_path: Path) -> None:
+    proxy, stock, _ = make_proxy(tmp_path)
+    assert isinstance(proxy, SdkBase)
+    assert getattr(proxy, "cache_path", None) == stock.cache_path
+    assert proxy.get_hlos() == "stock"  # delegated, not the base class's
+
+
+def test_the_proxy_compile_lock_wraps_the_sdks(tmp_path: Path) -> None:
+    proxy, stock, entry = make_proxy(tmp_path)
+    hlo = entry / "model.hlo_module.pb"
+    proxy.hlo_acquire_lock(str(hlo), timeout=5)
+    assert stock.calls == ["acquire 5"]
+    assert (entry / "model.hlo_module.pb.lock").read_text().startswith("neffcache pid ")
+    with proxy._core.local.lock(_flock_name(hlo), "test", wait=0.1) as held:
+        assert held is False
+    proxy.hlo_release_lock(str(hlo))
+    assert stock.calls == ["acquire 5", "release"]
+    with proxy._core.local.lock(_flock_name(hlo), "test", wait=0.1) as held:
+        assert held is True
+
+
+def test_a_failed_sdk_lock_releases_the_flock(tmp_path: Path) -> None:
+    proxy, _, entry = make_proxy(tmp_path, fail=True)
+    hlo = entry / "model.hlo_module.pb"
+    with pytest.raises(TimeoutError):
+        proxy.hlo_acquire_lock(str(hlo))
+    with proxy._core.local.lock(_flock_name(hlo), "test", wait=0.1) as held:
+        assert held is True
+
+
+def test_an_in_place_write_elsewhere_does_not_change_a_served_entry(tmp_path: Path) -> None:
+    from neffcache.client.local import copy_atomic
+
+    neff = os.urandom(4096)
+    route, _ = _entry_route({"model.neff": neff})
+    with fake_server(route) as server:
+        core, _, entry = make_core(tmp_path, server.url)
+        assert core.exists(str(entry / "model.done"))
+    # What wrapper.Session._materialize does for a later hit of the same NEFF:
+    output = tmp_path / "workdir" / "model.neff"
+    copy_atomic(core.local.blob_path(digest(neff)), output)
+    with open(output, "r+b") as f:  # a later compile rewriting its --output in place
+        f.write(b"other graph")
+    assert (entry / "model.neff").read_bytes() == neff

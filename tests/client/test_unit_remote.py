@@ -1,0 +1,407 @@
+"""Unit tests for ``neffcache.client.remote.Remote``: against a real ``neffcache serve``
+(misses, round trips) and against a scripted in-test HTTP server (wrong bytes, 5xx,
+401/403), whose request counter shows when the client did not touch the network."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import blake3
+import pytest
+
+from neffcache.client import remote as remote_module
+from neffcache.client.config import ClientConfig
+from neffcache.client.http import Connection, HttpError
+from neffcache.client.remote import Remote
+from neffcache.client.stats import STATS
+
+REPO = Path(__file__).resolve().parents[2]
+NEFFCACHE = [sys.executable, "-m", "neffcache.client.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def digest(data: bytes) -> str:
+    value: str = blake3.blake3(data).hexdigest()
+    return value
+
+
+def config_for(
+    server: str, local_dir: Path, *, backoff: float = 60.0, timeout: float = 5.0, **extra: str
+) -> ClientConfig:
+    env = {
+        "NEFFCACHE_URL": f"neffcache+{server}/team-a",
+        "NEFFCACHE_LOCAL_DIR": str(local_dir),
+        "NEFFCACHE_BACKOFF": str(backoff),
+        "NEFFCACHE_TIMEOUT": str(timeout),
+        "NEFFCACHE_CONNECT_TIMEOUT": "1",
+        **extra,
+    }
+    config = ClientConfig.from_env(env)
+    assert config is not None
+    return config
+
+
+@contextlib.contextmanager
+def open_remote(config: ClientConfig) -> Iterator[Remote]:
+    remote = Remote(config)
+    try:
+        yield remote
+    finally:
+        remote.close()
+
+
+def delta(before: dict[str, int], name: str) -> int:
+    return STATS.snapshot().get(name, 0) - before.get(name, 0)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The back-off table is per process; every test starts with no server down."""
+    monkeypatch.setattr(remote_module, "_down_until", {})
+
+
+# --- a real server --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    base = tmp_path_factory.mktemp("remote-server")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NEFFCACHE_", "NEURON_"))}
+    env["PYTHONPATH"] = os.pathsep.join(str(REPO / d) for d in ("keying", "client", "server"))
+    with open(base / "server.log", "wb") as log:
+        process = subprocess.Popen(
+            [*NEFFCACHE, "serve", "--port", str(port), "--data-dir", str(base / "data")],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            conn = Connection(url, 0.5, 1)
+            try:
+                if conn.request("GET", "/healthz").status == 200:
+                    break
+            except HttpError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError((base / "server.log").read_text()) from None
+                time.sleep(0.05)
+            finally:
+                conn.close()
+        yield url
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+
+
+def test_entry_and_alias_misses_are_none(real_server: str, tmp_path: Path) -> None:
+    before = STATS.snapshot()
+    with open_remote(config_for(real_server, tmp_path)) as remote:
+        assert remote.entry("a" * 64) is None
+        assert remote.alias("b" * 64) is None
+        assert remote.alias("neuronxcc-2.20.9961.0+0acef03a/MODULE_123+abcdef01") is None
+        assert remote.available()  # a miss is not trouble
+    assert delta(before, "server_errors") == 0
+
+
+def test_blob_round_trip_and_entry(real_server: str, tmp_path: Path) -> None:
+    data = os.urandom(50_000)
+    source = tmp_path / "neff"
+    source.write_bytes(data)
+    key = os.urandom(32).hex()
+    with open_remote(config_for(real_server, tmp_path)) as remote:
+        assert remote.missing([digest(data)]) == [digest(data)]
+        assert remote.put_blob(digest(data), source)
+        assert remote.missing([digest(data)]) == []
+        manifest = {"key": key, "files": {"model.neff": {"digest": digest(data), "size": 50_000}}}
+        response = remote.put_entry(key, manifest)
+        assert response is not None
+        assert response.status == 201
+        found = remote.entry(key)
+        assert found is not None
+        assert found["files"] == manifest["files"]
+        dest = tmp_path / "l1" / "blob"
+        assert remote.fetch(digest(data), len(data), dest)
+    assert dest.read_bytes() == data
+    assert [p.name for p in dest.parent.iterdir()] == ["blob"]
+
+
+def test_put_blob_of_a_missing_file_is_false(real_server: str, tmp_path: Path) -> None:
+    before = STATS.snapshot()
+    with open_remote(config_for(real_server, tmp_path)) as remote:
+        assert not remote.put_blob("c" * 64, tmp_path / "absent")
+        assert remote.available()
+    assert delta(before, "local_errors") == 1
+
+
+def test_fetch_of_an_absent_large_blob_is_false_and_not_trouble(
+    real_server: str, tmp_path: Path
+) -> None:
+    dest = tmp_path / "l1" / "blob"
+    with open_remote(config_for(real_server, tmp_path)) as remote:
+        assert not remote.fetch("d" * 64, 10_000, dest)
+        assert remote.available()
+    assert not dest.parent.exists() or list(dest.parent.iterdir()) == []
+
+
+def test_fetch_of_an_absent_small_blob_does_not_mark_the_server_down(
+    real_server: str, tmp_path: Path
+) -> None:
+    with open_remote(config_for(real_server, tmp_path)) as remote:
+        assert not remote.fetch("e" * 64, 16, tmp_path / "l1" / "blob")
+        assert remote.available()
+
+
+# --- a scripted server ----------------------------------------------------------------
+
+Route = Callable[[str], tuple[int, bytes]]
+
+
+class FakeServer:
+    """Answers every request with ``route(path)``; ``hits`` counts the requests."""
+
+    def __init__(self, route: Route) -> None:
+        self.route = route
+        self.hits = 0
+        self.paths: list[str] = []
+        self.auth: list[str] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                outer.hits += 1
+                outer.paths.append(self.path)
+                outer.auth.append(self.headers.get("Authorization", ""))
+                status, body = outer.route(self.path)
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_PUT = do_POST = _answer  # noqa: N815
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@contextlib.contextmanager
+def fake_server(route: Route) -> Iterator[FakeServer]:
+    server = FakeServer(route)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def test_fetch_verifies_the_digest(tmp_path: Path) -> None:
+    served = os.urandom(4096)
+    wanted = digest(b"the bytes the manifest promised")
+    dest = tmp_path / "l1" / "blobs" / wanted[:2] / wanted
+    before = STATS.snapshot()
+    with (
+        fake_server(lambda path: (200, served)) as server,
+        open_remote(config_for(server.url, tmp_path)) as remote,
+    ):
+        assert not remote.fetch(wanted, len(served), dest)
+        assert server.paths == [f"/v1/blobs/{wanted}"]
+    assert not dest.exists()
+    assert list(dest.parent.iterdir()) == []  # no temporary file left behind
+    assert delta(before, "bad_downloads") == 1
+
+
+def test_fetch_of_a_longer_blob_stops_and_leaves_nothing(tmp_path: Path) -> None:
+    served = os.urandom(4096)
+    dest = tmp_path / "l1" / "blob"
+    with (
+        fake_server(lambda path: (200, served)) as server,
+        open_remote(config_for(server.url, tmp_path)) as remote,
+    ):
+        assert not remote.fetch(digest(served), 100, dest)
+    assert list(dest.parent.iterdir()) == []
+
+
+def test_fetch_of_a_shorter_blob_is_false(tmp_path: Path) -> None:
+    served = os.urandom(100)
+    dest = tmp_path / "l1" / "blob"
+    with (
+        fake_server(lambda path: (200, served)) as server,
+        open_remote(config_for(server.url, tmp_path)) as remote,
+    ):
+        assert not remote.fetch(digest(served), 4096, dest)
+    assert list(dest.parent.iterdir()) == []
+
+
+def test_fetch_of_the_right_bytes(tmp_path: Path) -> None:
+    served = os.urandom(4096)
+    dest = tmp_path / "l1" / "blob"
+    with (
+        fake_server(lambda path: (200, served)) as server,
+        open_remote(config_for(server.url, tmp_path)) as remote,
+    ):
+        assert remote.fetch(digest(served), len(served), dest)
+    assert dest.read_bytes() == served
+
+
+def test_fetch_into_an_unwritable_l1_is_false(tmp_path: Path) -> None:
+    served = os.urandom(100)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    before = STATS.snapshot()
+    with (
+        fake_server(lambda path: (200, served)) as server,
+        open_remote(config_for(server.url, tmp_path)) as remote,
+    ):
+        assert not remote.fetch(digest(served), len(served), blocker / "blobs" / "x")
+    assert delta(before, "local_errors") == 1
+
+
+def test_a_garbled_answer_is_none_not_an_exception(tmp_path: Path) -> None:
+    def handler(conn: socket.socket) -> None:
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\n{}")
+        conn.close()
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    thread = threading.Thread(target=lambda: handler(listener.accept()[0]), daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        with open_remote(config_for(url, tmp_path)) as remote:
+            assert remote.entry("a" * 64) is None
+            assert not remote.available()
+    finally:
+        listener.close()
+
+
+def test_a_5xx_marks_the_server_down_for_the_backoff(tmp_path: Path) -> None:
+    before = STATS.snapshot()
+    backoff = 0.6
+    with (
+        fake_server(lambda path: (503, b'{"detail": "busy"}')) as server,
+        open_remote(config_for(server.url, tmp_path, backoff=backoff)) as remote,
+    ):
+        marked = time.monotonic()
+        assert remote.entry("a" * 64) is None
+        assert server.hits == 1
+        assert not remote.available()
+        # Down: every call answers at once, without the network.
+        assert remote.entry("a" * 64) is None
+        assert remote.alias("b" * 64) is None
+        assert remote.missing(["c" * 64]) is None
+        assert not remote.fetch("c" * 64, 10, tmp_path / "blob")
+        assert not remote.put_failure("a" * 64, {"compiler_version": "x"})
+        assert server.hits == 1
+        assert delta(before, "server_errors") == 1
+        assert delta(before, "server_skipped") == 5
+        # Another Remote for the same server in this process sees it down too.
+        with open_remote(config_for(server.url, tmp_path, backoff=backoff)) as other:
+            assert other.entry("a" * 64) is None
+        assert server.hits == 1
+        time.sleep(max(0.0, marked + backoff + 0.05 - time.monotonic()))
+        assert remote.available()
+        assert remote.entry("a" * 64) is None
+        assert server.hits == 2  # the back-off expired: asked again
+
+
+def test_a_refused_connection_marks_the_server_down(tmp_path: Path) -> None:
+    before = STATS.snapshot()
+    url = f"http://127.0.0.1:{free_port()}"
+    with open_remote(config_for(url, tmp_path)) as remote:
+        start = time.monotonic()
+        assert remote.entry("a" * 64) is None
+        assert time.monotonic() - start < 1.0
+        assert not remote.available()
+    assert delta(before, "server_errors") == 1
+
+
+def test_an_answer_that_is_not_json_marks_the_server_down(tmp_path: Path) -> None:
+    with (
+        fake_server(lambda path: (200, b"<html>proxy login</html>")) as server,
+        open_remote(config_for(server.url, tmp_path)) as remote,
+    ):
+        assert remote.entry("a" * 64) is None
+        assert not remote.available()
+
+
+def test_a_json_answer_that_is_not_an_object_is_a_miss(tmp_path: Path) -> None:
+    with (
+        fake_server(lambda path: (200, b"[1, 2]")) as server,
+        open_remote(config_for(server.url, tmp_path)) as remote,
+    ):
+        assert remote.entry("a" * 64) is None
+        assert remote.available()
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_auth_errors_are_counted_and_do_not_mark_down(status: int, tmp_path: Path) -> None:
+    before = STATS.snapshot()
+    with (
+        fake_server(lambda path: (status, b'{"detail": "no"}')) as server,
+        open_remote(config_for(server.url, tmp_path)) as remote,
+    ):
+        assert remote.entry("a" * 64) is None
+        assert remote.alias("a" * 64) is None
+        assert remote.available()
+        assert server.hits == 2
+    assert delta(before, "auth_errors") == 2
+    assert delta(before, "server_errors") == 0
+
+
+def test_token_and_paths(tmp_path: Path) -> None:
+    with fake_server(lambda path: (404, b"{}")) as server:
+        config = config_for(server.url, tmp_path, NEFFCACHE_TOKEN="s3cret")
+        with open_remote(config) as remote:
+            assert remote.entry("a" * 64) is None
+            assert remote.alias("neuronxcc-2.20.9961.0+0acef03a/MODULE_1+abcdef01") is None
+    assert server.auth == ["Bearer s3cret", "Bearer s3cret"]
+    assert server.paths == [
+        f"/v1/ns/team-a/entries/{'a' * 64}",
+        "/v1/ns/team-a/aliases/neuronxcc-2.20.9961.0%2B0acef03a/MODULE_1%2Babcdef01",
+    ]
+
+
+def test_missing_tolerates_a_malformed_answer(tmp_path: Path) -> None:
+    answers = iter([(200, json.dumps({"missing": ["a" * 64, 5]}).encode()), (200, b"{}")])
+    with (
+        fake_server(lambda path: next(answers)) as server,
+        open_remote(config_for(server.url, tmp_path)) as remote,
+    ):
+        assert remote.missing(["a" * 64]) == ["a" * 64]
+        assert remote.missing(["a" * 64]) is None
+        assert remote.available()
