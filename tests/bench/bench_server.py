@@ -17,7 +17,8 @@ uploaded with ``PUT /v1/blobs/{digest}`` and the same bytes are written as files
 nginx's root; each is read once from both before timing, so both serve from the page
 cache.
 
-Each figure is measured against both servers with the same client code, nginx first:
+Each GET figure is measured against both servers with the same client code, nginx
+first, in three alternating rounds; the median round's pair is the figure:
 ``wrk`` (Debian's package) when installed, else worker processes of this script running
 httpx clients in threads. Throughput counts every byte received during a fixed duration
 (wrk counts header bytes too, the Python client only bodies), so a large response still
@@ -93,12 +94,13 @@ class Plan:
     big_seconds: int  # each large GET run, per server
     lookup_seconds: int  # each entry lookup / 4 KiB run, per server
     put_repeats: int  # large PUTs (and peer GETs) per server
+    rounds: int  # alternating nginx/neffcache pairs per GET figure; the median counts
     uploads: int  # concurrent uploads while RSS is watched
     upload_bytes: int  # size of each
 
 
-FULL = Plan(5, 256 * MiB, 8, 5, 3, 8, 1024 * MiB)
-QUICK = Plan(2, 32 * MiB, 2, 2, 2, 8, 64 * MiB)
+FULL = Plan(5, 256 * MiB, 8, 5, 3, 3, 8, 1024 * MiB)
+QUICK = Plan(2, 32 * MiB, 2, 2, 2, 1, 8, 64 * MiB)
 
 
 # --- processes --------------------------------------------------------------------------
@@ -604,17 +606,34 @@ def compare(
     label: str,
     unit: str,
     goal: float | None,
+    rounds: int,
 ) -> Figure:
-    print(f"{label} ({client.kind}, {connections} connection(s), {seconds} s each)", flush=True)
-    runs = []
-    for service, path in zip(servers, paths, strict=True):
-        run = client.get(service, path, connections, seconds)
-        print(describe(service.name, run, unit), flush=True)
-        runs.append(run)
-    nginx, neff = runs
+    """``rounds`` pairs of runs, nginx then neffcache each time; the figure is the
+    median pair's. Both servers share the machine with the client, so one run's ratio
+    moves with whatever else the kernel did meanwhile; alternating and taking the
+    median keeps a lucky or unlucky run from deciding a goal."""
+    print(
+        f"{label} ({client.kind}, {connections} connection(s), {seconds} s each, "
+        f"{rounds} round(s))",
+        flush=True,
+    )
     pick: Callable[[Run], float] = (lambda r: r.mib_s) if unit == "MiB/s" else (lambda r: r.req_s)
-    ratio = pick(neff) / pick(nginx)
-    print(ratio_line(ratio, goal), flush=True)
+    pairs: list[tuple[float, Run, Run]] = []
+    for _ in range(rounds):
+        runs = []
+        for service, path in zip(servers, paths, strict=True):
+            run = client.get(service, path, connections, seconds)
+            print(describe(service.name, run, unit), flush=True)
+            runs.append(run)
+        nginx, neff = runs
+        ratio = pick(neff) / pick(nginx)
+        print(ratio_line(ratio, goal), flush=True)
+        pairs.append((ratio, nginx, neff))
+    pairs.sort(key=lambda pair: pair[0])
+    ratio, nginx, neff = pairs[len(pairs) // 2]
+    if rounds > 1:
+        spread = ", ".join(f"{r:.2f}" for r, _, _ in pairs)
+        print(f"    MEDIAN of {rounds}: {ratio:.2f}x (all: {spread})", flush=True)
     notes = caveats(nginx.limit(), neff.limit())
     for note in notes:
         print(f"    note: {note}", flush=True)
@@ -933,7 +952,11 @@ def run(plan: Plan, client_kind: str, quick: bool) -> None:
              "req/s", 0.15),
         ]  # fmt: skip
         for label, paths, connections, seconds, unit, goal in specs:
-            figures.append(compare(client, servers, paths, connections, seconds, label, unit, goal))
+            figures.append(
+                compare(
+                    client, servers, paths, connections, seconds, label, unit, goal, plan.rounds
+                )
+            )
         figures.append(put_phase(plan, neff, nginx, big, tmp))
         del big
         figures.append(rss_phase(plan, neff))

@@ -1,0 +1,248 @@
+"""Client benchmark: what a cache hit costs a training job, against peers in the same run.
+
+    python tests/bench/bench_client.py [--quick]
+
+Starts ``neffcache serve`` (embedded defaults) and nginx on 127.0.0.1 (as
+``bench_server.py`` does), the stand-in compiler (``tests/standins/neuronx-cc``) as
+the real compiler, and measures:
+
+1. A hit through ``neffcache wrap -- neuronx-cc compile ...`` for an entry the size
+   of a real NxD cache entry (a 0.5 MiB HloModuleProto made with JAX when it is
+   installed, else a 0.5 MiB stand-in; a 1.5 MiB NEFF), wall time of the whole
+   process, as a ratio to ``python -c "import neffcache.client"`` (the floor any
+   Python wrapper pays), medians of alternating runs. Twice: a server hit (L1 blobs
+   and manifests emptied before each run; the compiler-version memo kept, as on any
+   host after its first graph) and an L1 hit. Goal (server hit): <= 1.5x.
+2. A 256 MiB NEFF hit through the wrapper from the server, as a ratio of throughput
+   to ``curl`` fetching the same bytes from nginx into a file. Goal: >= 0.8x.
+3. What the ``.pth`` hook costs every Python start when no neffcache URL is set: the
+   time ``site.addsitedir`` takes for a directory holding only ``neffcache_hook.pth``
+   minus an empty directory's. Goal: < 2 ms.
+
+No assertion: figures and ratios are printed. ``--quick`` runs fewer repetitions and a
+32 MiB large NEFF to check the script works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import bench_server as peers  # the same server and nginx harness
+
+ROOT = Path(__file__).resolve().parents[2]
+STANDINS = ROOT / "tests" / "standins"
+MiB = 2**20
+# The console script pip installed (not a pyenv or other shim in front of it, which
+# would add its own start-up), else the module.
+_SCRIPT = Path(sysconfig.get_path("scripts")) / "neffcache"
+NEFFCACHE = [str(_SCRIPT)] if _SCRIPT.is_file() else [sys.executable, "-m", "neffcache.client.cli"]
+
+
+_MAKE_HLO = """
+import sys
+import jax
+import numpy as np
+n = int(sys.argv[1]) // 4
+constant = np.arange(n, dtype=np.float32)
+lowered = jax.jit(lambda x: x + constant).lower(np.zeros(n, np.float32))
+sys.stdout.buffer.write(lowered.compiler_ir("hlo").as_serialized_hlo_module_proto())
+"""
+
+
+def hlo_module(size: int) -> bytes:
+    """A real HloModuleProto of about ``size`` bytes (a constant of that many bytes),
+    made by JAX in a child process (JAX's threads and this script's forks do not mix);
+    without JAX, opaque bytes of that size, which a hit never parses."""
+    done = subprocess.run(
+        [sys.executable, "-c", _MAKE_HLO, str(size)], capture_output=True, check=False
+    )
+    if done.returncode != 0 or not done.stdout:
+        return b"\n\x05bench" + os.urandom(size)
+    return done.stdout
+
+
+def timed(argv: list[str], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    elapsed = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"{argv[:4]}... exited {done.returncode}: {done.stderr[-2000:]!r}")
+    return elapsed
+
+
+def clear_l1(local: Path) -> None:
+    for name in ("blobs", "keys"):
+        shutil.rmtree(local / ".neffcache" / name, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def workspace() -> Iterator[Path]:
+    tmp = Path(tempfile.mkdtemp(prefix="neffcache-bench-client-"))
+    tmp.chmod(0o755)
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def client_env(server_url: str, local: Path, counter: Path, neff_bytes: int) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("NEFFCACHE_", "NEURON_")) or k == "NEFFCACHE_STANDIN_VERSION"
+    }
+    env.update(
+        NEFFCACHE_URL=f"neffcache+{server_url}/bench",
+        NEFFCACHE_LOCAL_DIR=str(local),
+        NEFFCACHE_REAL_COMPILER=str(STANDINS / "neuronx-cc"),
+        NEFFCACHE_STANDIN_COUNTER=str(counter),
+        NEFFCACHE_STANDIN_NEFF_BYTES=str(neff_bytes),
+    )
+    return env
+
+
+def compiles(counter: Path) -> int:
+    try:
+        return sum(" compile " in line for line in counter.read_text().splitlines())
+    except FileNotFoundError:
+        return 0
+
+
+def median_ms(values: list[float]) -> float:
+    return statistics.median(values) * 1000
+
+
+def hit_phase(tmp: Path, server_url: str, repeats: int) -> None:
+    hlo = tmp / "model.MODULE_123456789+3cc9a3cb.hlo_module.pb"
+    hlo.write_bytes(hlo_module(MiB // 2))
+    local, counter = tmp / "l1-small", tmp / "count-small"
+    env = client_env(server_url, local, counter, 3 * MiB // 2)
+    out = tmp / "small.neff"
+    wrap = [*NEFFCACHE, "wrap", "--", "neuronx-cc", "compile", "--framework=XLA", str(hlo)]
+    wrap += ["--output", str(out), "--target=trn1", "--model-type=transformer"]
+    timed(wrap, env)  # the miss: compiles and publishes
+    if compiles(counter) != 1:
+        raise RuntimeError(f"expected one compile, counted {compiles(counter)}")
+    floor = [sys.executable, "-c", "import neffcache.client"]
+    base: list[float] = []
+    server: list[float] = []
+    l1: list[float] = []
+    for _ in range(repeats):
+        base.append(timed(floor, env))
+        clear_l1(local)
+        server.append(timed(wrap, env))
+        l1.append(timed(wrap, env))
+    if compiles(counter) != 1:
+        raise RuntimeError("a hit compiled: the measurement is void")
+    print(
+        f"hit through `neffcache wrap` ({hlo.stat().st_size / MiB:.2f} MiB HLO, "
+        f"{out.stat().st_size / MiB:.2f} MiB NEFF), medians of {repeats}:"
+    )
+    print(f"    python -c 'import neffcache.client'  {median_ms(base):7.1f} ms")
+    for label, runs, goal in (("server hit", server, 1.5), ("L1 hit", l1, None)):
+        ratio = statistics.median(runs) / statistics.median(base)
+        verdict = f"goal <= {goal}x: {'met' if ratio <= goal else 'NOT met'}" if goal else "no goal"
+        print(f"    {label:<34} {median_ms(runs):7.1f} ms   RATIO {ratio:.2f}x ({verdict})")
+
+
+def large_phase(tmp: Path, server_url: str, size: int, repeats: int) -> None:
+    hlo = tmp / "large.hlo_module.pb"
+    hlo.write_bytes(hlo_module(4096))
+    local, counter = tmp / "l1-large", tmp / "count-large"
+    env = client_env(server_url, local, counter, size)
+    out = tmp / "large.neff"
+    wrap = [*NEFFCACHE, "wrap", "--", "neuronx-cc", "compile", "--framework=XLA", str(hlo)]
+    wrap += ["--output", str(out), "--target=trn1"]
+    timed(wrap, env)
+    www = tmp / "www"
+    www.mkdir()
+    shutil.copyfile(out, www / "large.neff")
+    (www / "probe").write_bytes(b"ok")
+    with peers.nginx_server(tmp, www, "/probe") as nginx:
+        curl = ["curl", "-sf", "-o", str(tmp / "curl.neff"), f"{nginx.url}/large.neff"]
+        fetched: list[float] = []
+        through: list[float] = []
+        for _ in range(repeats):
+            fetched.append(timed(curl, env))
+            clear_l1(local)
+            out.unlink()
+            through.append(timed(wrap, env))
+    if compiles(counter) != 1 or out.read_bytes() != (tmp / "curl.neff").read_bytes():
+        raise RuntimeError("the large hit compiled or wrote other bytes")
+    mib = size / MiB
+    curl_rate = mib / statistics.median(fetched)
+    wrap_rate = mib / statistics.median(through)
+    ratio = wrap_rate / curl_rate
+    print(f"{mib:.0f} MiB NEFF hit, medians of {repeats} (whole process each):")
+    print(f"    curl from nginx                     {curl_rate:7.0f} MiB/s")
+    verdict = f"goal >= 0.8x: {'met' if ratio >= 0.8 else 'NOT met'}"
+    label = "neffcache wrap, server hit"
+    print(f"    {label:<36}{wrap_rate:7.0f} MiB/s   RATIO {ratio:.2f}x ({verdict})")
+
+
+def pth_phase(repeats: int) -> None:
+    pth = ROOT / "client" / "neffcache_hook.pth"
+    script = (
+        "import site, sys, time\n"
+        "t = time.perf_counter(); site.addsitedir(sys.argv[1]); "
+        "print(time.perf_counter() - t)"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NEFFCACHE_", "NEURON_"))}
+    with workspace() as tmp:
+        empty, hooked = tmp / "empty", tmp / "hooked"
+        empty.mkdir()
+        hooked.mkdir()
+        shutil.copyfile(pth, hooked / "neffcache_hook.pth")
+        costs: dict[Path, list[float]] = {empty: [], hooked: []}
+        for _ in range(repeats):
+            for directory in costs:
+                out = subprocess.run(
+                    [sys.executable, "-S", "-c", script, str(directory)],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                costs[directory].append(float(out.stdout))
+    extra = median_ms(costs[hooked]) - median_ms(costs[empty])
+    verdict = "met" if extra < 2 else "NOT met"
+    print(
+        f".pth hook at start-up without a neffcache URL: {extra:.3f} ms more than an empty "
+        f"site dir (medians of {repeats}; goal < 2 ms: {verdict})"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    repeats = 5 if args.quick else 21
+    large = 32 * MiB if args.quick else 256 * MiB
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores")
+    # pip compiles bytecode when it installs a wheel; an editable checkout run with
+    # PYTHONDONTWRITEBYTECODE (as here) never gets any, and every start would compile
+    # the sources: compile them once, as an installed image has them.
+    import compileall
+
+    for part in ("keying", "client"):
+        compileall.compile_dir(ROOT / part, quiet=1)
+    with workspace() as tmp, peers.neffcache_server(tmp) as server:
+        hit_phase(tmp, server.url, repeats)
+        large_phase(tmp, server.url, large, 3 if args.quick else 5)
+    pth_phase(repeats)
+
+
+if __name__ == "__main__":
+    main()
