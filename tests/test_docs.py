@@ -58,3 +58,26 @@ def test_configuration_doc_names_every_server_setting() -> None:
     for name in ServerSettings.model_fields:
         assert f"`{name}`" in doc, name
         assert f"`NEFFCACHE_{name.upper()}`" in doc, name
+
+
+# Set by the wrapper for the compiler it runs (loop guard), never by a user.
+_INTERNAL_CLIENT_VARIABLES = {"NEFFCACHE_IN_WRAPPER"}
+
+
+def test_client_doc_names_every_variable_the_client_reads() -> None:
+    doc = (ROOT / "docs" / "client.md").read_text()
+    sources = "".join(p.read_text() for p in (ROOT / "client").rglob("*.py"))
+    names = set(re.findall(r"NEFFCACHE_[A-Z_]+", sources)) - _INTERNAL_CLIENT_VARIABLES
+    assert len(names) >= 10  # the scan sees the client's variables
+    assert sorted(n for n in names if f"`{n}`" not in doc) == []
+
+
+def test_architecture_doc_lists_every_client_module() -> None:
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    modules = sorted(
+        p.name
+        for p in (ROOT / "client/neffcache/client").glob("*.py")
+        if p.name != "__init__.py" and not p.name.startswith("_")
+    )
+    assert "wrapper.py" in modules
+    assert [m for m in modules if f"`{m}`" not in doc] == []

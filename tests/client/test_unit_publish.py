@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -17,11 +16,12 @@ from typing import Any
 
 import blake3
 import pytest
+from client.e2e_harness import Server, free_port
 
 from neffcache.client import publish as publish_module
 from neffcache.client import remote as remote_module
 from neffcache.client.config import ClientConfig
-from neffcache.client.http import Connection, HttpError, Response
+from neffcache.client.http import Response
 from neffcache.client.keys import canonical_key, context, direct_key
 from neffcache.client.publish import Publisher, make_manifest, publish
 from neffcache.client.remote import Remote
@@ -33,13 +33,6 @@ NEFFCACHE = [sys.executable, "-m", "neffcache.client.cli"]
 HLO_FIXTURE = REPO / "tests" / "fixtures" / "hlo" / "block_a.pb"
 VERSION = "2.20.9961.0+0acef03a"
 ADDRESS = f"neuronxcc-{VERSION}/MODULE_77+abcdef01"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def digest(data: bytes) -> str:
@@ -56,38 +49,10 @@ def _fresh_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(remote_module, "_down_until", {})
 
 
-@pytest.fixture(scope="module")
-def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    base = tmp_path_factory.mktemp("publish-server")
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NEFFCACHE_", "NEURON_"))}
-    env["PYTHONPATH"] = os.pathsep.join(str(REPO / d) for d in ("keying", "client", "server"))
-    with open(base / "server.log", "wb") as log:
-        process = subprocess.Popen(
-            [*NEFFCACHE, "serve", "--port", str(port), "--data-dir", str(base / "data")],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            conn = Connection(url, 0.5, 1)
-            try:
-                if conn.request("GET", "/healthz").status == 200:
-                    break
-            except HttpError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError((base / "server.log").read_text()) from None
-                time.sleep(0.05)
-            finally:
-                conn.close()
-        yield url
-    finally:
-        process.kill()
-        process.wait(timeout=10)
+@pytest.fixture
+def server_url(server: Server) -> str:
+    """The session's ``neffcache serve`` (tests/client/conftest.py)."""
+    return server.url
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -18,22 +17,15 @@ from pathlib import Path
 
 import blake3
 import pytest
+from client.e2e_harness import Server, free_port
 
 from neffcache.client import remote as remote_module
 from neffcache.client.config import ClientConfig
-from neffcache.client.http import Connection, HttpError
 from neffcache.client.remote import Remote
 from neffcache.client.stats import STATS
 
 REPO = Path(__file__).resolve().parents[2]
 NEFFCACHE = [sys.executable, "-m", "neffcache.client.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def digest(data: bytes) -> str:
@@ -79,38 +71,10 @@ def _fresh_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
 # --- a real server --------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    base = tmp_path_factory.mktemp("remote-server")
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NEFFCACHE_", "NEURON_"))}
-    env["PYTHONPATH"] = os.pathsep.join(str(REPO / d) for d in ("keying", "client", "server"))
-    with open(base / "server.log", "wb") as log:
-        process = subprocess.Popen(
-            [*NEFFCACHE, "serve", "--port", str(port), "--data-dir", str(base / "data")],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            conn = Connection(url, 0.5, 1)
-            try:
-                if conn.request("GET", "/healthz").status == 200:
-                    break
-            except HttpError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError((base / "server.log").read_text()) from None
-                time.sleep(0.05)
-            finally:
-                conn.close()
-        yield url
-    finally:
-        process.kill()
-        process.wait(timeout=10)
+@pytest.fixture
+def real_server(server: Server) -> str:
+    """The session's ``neffcache serve`` (tests/client/conftest.py)."""
+    return server.url
 
 
 def test_entry_and_alias_misses_are_none(real_server: str, tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -34,6 +33,8 @@ def cache_url(environ: Mapping[str, str]) -> str | None:
         return environ["NEFFCACHE_URL"]
     flags = environ.get("NEURON_CC_FLAGS", "")
     if "--cache_dir" in flags:
+        import shlex
+
         try:
             tokens = shlex.split(flags)
         except ValueError:

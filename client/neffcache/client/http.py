@@ -10,11 +10,13 @@ has a deadline, so a server that accepts and then says nothing cannot hang a job
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    import socket
 
 _MAX_HEAD = 64 * 1024
 _READ = 1 << 20
@@ -91,8 +93,12 @@ class Connection:
 
     def _socket(self, deadline: float) -> socket.socket:
         if self._sock is None:
+            import socket  # here: an L1 hit never opens a connection
+
             timeout = max(0.001, min(self.connect_timeout, deadline - time.monotonic()))
-            sock = socket.create_connection((self.host, self.port), timeout=timeout)
+            # An ASCII host as bytes skips the IDNA codec's import (a millisecond).
+            host: str | bytes = self.host.encode() if self.host.isascii() else self.host
+            sock = socket.create_connection((host, self.port), timeout=timeout)  # type: ignore[arg-type]
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls:
                 import ssl  # only for https: its import is not free

@@ -19,7 +19,6 @@ import errno
 import fcntl
 import json
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,11 +33,22 @@ _POLL = 0.05
 _LOG_EVERY = 60.0
 
 
+def new_temp(directory: Path, prefix: str) -> tuple[int, Path]:
+    """A new, empty, private file in ``directory`` (``tempfile.mkstemp`` without
+    ``tempfile``, whose import costs a wrapper hit milliseconds)."""
+    while True:
+        path = directory / f"{prefix}{os.getpid()}.{os.urandom(6).hex()}"
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600), path
+        except FileExistsError:
+            continue
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename, so readers
     see the old file or the whole new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = new_temp(path.parent, f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)
@@ -54,15 +64,24 @@ def copy_atomic(src: Path, dest: Path) -> None:
     rename; the kernel copies (``sendfile``). Never a hard link: a file the SDK serves
     or a compiler's ``--output`` must not share its bytes with an L1 blob, or an
     in-place write to one would change the other."""
-    import shutil
-
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.parent / f".{dest.name}.{os.getpid()}.{os.urandom(4).hex()}"
+    fd, tmp = new_temp(dest.parent, f".{dest.name}.")
     try:
-        shutil.copyfile(src, tmp)
-        os.chmod(tmp, 0o644)
+        with open(src, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            offset = 0
+            while offset < size:
+                sent = os.sendfile(fd, f.fileno(), offset, size - offset)
+                if sent == 0:
+                    raise OSError(f"{src} ended after {offset} of {size} bytes")
+                offset += sent
+        os.fchmod(fd, 0o644)
+        os.close(fd)
+        fd = -1
         os.replace(tmp, dest)
     except BaseException:
+        if fd >= 0:
+            os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise

@@ -9,8 +9,8 @@ and, at interpreter exit, a flush bounded by ``NEFFCACHE_PUBLISH_WAIT``.
 from __future__ import annotations
 
 import atexit
+import os
 import queue
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -44,7 +44,7 @@ def make_manifest(
         "key": canonical.key,
         "components": canonical.as_json(),
         "files": refs,
-        "host": socket.gethostname(),
+        "host": os.uname().nodename,
     }
     if direct is not None:
         manifest["direct_key"] = direct.key

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ import blake3
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
 from neffcache.client.http import Connection, HttpError, Response
+from neffcache.client.local import new_temp
 from neffcache.client.stats import STATS
 
 Manifest = dict[str, Any]
@@ -128,12 +128,11 @@ class Remote:
             return False
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp_name = tempfile.mkstemp(prefix=".fetch-", dir=dest.parent)
+            fd, tmp = new_temp(dest.parent, ".fetch-")
         except OSError as exc:
             STATS.count("local_errors")
             log.warning("neffcache: cannot write into %s: %s", dest.parent, exc)
             return False
-        tmp = Path(tmp_name)
         hasher = blake3.blake3()
         received = 0
         try:

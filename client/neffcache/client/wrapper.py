@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, BinaryIO, NamedTuple, NoReturn
 
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig, ConfigError
@@ -140,6 +140,20 @@ def main(argv: Sequence[str]) -> int:
         STATS.count("wrapper_errors")
         log.exception("neffcache: the wrapper failed; running the compiler without the cache")
         return _run_plain(real, args)
+
+
+def exit_fast(code: int) -> NoReturn:
+    """End the process now, skipping the interpreter's teardown (about 5 ms, a fifth of
+    a wrapper hit): flush what is buffered, then ``os._exit``. Only for the wrapper's
+    own process (the shim, ``neffcache wrap``), never for a caller's."""
+    if "logging" in sys.modules:
+        sys.modules["logging"].shutdown()
+    import contextlib
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed or broken: nothing to do
+            stream.flush()
+    os._exit(code)
 
 
 def _run_plain(real: str, args: list[str]) -> int:

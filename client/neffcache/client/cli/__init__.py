@@ -48,10 +48,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args_in[:1] == ["wrap"] and "-h" not in args_in[1:2] and "--help" not in args_in[1:2]:
         # Once per graph, in a fresh process: skip the parser, the plugins and keying's
         # import, which together cost more than a cache hit may.
+        from neffcache.client.wrapper import exit_fast
         from neffcache.client.wrapper import main as wrap
 
         command = args_in[1:]
-        return wrap(command[1:] if command[:1] == ["--"] else command)
+        status = wrap(command[1:] if command[:1] == ["--"] else command)
+        if argv is None:  # this process is the wrapper's own: no teardown to wait for
+            exit_fast(status)
+        return status
     # Everything after the first "--" is compiler flags, passed through untouched:
     # argparse would otherwise try to read "--model-type" as one of its own options.
     extra: list[str] = []

@@ -24,9 +24,9 @@ SHIM = f"""#!{{python}}
 # {SHIM_MARK}; made by `neffcache shim-dir`.
 import sys
 
-from neffcache.client.wrapper import main
+from neffcache.client.wrapper import exit_fast, main
 
-sys.exit(main(["neuronx-cc", *sys.argv[1:]]))
+exit_fast(main(["neuronx-cc", *sys.argv[1:]]))
 """
 
 
