@@ -140,6 +140,17 @@ def test_client_imports_no_server_stack() -> None:
     assert {module: names for module, names in bad.items() if names} == {}
 
 
+def test_client_imports_only_stdlib_keying_blake3_and_itself() -> None:
+    # The .pth hook runs in every Python process of a training image: nothing it can
+    # reach may add a dependency beyond what the base install brings.
+    allowed = ("neffcache.client", "neffcache.keying", "blake3")
+    bad = {
+        module: sorted(name for name in names if not (is_stdlib(name) or within(name, allowed)))
+        for module, names in imports_of("client").items()
+    }
+    assert {module: names for module, names in bad.items() if names} == {}
+
+
 def test_client_imports_keying() -> None:
     # Not vacuous: the scan does see the client's real dependency on keying.
     assert any(
