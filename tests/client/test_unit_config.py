@@ -300,9 +300,12 @@ def test_pth_with_a_directory_url_imports_nothing() -> None:
 
 
 @pytest.mark.parametrize("value", ["1", "yes", "TRUE"])
-def test_pth_with_disable_does_not_arm(value: str) -> None:
+def test_pth_with_disable_still_arms(value: str) -> None:
+    # Disabled means "the stock cache on L1", which needs the hook: unarmed, the SDK
+    # would make a directory named after the neffcache+ URL (test_unit_hook checks
+    # what the armed hook hands out then).
     result = _run_pth({"NEFFCACHE_URL": URL, "NEFFCACHE_DISABLE": value})
-    assert result["armed"] is False
+    assert result["armed"] is True
 
 
 @pytest.mark.parametrize("value", ["0", "false", "off", ""])

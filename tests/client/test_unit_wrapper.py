@@ -18,7 +18,7 @@ import pytest
 
 from neffcache.client import remote as remote_module
 from neffcache.client.keys import context
-from neffcache.client.wrapper import _flags_json, _run_teeing, main, neuron_address_of, parse
+from neffcache.client.wrapper import flags_json, main, neuron_address_of, parse, run_teeing
 from neffcache.keying import neuron_cache_flags
 
 VERSION = "2.20.9961.0+0acef03a"
@@ -153,24 +153,30 @@ def test_parse_a_space_separated_compiler_flag() -> None:
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
-        ("model.MODULE_123+abcdef01.hlo_module.pb", "MODULE_123+abcdef01"),
-        ("model.MODULE_123+abcdef01.hlo.pb", "MODULE_123+abcdef01"),
+        # md5(json.dumps(["--target=trn1", "--model-type=transformer"]))[:8], facts §4.3
+        ("model.MODULE_123+3cc9a3cb.hlo_module.pb", "MODULE_123+3cc9a3cb"),
+        ("model.MODULE_123+3cc9a3cb.hlo.pb", "MODULE_123+3cc9a3cb"),
         (
             "model.MODULE_16518787498567201059+3cc9a3cb.hlo_module.pb",
             "MODULE_16518787498567201059+3cc9a3cb",
         ),
-        ("model.MODULE_ab12CD+00000000.hlo_module.pb", "MODULE_ab12CD+00000000"),
+        ("model.MODULE_ab12CD+3cc9a3cb.hlo_module.pb", "MODULE_ab12CD+3cc9a3cb"),
+        # The name's flags hash is not this call's flags': never claim the address.
+        ("model.MODULE_123+abcdef01.hlo_module.pb", None),
         ("model.hlo_module.pb", None),
         ("in.pb", None),
-        ("model.MODULE_123+ABCDEF01.hlo_module.pb", None),  # the hash is lowercase hex
-        ("model.MODULE_123+abcdef0.hlo_module.pb", None),
+        ("model.MODULE_123+3CC9A3CB.hlo_module.pb", None),  # the hash is lowercase hex
+        ("model.MODULE_123+3cc9a3c.hlo_module.pb", None),
         ("model.MODULE_123.hlo_module.pb", None),
-        ("xmodel.MODULE_123+abcdef01.hlo_module.pb", None),
-        ("model.MODULE_1-2+abcdef01.hlo_module.pb", None),
+        ("xmodel.MODULE_123+3cc9a3cb.hlo_module.pb", None),
+        ("model.MODULE_1-2+3cc9a3cb.hlo_module.pb", None),
     ],
 )
 def test_neuron_address_of(name: str, expected: str | None) -> None:
-    found = neuron_address_of(Path("/tmp/workdir/uuid") / name, VERSION)
+    argv = ["compile", "--framework=XLA", f"/tmp/workdir/uuid/{name}", "--output", "o.neff"]
+    call = parse([*argv, "--target=trn1", "--model-type=transformer", "--verbose=35"])
+    assert call is not None
+    found = neuron_address_of(call, VERSION)
     assert found == (None if expected is None else f"neuronxcc-{VERSION}/{expected}")
 
 
@@ -193,7 +199,7 @@ def test_neuron_address_of(name: str, expected: str | None) -> None:
 def test_flags_json_is_the_stock_list(argv: list[str], user: list[str]) -> None:
     call = parse(argv)
     assert call is not None
-    written = json.loads(_flags_json(call))
+    written = json.loads(flags_json(call))
     assert written == neuron_cache_flags(user, call.target)
     assert written == [f"--target={call.target}", *user]
 
@@ -361,10 +367,6 @@ def test_no_real_compiler_is_127(fake: Fake, capfd: pytest.CaptureFixture[str]) 
     assert fake.calls() == []
 
 
-# _run_teeing leaves the compiler's stderr pipe to the garbage collector (reported by
-# test_run_teeing_closes_the_stderr_pipe); harmless in a one-shot wrapper process.
-
-
 def test_server_down_compiles_once_and_records_a_miss(
     fake: Fake, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -373,7 +375,7 @@ def test_server_down_compiles_once_and_records_a_miss(
     monkeypatch.setenv("FAKE_WRITE", "NEFF-BYTES")
     run_log = tmp_path / "run.jsonl"
     monkeypatch.setenv("NEFFCACHE_RUN_MANIFEST", str(run_log))
-    hlo = tmp_path / "model.MODULE_42+abcdef01.hlo_module.pb"
+    hlo = tmp_path / "model.MODULE_42+e30acd3a.hlo_module.pb"
     hlo.write_bytes(HLO_FIXTURE.read_bytes())
     output = tmp_path / "model.neff"
     argv = ["compile", "--framework=XLA", str(hlo), "--output", str(output), "--target=trn1"]
@@ -382,7 +384,7 @@ def test_server_down_compiles_once_and_records_a_miss(
     assert output.read_bytes() == b"NEFF-BYTES"
     (line,) = [json.loads(x) for x in run_log.read_text().splitlines()]
     assert (line["via"], line["result"], line["source"]) == ("wrapper", "miss", "compiler")
-    assert line["neuron_address"] == f"neuronxcc-{VERSION}/MODULE_42+abcdef01"
+    assert line["neuron_address"] == f"neuronxcc-{VERSION}/MODULE_42+e30acd3a"
     assert line["exit_code"] == 0
     assert line["bytes"] == len(b"NEFF-BYTES")
     # Kept in L1 for the next rank on this host, though the server was down.
@@ -408,7 +410,7 @@ def test_a_failed_compile_keeps_its_exit_code(
 def test_run_teeing_closes_the_stderr_pipe(fake: Fake, capfd: pytest.CaptureFixture[str]) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        code, tail = _run_teeing(str(fake.path), ["--version"])
+        code, tail = run_teeing(str(fake.path), ["--version"])
         gc.collect()
     assert code == 0
     assert tail == "fake stderr\n"

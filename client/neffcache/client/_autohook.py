@@ -9,13 +9,12 @@ from __future__ import annotations
 
 def _arm() -> None:
     try:
-        import os
+        # Armed even with NEFFCACHE_DISABLE: the hook then hands the SDK a stock cache
+        # on the L1 directory, where without it the SDK would make a directory named
+        # after the neffcache+ URL.
+        from neffcache.client.hook import install
 
-        disable = os.environ.get("NEFFCACHE_DISABLE", "").strip().lower()
-        if disable in ("", "0", "false", "no", "off"):  # as config.ClientConfig reads it
-            from neffcache.client.hook import install
-
-            install()
+        install()
     except Exception as exc:  # defensive: never break interpreter start-up
         import sys
 

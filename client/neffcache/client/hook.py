@@ -57,7 +57,10 @@ class _PatchingLoader:
 
     def exec_module(self, module: ModuleType) -> None:
         self.loader.exec_module(module)
-        patch_loaded()
+        try:
+            patch_loaded()
+        except Exception as exc:  # never break the SDK's import
+            print(f"neffcache: cannot patch libneuronxla: {exc}", file=sys.stderr)
 
     def __getattr__(self, name: str) -> Any:  # get_source, is_package, ...
         return getattr(self.loader, name)
@@ -132,6 +135,7 @@ def _replacement(original: Any) -> Any:
             # become a directory named "neffcache+http:": L1 serves, as a stock cache.
             return original(_local_url(os.environ.get("NEFFCACHE_LOCAL_DIR")), *args, **kwargs)
         try:
+            config = _writable_l1(config)
             stock = original(_local_url(config.local_dir), *args, **kwargs)
             cls = _proxy_class(stock)
             return cls(stock, config, url)
@@ -159,6 +163,27 @@ def _served_by_neffcache(url: str) -> bool:
     environ = {k: v for k, v in os.environ.items() if k != "NEFFCACHE_URL"}
     sdk_url = cache_url(environ) or DEFAULT_LOCAL_DIR
     return url in (sdk_url, sdk_url.removeprefix("file://"))
+
+
+def _writable_l1(config: Any) -> Any:
+    """``config``, or a copy whose L1 is a private temporary directory when the
+    configured one cannot be written (a read-only mount): the SDK's filesystem cache
+    takes a lock file even to read (facts §6.1) and would fail the job."""
+    import tempfile
+
+    try:
+        os.makedirs(config.local_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=config.local_dir):
+            pass
+        return config
+    except OSError as exc:
+        from neffcache.client._log import log
+        from neffcache.client.stats import STATS
+
+        STATS.count("l1_unwritable")
+        private = tempfile.mkdtemp(prefix="neffcache-l1-")
+        log.warning("neffcache: %s is not writable (%s); using %s", config.local_dir, exc, private)
+        return config._replace(local_dir=private)
 
 
 def _local_url(local_dir: str | None) -> Any:

@@ -84,6 +84,9 @@ class Connection:
                     raise HttpError("the server closed the connection") from None
                 if body_file is not None:
                     body_file[0].seek(0)
+            except SinkError:
+                self.close()  # the response was cut off midway: the connection is spent
+                raise
             except (OSError, HttpError) as exc:
                 self.close()
                 if isinstance(exc, HttpError):
@@ -124,7 +127,7 @@ class Connection:
         elif body_file is not None:
             lines.append(f"Content-Length: {body_file[1]}")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        _set_timeout(sock, deadline)
+        _set_timeout(sock, deadline, self.timeout)
         try:
             sock.sendall(head + body if body is not None and len(body) < _READ else head)
             if body is not None and len(body) >= _READ:
@@ -136,7 +139,7 @@ class Connection:
                     chunk = file.read(min(_READ, size - sent))
                     if not chunk:
                         raise HttpError(f"the file to upload ended after {sent} of {size} bytes")
-                    _set_timeout(sock, deadline)
+                    _set_timeout(sock, deadline, self.timeout)
                     sock.sendall(chunk)
                     sent += len(chunk)
         except (BrokenPipeError, ConnectionResetError):
@@ -158,7 +161,9 @@ class Connection:
                 headers[name.strip().lower()] = value.strip()
         chunks: list[bytes] = []
         # Only a success's body is the payload; an error's (a JSON reason) is kept.
-        write = sink if sink is not None and 200 <= status < 300 else chunks.append
+        write = chunks.append
+        if sink is not None and 200 <= status < 300:
+            write = _guarded(sink)
         if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
             pass
         elif headers.get("transfer-encoding", "").lower() == "chunked":
@@ -186,7 +191,7 @@ class Connection:
             data, self._buffer = self._buffer, b""
             return data
         assert self._sock is not None
-        _set_timeout(self._sock, deadline)
+        _set_timeout(self._sock, deadline, self.timeout)
         return self._sock.recv(_READ)
 
     def _read_head(self, deadline: float) -> bytes:
@@ -255,12 +260,28 @@ class Connection:
             yield chunk
 
 
+class SinkError(Exception):
+    """The caller's sink failed (a full disk): the caller's trouble, not the server's."""
+
+
+def _guarded(sink: Callable[[bytes], None]) -> Callable[[bytes], None]:
+    def write(chunk: bytes) -> None:
+        try:
+            sink(chunk)
+        except Exception as exc:
+            raise SinkError(str(exc)) from exc
+
+    return write
+
+
 class _StaleConnection(Exception):
     """A kept-alive connection the server had already closed."""
 
 
-def _set_timeout(sock: socket.socket, deadline: float) -> None:
+def _set_timeout(sock: socket.socket, deadline: float, idle: float) -> None:
+    """Each socket operation waits at most ``idle`` (the per-request timeout) and never
+    past the request's deadline: a long download may take long, a stalled one may not."""
     left = deadline - time.monotonic()
     if left <= 0:
         raise HttpError("the request ran out of time")
-    sock.settimeout(left)
+    sock.settimeout(min(left, idle))

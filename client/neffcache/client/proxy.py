@@ -73,7 +73,7 @@ def make_proxy_class(base: type, cache_url_class: type) -> type:
             self._core.uploaded(cache_path, data)
 
         def hlo_acquire_lock(self, hlo_path: str, *args: Any, **kwargs: Any) -> None:
-            self._core.acquire_entry(hlo_path)
+            self._core.acquire_entry(hlo_path, kwargs.get("timeout"))
             try:
                 self._stock.hlo_acquire_lock(hlo_path, *args, **kwargs)
             except BaseException:
@@ -145,6 +145,7 @@ class Core:
         self.remote = Remote(config)
         self._hlo_seen: dict[str, float] = {}  # entry dir -> when its HLO was written
         self._entry_locks: dict[str, int] = {}  # HLO path -> held flock descriptor
+        self._waited_from: dict[str, float] = {}  # entry dir -> when this rank began to wait
 
     # -- the SDK's per-entry compile lock, made safe against dead holders ---------------
     #
@@ -155,11 +156,12 @@ class Core:
     # flock, belongs to a dead neffcache process and is removed; an empty one was made
     # by a process without neffcache and is waited for, as the SDK does.
 
-    def acquire_entry(self, hlo_path: str) -> None:
+    def acquire_entry(self, hlo_path: str, timeout: float | None = None) -> None:
         import blake3
 
         name = "hlo-" + blake3.blake3(hlo_path.encode()).hexdigest()[:32]
-        fd = self.local.acquire(name, f"the compile lock of {hlo_path}")
+        self._waited_from[os.path.dirname(hlo_path)] = time.time()
+        fd = self.local.acquire(name, f"the compile lock of {hlo_path}", wait=timeout or 0.0)
         if fd is None:
             return  # no flock possible here: the SDK's own lock still serializes
         self._entry_locks[hlo_path] = fd
@@ -180,6 +182,7 @@ class Core:
     def release_entry(self, hlo_path: str) -> None:
         from neffcache.client.local import release
 
+        self._waited_from.pop(os.path.dirname(hlo_path), None)
         fd = self._entry_locks.pop(hlo_path, None)
         if fd is not None:
             release(fd)
@@ -187,7 +190,7 @@ class Core:
     def exists(self, path: str) -> bool:
         name = os.path.basename(path)
         if name == LOG and not self.config.stock_failures:
-            return False  # a failure is recorded, never replayed
+            return self._failed_while_waiting(path)
         if self.stock.exists(path):
             if name == DONE:
                 self._record(Path(path).parent, "hit", "l1", None)
@@ -201,6 +204,31 @@ class Core:
             log.exception("neffcache: lookup of %s failed; compiling", path)
             return False
 
+    def _failed_while_waiting(self, log_path: str) -> bool:
+        """A failure is recorded, never replayed to a later run; but a rank that was
+        waiting on the compile lock while the holder failed gets the holder's answer
+        instead of compiling the same failing graph once more after it."""
+        waited_from = self._waited_from.get(os.path.dirname(log_path))
+        if waited_from is None:
+            return False
+        try:
+            failed_at = os.stat(log_path).st_mtime
+        except OSError:
+            return False
+        if failed_at < waited_from:
+            return False
+        STATS.count("failures_replayed")
+        return True
+
+    def get_hlos(self, *args: Any, **kwargs: Any) -> Any:
+        """The SDK's classification, with failed entries back in ``todo``: a failure is
+        not replayed, so ``neuron_parallel_compile`` must try them again, as training
+        would (unless ``NEFFCACHE_STOCK_FAILURES``)."""
+        todo, locked, done, failed = self.stock.get_hlos(*args, **kwargs)
+        if self.config.stock_failures:
+            return todo, locked, done, failed
+        return [*todo, *failed], locked, done, []
+
     def uploaded(self, cache_path: str, data: Any = None) -> None:
         try:
             name = os.path.basename(cache_path)
@@ -211,12 +239,16 @@ class Core:
                 started = self._hlo_seen.pop(entry, None)
                 seconds = None if started is None else time.monotonic() - started
                 self._record(Path(entry), "miss", "compiler", seconds)
-                _publisher(self.config).submit(lambda: self._publish(Path(entry), seconds))
+                environ = dict(os.environ)  # as the compile saw it, not as publishing will
+                _publisher(self.config).submit(lambda: self._publish(Path(entry), seconds, environ))
             elif name == LOG:
                 started = self._hlo_seen.pop(entry, None)
                 seconds = None if started is None else time.monotonic() - started
                 text = data if isinstance(data, str) else _read_text(cache_path)
-                _publisher(self.config).submit(lambda: self._report(Path(entry), text, seconds))
+                environ = dict(os.environ)
+                _publisher(self.config).submit(
+                    lambda: self._report(Path(entry), text, seconds, environ)
+                )
         except Exception:
             STATS.count("hook_errors")
             log.exception("neffcache: could not handle the upload of %s", cache_path)
@@ -272,7 +304,7 @@ class Core:
         with self.local.lock(_lock_name(address), f"entry {address}") as _held:
             if (entry / DONE).exists():
                 return True  # another rank on this host fetched it meanwhile
-            manifest = self.remote.alias(address)
+            manifest = _same_environment(self.remote.alias(address))
             if manifest is None:
                 keys = self._keys(entry, address)
                 if keys is not None:
@@ -300,7 +332,9 @@ class Core:
         )
         return True
 
-    def _keys(self, entry: Path, address: str) -> tuple[Any, Any] | None:
+    def _keys(
+        self, entry: Path, address: str, environ: dict[str, str] | None = None
+    ) -> tuple[Any, Any] | None:
         """The entry's direct key and a function for its canonical key, when its HLO
         and flags are in L1; None otherwise (nothing to key)."""
         hlo = next((entry / n for n in HLO_NAMES if (entry / n).is_file()), None)
@@ -316,7 +350,7 @@ class Core:
             if target is None:
                 return None
             version = address.split("/")[0][len("neuronxcc-") :]
-            ctx = context(version, target, flags, os.environ)
+            ctx = context(version, target, flags, os.environ if environ is None else environ)
             module = hlo.read_bytes()
         except (OSError, ValueError):
             return None
@@ -350,16 +384,16 @@ class Core:
 
     # -- publishing -------------------------------------------------------------------
 
-    def _publish(self, entry: Path, seconds: float | None) -> None:
+    def _publish(self, entry: Path, seconds: float | None, environ: dict[str, str]) -> None:
         from neffcache.client.publish import make_manifest, publish
 
         address = self._address(entry)
         if address is None or not (entry / NEFF).is_file():
             return
-        keys = self._keys(entry, address)
+        keys = self._keys(entry, address, environ)
         if keys is None:
-            STATS.count("unkeyable")
-            return
+            STATS.count("unkeyable")  # no --target in the flags (facts §4.3 item 6): the
+            return  # wrapper keys such graphs from the compiler's own command line
         direct, canonical = keys
         files = {
             p.name: p
@@ -372,26 +406,38 @@ class Core:
         manifest, paths = make_manifest(canonical(), direct, address, files, seconds)
         publish(self.remote, manifest, paths)
 
-    def _report(self, entry: Path, text: str, seconds: float | None) -> None:
+    def _report(
+        self, entry: Path, text: str, seconds: float | None, environ: dict[str, str]
+    ) -> None:
+        from neffcache.client.publish import failure_record
+
         address = self._address(entry)
-        if address is None:
-            return
-        keys = self._keys(entry, address)
+        keys = None if address is None else self._keys(entry, address, environ)
         if keys is None:
             return
         direct, canonical = keys
         key = canonical()
-        record: dict[str, Any] = {
-            "compiler_version": key.components["compiler_version"],
-            "neuron_address": address,
-            "direct_key": direct.key,
-            "components": key.as_json(),
-            "log": text[-64 * 1024 :],
-        }
-        if seconds is not None:
-            record["compile_seconds"] = round(seconds, 3)
         STATS.count("compile_failures")
+        record = failure_record(key, direct, address, None, seconds, text)
         self.remote.put_failure(key.key, record)
+
+
+def _same_environment(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``manifest`` if it was compiled under this process's compile-affecting
+    environment, else None. A stock address does not cover the environment (facts
+    §4.4) while neffcache's key does: an entry found by address must agree."""
+    if manifest is None:
+        return None
+    from neffcache.keying import compile_env
+
+    # An entry without components (imported from a stock cache) was keyed without an
+    # environment: it matches a process that sets none of the variables.
+    components = manifest.get("components")
+    theirs = components.get("env", {}) if isinstance(components, dict) else {}
+    if theirs != compile_env(os.environ):
+        STATS.count("address_env_mismatches")
+        return None
+    return manifest
 
 
 def _target(flags: list[str]) -> str | None:

@@ -55,6 +55,32 @@ def make_manifest(
     return manifest, paths
 
 
+def failure_record(
+    canonical: CacheKey,
+    direct: CacheKey | None,
+    address: str | None,
+    exit_code: int | None,
+    seconds: float | None,
+    log_tail: str,
+) -> dict[str, Any]:
+    """A failure record for ``PUT /v1/ns/{ns}/failures/{key}`` (docs/protocol.md)."""
+    record: dict[str, Any] = {
+        "compiler_version": canonical.components["compiler_version"],
+        "components": canonical.as_json(),
+        "log": log_tail[-64 * 1024 :],
+        "host": os.uname().nodename,
+    }
+    if direct is not None:
+        record["direct_key"] = direct.key
+    if address is not None:
+        record["neuron_address"] = address
+    if exit_code is not None:
+        record["exit_code"] = exit_code
+    if seconds is not None:
+        record["compile_seconds"] = round(seconds, 3)
+    return record
+
+
 def publish(remote: Remote, manifest: Manifest, paths: dict[str, Path]) -> bool:
     """Upload what the server lacks, then the manifest. True once the server holds an
     entry for the key (ours, or an identical or earlier one: entries are immutable)."""

@@ -9,6 +9,7 @@ their BLAKE3 digest before they become visible; a mismatch is a miss.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -21,7 +22,7 @@ import blake3
 
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
-from neffcache.client.http import Connection, HttpError, Response
+from neffcache.client.http import Connection, HttpError, Response, SinkError
 from neffcache.client.local import new_temp
 from neffcache.client.stats import STATS
 
@@ -32,6 +33,10 @@ Manifest = dict[str, Any]
 _MIN_RATE = 8 * 2**20  # bytes per second
 _down_until: dict[str, float] = {}
 _down_lock = threading.Lock()
+
+
+class _TooLong(Exception):
+    """The server sent more bytes than the manifest's size."""
 
 
 class Remote:
@@ -46,15 +51,40 @@ class Remote:
     # -- state ------------------------------------------------------------------------
 
     def available(self) -> bool:
-        """False while the server is marked down after an error."""
+        """False while the server is marked down after an error, by this process or
+        by another on this host (the wrapper is a new process per graph: without the
+        shared mark each would pay the timeout again)."""
         with _down_lock:
-            return time.monotonic() >= _down_until.get(self.config.server, 0.0)
+            if time.monotonic() < _down_until.get(self.config.server, 0.0):
+                return False
+        until = self._shared_mark()
+        if until > time.time():
+            with _down_lock:
+                _down_until[self.config.server] = time.monotonic() + (until - time.time())
+            return False
+        return True
+
+    def _mark_path(self) -> Path:
+        name = blake3.blake3(self.config.server.encode()).hexdigest()[:16]
+        return Path(self.config.local_dir) / ".neffcache" / "down" / name
+
+    def _shared_mark(self) -> float:
+        try:
+            return float(self._mark_path().read_text())
+        except (OSError, ValueError):
+            return 0.0
 
     def _mark_down(self, what: str, reason: object) -> None:
         STATS.count("server_errors")
         with _down_lock:
             first = time.monotonic() >= _down_until.get(self.config.server, 0.0)
             _down_until[self.config.server] = time.monotonic() + self.config.backoff
+        if self.config.backoff > 0:
+            from neffcache.client.local import atomic_write
+
+            with contextlib.suppress(OSError):  # then only this process skips the server
+                until = time.time() + self.config.backoff
+                atomic_write(self._mark_path(), repr(until).encode())
         if first:
             log.warning(
                 "neffcache: %s failed (%s); compiling locally, server %s skipped for %.0f s",
@@ -142,17 +172,23 @@ class Remote:
                     nonlocal received
                     received += len(chunk)
                     if received > size:
-                        raise HttpError(f"blob {digest} is longer than its manifest says")
+                        raise _TooLong()
                     hasher.update(chunk)
                     out.write(chunk)
 
-                response = self._call(
-                    "blob download",
-                    "GET",
-                    f"/v1/blobs/{digest}",
-                    sink=sink,
-                    timeout=self.config.timeout + size / _MIN_RATE,
-                )
+                try:
+                    response = self._call(
+                        "blob download",
+                        "GET",
+                        f"/v1/blobs/{digest}",
+                        sink=sink,
+                        timeout=self.config.timeout + size / _MIN_RATE,
+                    )
+                except SinkError as exc:
+                    if isinstance(exc.__cause__, _TooLong):
+                        self._mark_down("blob download", f"blob {digest} is too long")
+                        return False
+                    raise OSError(str(exc)) from exc
             if response is None or response.status != 200:
                 return False
             if received != size or hasher.hexdigest() != digest:

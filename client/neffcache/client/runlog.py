@@ -7,7 +7,8 @@ Fields: ``time`` (UTC, ISO 8601), ``via`` (``wrapper`` or ``hook``), ``key``,
 ``miss``), ``source`` (``l1``, ``server`` or ``compiler``), ``fetch_seconds``,
 ``compile_seconds`` (null on a hit), ``bytes`` (the NEFF's size, 0 when there is none),
 ``exit_code`` (the wrapper's), ``fallback`` (why the cache could not help, or null),
-``pid`` and ``host``.
+``pid``, ``host``, and ``events``: this process's counters so far (hits, compiles,
+server errors, fall-backs; see ``stats.py``).
 """
 
 from __future__ import annotations
@@ -30,11 +31,14 @@ def _utc_now() -> str:
 def record(path: str | None, **fields: Any) -> None:
     if not path:
         return
+    from neffcache.client.stats import STATS
+
     line = {
         "time": _utc_now(),
         **fields,
         "pid": os.getpid(),
         "host": os.uname().nodename,
+        "events": STATS.snapshot(),
     }
     data = (json.dumps(line, sort_keys=True) + "\n").encode()
     try:

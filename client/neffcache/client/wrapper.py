@@ -1,5 +1,8 @@
 """The ``neuronx-cc`` wrapper: ``neffcache wrap -- neuronx-cc compile ...`` and the shim.
 
+This module parses the command and runs the real compiler; ``session.py`` does the
+cache's part of one call.
+
 It parses the compile command (input HLO, ``--output``, ``--target``, flags), computes
 the keys and, on a hit, writes the NEFF exactly where ``--output`` says and exits 0.
 On a miss it runs the real compiler with the same argv, environment, stdin and stdout
@@ -19,13 +22,13 @@ that a failure's last 64 KiB can be recorded on the server.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple, NoReturn
+from typing import BinaryIO, NamedTuple, NoReturn
 
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig, ConfigError
@@ -70,6 +73,8 @@ def parse(argv: Sequence[str]) -> CompileCall | None:
         if token.startswith("-") and len(token) > 1:
             if token in ("-h", "--help", "--version", "-V"):
                 return None
+            if token == "--enable-internal-neff-wrapper":
+                return None  # writes outputs beside --output the cache does not keep
             name, eq, value = token.partition("=")
             takes_words = not eq
             if name in _VALUE_OPTIONS:
@@ -133,13 +138,19 @@ def main(argv: Sequence[str]) -> int:
         return 127
     call = parse(args)
     if config is None or call is None or os.environ.get("NEFFCACHE_IN_WRAPPER"):
-        return _run_plain(real, args)
+        return run_plain(real, args)
+    from neffcache.client.session import Session
+
+    session = Session(config, real, call)
     try:
-        return Session(config, real, call).run()
+        return session.run()
     except Exception:  # the cache's own bug: never the job's problem
         STATS.count("wrapper_errors")
+        if session.outcome is not None:  # compiled, or the NEFF is in place: that stands
+            log.exception("neffcache: the wrapper failed after its outcome was final")
+            return session.outcome
         log.exception("neffcache: the wrapper failed; running the compiler without the cache")
-        return _run_plain(real, args)
+        return run_plain(real, args)
 
 
 def exit_fast(code: int) -> NoReturn:
@@ -153,10 +164,17 @@ def exit_fast(code: int) -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # closed or broken: nothing to do
             stream.flush()
+    if code < 0:  # the compiler died of a signal: so do we, as if it had been us
+        import signal
+
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(-code, signal.SIG_DFL)
+            os.kill(os.getpid(), -code)
+        code = 128 - code
     os._exit(code)
 
 
-def _run_plain(real: str, args: list[str]) -> int:
+def run_plain(real: str, args: list[str]) -> int:
     import subprocess
 
     env = dict(os.environ, NEFFCACHE_IN_WRAPPER="1")
@@ -167,217 +185,29 @@ def _run_plain(real: str, args: list[str]) -> int:
         return 127
 
 
-class Session:
-    """One compile call's lookup, compile and publish."""
-
-    def __init__(self, config: ClientConfig, real: str, call: CompileCall) -> None:
-        from neffcache.client.local import LocalStore
-        from neffcache.client.remote import Remote
-
-        self.config = config
-        self.real = real
-        self.call = call
-        self.local = LocalStore(config.local_dir)
-        self.remote = Remote(config)
-        self.started = time.monotonic()
-        self.report: dict[str, Any] = {
-            "via": "wrapper",
-            "key": None,
-            "direct_key": None,
-            "neuron_address": None,
-            "fallback": None,
-        }
-
-    def run(self) -> int:
-        from neffcache.client.compiler import compiler_version
-        from neffcache.client.keys import context, direct_key
-
-        version = compiler_version(self.real, self.local.root)
-        if version is None:
-            return self._uncached("no compiler version")
-        self.report["neuron_address"] = neuron_address_of(self.call.input, version)
-        try:
-            module = self.call.input.read_bytes()
-            ctx = context(version, self.call.target, self.call.flags, os.environ)
-        except (OSError, ValueError) as exc:
-            return self._uncached(f"cannot key: {exc}")
-        direct = direct_key(module, ctx)
-        self.report["direct_key"] = direct.key
-        if self._hit(direct.key, alias=True):
-            return 0
-        from neffcache.client.keys import canonical_key
-
-        try:
-            canonical = canonical_key(module, ctx)
-        except ValueError as exc:  # KeyingError: not an HloModuleProto we can read
-            return self._uncached(f"cannot fingerprint: {exc}")
-        self.report["key"] = canonical.key
-        with self.local.lock(canonical.key, f"graph {canonical.key[:12]}") as _held:
-            # Another rank may have fetched or compiled it while we waited.
-            if self._hit(canonical.key, alias=False, also=direct.key):
-                return 0
-            return self._compile(module, canonical, direct)
-
-    # -- hits -------------------------------------------------------------------------
-
-    def _hit(self, key: str, *, alias: bool, also: str | None = None) -> bool:
-        """Serve ``key`` from L1, else from the server; True when --output is written.
-        The run manifest's source is where the NEFF's bytes came from: a manifest
-        found on the server for a NEFF already in L1 is an L1 hit."""
-        t0 = time.monotonic()
-        manifest = self.local.manifest(key)
-        source = None if manifest is None else self._materialize(manifest)
-        if source is None:
-            manifest = self.remote.alias(key) if alias else self.remote.entry(key)
-            source = None if manifest is None else self._materialize(manifest)
-            if manifest is None or source is None:
-                return False
-            self.local.put_manifest(key, manifest)
-        assert manifest is not None
-        if also is not None:
-            self.local.put_manifest(also, manifest)
-        self._record("hit", source, time.monotonic() - t0, None, manifest)
-        STATS.count(f"hits_{source}")
-        return True
-
-    def _materialize(self, manifest: dict[str, Any]) -> str | None:
-        """Put the manifest's NEFF at --output, fetching it into L1 if needed; where
-        its bytes came from (``l1`` or ``server``), or None."""
-        from neffcache.client.local import copy_atomic
-
-        ref = manifest.get("files", {}).get(NEFF)
-        if not isinstance(ref, dict):
-            return None
-        digest, size = ref.get("digest"), ref.get("size")
-        if not isinstance(digest, str) or not isinstance(size, int):
-            return None
-        source = "l1"
-        if not self.local.has_blob(digest, size):
-            if not self.remote.fetch(digest, size, self.local.blob_path(digest)):
-                return None
-            source = "server"
-        try:
-            copy_atomic(self.local.blob_path(digest), self.call.output)
-        except OSError as exc:
-            STATS.count("local_errors")
-            log.warning("neffcache: cannot write %s: %s", self.call.output, exc)
-            return None
-        self.report["bytes"] = size
-        return source
-
-    # -- misses -----------------------------------------------------------------------
-
-    def _compile(self, module: bytes, canonical: Any, direct: Any) -> int:
-        t0 = time.monotonic()
-        code, log_tail = _run_teeing(self.real, self.call.argv)
-        seconds = time.monotonic() - t0
-        self.report["exit_code"] = code
-        if code != 0 or not self.call.output.is_file():
-            STATS.count("compile_failures")
-            self._record("miss", "compiler", 0.0, seconds, None)
-            self._report_failure(canonical, direct, code, seconds, log_tail)
-            return code
-        STATS.count("compiles")
-        self._record("miss", "compiler", 0.0, seconds, None, size=self.call.output.stat().st_size)
-        self._store_and_publish(module, canonical, direct, seconds)
-        return code
-
-    def _store_and_publish(
-        self, module: bytes, canonical: Any, direct: Any, seconds: float
-    ) -> None:
-        import tempfile
-
-        from neffcache.client.local import atomic_write
-        from neffcache.client.publish import make_manifest, publish
-
-        try:
-            with tempfile.TemporaryDirectory(dir=self.local.root) as tmp:
-                staged = Path(tmp)
-                atomic_write(staged / HLO, module)
-                atomic_write(staged / FLAGS, _flags_json(self.call))
-                files = {NEFF: self.call.output, HLO: staged / HLO, FLAGS: staged / FLAGS}
-                manifest, paths = make_manifest(
-                    canonical, direct, self.report["neuron_address"], files, seconds
-                )
-                ref = manifest["files"][NEFF]
-                self.local.add_blob(self.call.output, ref["digest"])
-                self.local.put_manifest(canonical.key, manifest)
-                self.local.put_manifest(direct.key, manifest)
-                publish(self.remote, manifest, paths)
-        except OSError as exc:
-            STATS.count("local_errors")
-            log.warning("neffcache: cannot keep or publish the new NEFF: %s", exc)
-
-    def _report_failure(
-        self, canonical: Any, direct: Any, code: int, seconds: float, log_tail: str
-    ) -> None:
-        record: dict[str, Any] = {
-            "compiler_version": canonical.components["compiler_version"],
-            "direct_key": direct.key,
-            "components": canonical.as_json(),
-            "exit_code": code,
-            "compile_seconds": round(seconds, 3),
-            "log": log_tail,
-        }
-        if self.report["neuron_address"]:
-            record["neuron_address"] = self.report["neuron_address"]
-        self.remote.put_failure(canonical.key, record)
-
-    def _uncached(self, reason: str) -> int:
-        STATS.count("uncached")
-        self.report["fallback"] = reason
-        log.info("neffcache: %s; compiling without the cache", reason)
-        t0 = time.monotonic()
-        code = _run_plain(self.real, self.call.argv)
-        self.report["exit_code"] = code
-        size = self.call.output.stat().st_size if code == 0 and self.call.output.is_file() else 0
-        self._record("miss", "compiler", 0.0, time.monotonic() - t0, None, size=size)
-        return code
-
-    def _record(
-        self,
-        result: str,
-        source: str,
-        fetch: float,
-        compile_seconds: float | None,
-        manifest: dict[str, Any] | None,
-        size: int | None = None,
-    ) -> None:
-        from neffcache.client.runlog import record
-
-        if manifest is not None:
-            self.report["key"] = manifest.get("key", self.report["key"])
-            self.report["neuron_address"] = self.report["neuron_address"] or manifest.get(
-                "neuron_address"
-            )
-        fields = {
-            **self.report,
-            "result": result,
-            "source": source,
-            "fetch_seconds": round(fetch, 6),
-            "compile_seconds": None if compile_seconds is None else round(compile_seconds, 3),
-            "bytes": size if size is not None else self.report.get("bytes", 0),
-            "exit_code": self.report.get("exit_code", 0),
-        }
-        record(self.config.run_manifest, **fields)
+_SDK_INPUT = re.compile(r"model\.(MODULE_[0-9A-Za-z]{1,128}\+([0-9a-f]{8}))\.hlo(?:_module)?\.pb")
 
 
-_SDK_INPUT = re.compile(r"model\.(MODULE_[0-9A-Za-z]{1,128}\+[0-9a-f]{8})\.hlo(?:_module)?\.pb")
-
-
-def neuron_address_of(input_file: Path, version: str) -> str | None:
+def neuron_address_of(call: CompileCall, version: str) -> str | None:
     """The stock address when the input follows the SDK's work-dir naming
-    (``model.MODULE_<key>+<flags8>.hlo_module.pb``, facts §5), so an entry compiled
-    through the wrapper is also found by the persistent-cache hook; else None."""
-    match = _SDK_INPUT.fullmatch(input_file.name)
-    return f"neuronxcc-{version}/{match[1]}" if match else None
+    (``model.MODULE_<key>+<flags8>.hlo_module.pb``, facts §5) and the ``<flags8>``
+    is the hash of this call's own flags, so an entry compiled through the wrapper is
+    also found by the persistent-cache hook; else None. Without the hash check, a
+    hand-run compile with other flags on an SDK-named file would claim the address."""
+    match = _SDK_INPUT.fullmatch(call.input.name)
+    if match is None:
+        return None
+    from neffcache.keying import neuron_flags_hash
+
+    if neuron_flags_hash(json.loads(flags_json(call))) != match[2]:
+        STATS.count("address_flags_mismatch")
+        return None
+    return f"neuronxcc-{version}/{match[1]}"
 
 
-def _flags_json(call: CompileCall) -> bytes:
+def flags_json(call: CompileCall) -> bytes:
     """``compile_flags.json`` as the SDK writes it (facts §3.1, §4.3): the user's flags,
     spelled as given, after ``--target``; not the options the SDK adds per call."""
-    import json
-
     from neffcache.keying import neuron_cache_flags
 
     user: list[str] = []
@@ -396,7 +226,7 @@ def _flags_json(call: CompileCall) -> bytes:
     return json.dumps(neuron_cache_flags(user, call.target)).encode()
 
 
-def _run_teeing(real: str, args: list[str]) -> tuple[int, str]:
+def run_teeing(real: str, args: list[str]) -> tuple[int, str]:
     """Run the compiler with our stdin and stdout; copy its stderr to ours as it comes
     and keep the last 64 KiB of it."""
     import subprocess
@@ -426,6 +256,9 @@ def _run_teeing(real: str, args: list[str]) -> tuple[int, str]:
     thread = threading.Thread(target=pump, daemon=True)
     thread.start()
     code = proc.wait()
-    thread.join()
-    proc.stderr.close()
+    # A helper the compiler left running may hold the pipe open for as long as it
+    # lives: its output is not the compiler's, and it must not hold the job.
+    thread.join(timeout=1.0)
+    if not thread.is_alive():
+        proc.stderr.close()
     return code, tail.decode("utf-8", "replace")

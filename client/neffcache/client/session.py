@@ -1,0 +1,279 @@
+"""One compile call through the wrapper: lookup, compile, keep, publish.
+
+Order, cheapest first: the direct key (raw bytes, no parsing) in L1 then on the server;
+then the canonical key (metadata-insensitive) in L1 then on the server, under a per-key
+lock so ranks on one host do one compile. The lock is released before publishing: the
+others need the NEFF in L1, not the upload.
+
+Once the compiler has run, or a hit has written ``--output``, the outcome is final:
+nothing after it (a full L1, a publish that fails) can turn it into a second compile.
+A rank that waited on the lock while the holder's compile failed replays that failure
+(its exit code and log tail) instead of repeating it; a later run compiles again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from neffcache.client._log import log
+from neffcache.client.config import ClientConfig
+from neffcache.client.stats import STATS
+from neffcache.client.wrapper import (
+    FLAGS,
+    HLO,
+    NEFF,
+    CompileCall,
+    flags_json,
+    neuron_address_of,
+    run_plain,
+    run_teeing,
+)
+
+if TYPE_CHECKING:
+    from neffcache.keying import CacheKey
+
+
+class Session:
+    def __init__(self, config: ClientConfig, real: str, call: CompileCall) -> None:
+        from neffcache.client.local import LocalStore
+        from neffcache.client.remote import Remote
+
+        self.config = config
+        self.real = real
+        self.call = call
+        self.local = LocalStore(config.local_dir)
+        self.remote = Remote(config)
+        self.outcome: int | None = None  # set once the compiler ran or --output is written
+        self.report: dict[str, Any] = {
+            "via": "wrapper",
+            "key": None,
+            "direct_key": None,
+            "neuron_address": None,
+            "fallback": None,
+        }
+
+    def run(self) -> int:
+        from neffcache.client.compiler import compiler_version
+        from neffcache.client.keys import canonical_key, context, direct_key
+
+        version = compiler_version(self.real, self.local.root)
+        if version is None:
+            return self._uncached("no compiler version")
+        self.report["neuron_address"] = neuron_address_of(self.call, version)
+        try:
+            module = self.call.input.read_bytes()
+            ctx = context(version, self.call.target, self.call.flags, os.environ)
+        except (OSError, ValueError) as exc:
+            return self._uncached(f"cannot key: {exc}")
+        direct = direct_key(module, ctx)
+        self.report["direct_key"] = direct.key
+        if self._hit(direct.key, alias=True):
+            return self._done(0)
+        try:
+            canonical = canonical_key(module, ctx)
+        except ValueError as exc:  # KeyingError: not an HloModuleProto we can read
+            return self._uncached(f"cannot fingerprint: {exc}")
+        self.report["key"] = canonical.key
+        waited_from = time.time()
+        with self.local.lock(canonical.key, f"graph {canonical.key[:12]}") as _held:
+            # Another rank may have fetched or compiled it while we waited.
+            if self._hit(canonical.key, alias=False, also=direct.key):
+                return self._done(0)
+            replayed = self._replay_failure(canonical.key, waited_from)
+            if replayed is not None:
+                return self._done(replayed)
+            code, seconds = self._compile(canonical, direct)
+            kept = code == 0 and self._keep(module, canonical, direct, seconds)
+        if kept:
+            self._publish()
+        return code
+
+    def _done(self, code: int) -> int:
+        self.outcome = code
+        return code
+
+    # -- hits -------------------------------------------------------------------------
+
+    def _hit(self, key: str, *, alias: bool, also: str | None = None) -> bool:
+        """Serve ``key`` from L1, else from the server; True when --output is written.
+        The run manifest's source is where the NEFF's bytes came from: a manifest
+        found on the server for a NEFF already in L1 is an L1 hit."""
+        t0 = time.monotonic()
+        manifest = self.local.manifest(key)
+        source = None if manifest is None else self._materialize(manifest)
+        if source is None:
+            manifest = self.remote.alias(key) if alias else self.remote.entry(key)
+            source = None if manifest is None else self._materialize(manifest)
+            if manifest is None or source is None:
+                return False
+            self.local.put_manifest(key, manifest)
+        assert manifest is not None
+        if also is not None:
+            self.local.put_manifest(also, manifest)
+        self._record("hit", source, time.monotonic() - t0, None, manifest)
+        STATS.count(f"hits_{source}")
+        return True
+
+    def _materialize(self, manifest: dict[str, Any]) -> str | None:
+        """Put the manifest's NEFF at --output, fetching it into L1 if needed (one
+        fetch per blob per host: ranks wait for it); where its bytes came from
+        (``l1`` or ``server``), or None."""
+        from neffcache.client.local import copy_atomic
+
+        ref = manifest.get("files", {}).get(NEFF)
+        if not isinstance(ref, dict):
+            return None
+        digest, size = ref.get("digest"), ref.get("size")
+        if not isinstance(digest, str) or not isinstance(size, int):
+            return None
+        source = "l1"
+        if not self.local.has_blob(digest, size):
+            with self.local.lock(f"blob-{digest}", f"the download of {digest[:12]}"):
+                if not self.local.has_blob(digest, size):
+                    if not self.remote.fetch(digest, size, self.local.blob_path(digest)):
+                        return None
+                    source = "server"
+        try:
+            copy_atomic(self.local.blob_path(digest), self.call.output)
+        except OSError as exc:
+            STATS.count("local_errors")
+            log.warning("neffcache: cannot write %s: %s", self.call.output, exc)
+            return None
+        self.outcome = 0
+        self.report["bytes"] = size
+        return source
+
+    # -- misses -----------------------------------------------------------------------
+
+    def _compile(self, canonical: CacheKey, direct: CacheKey) -> tuple[int, float]:
+        t0 = time.monotonic()
+        code, log_tail = run_teeing(self.real, self.call.argv)
+        self.outcome = code
+        seconds = time.monotonic() - t0
+        self.report["exit_code"] = code
+        if code != 0 or not self.call.output.is_file():
+            STATS.count("compile_failures")
+            self._record("miss", "compiler", 0.0, seconds, None)
+            self._remember_failure(canonical.key, code, log_tail)
+            from neffcache.client.publish import failure_record
+
+            address = self.report["neuron_address"]
+            record = failure_record(canonical, direct, address, code, seconds, log_tail)
+            self.remote.put_failure(canonical.key, record)
+            return code, seconds
+        STATS.count("compiles")
+        self._record("miss", "compiler", 0.0, seconds, None, size=self.call.output.stat().st_size)
+        return code, seconds
+
+    def _keep(self, module: bytes, canonical: CacheKey, direct: CacheKey, seconds: float) -> bool:
+        """The new NEFF into L1 (best effort: a full disk costs a later hit, nothing
+        more); True when there is something to publish."""
+        import tempfile
+
+        from neffcache.client.local import atomic_write
+        from neffcache.client.publish import make_manifest
+
+        try:
+            self._staged = tempfile.TemporaryDirectory(dir=self.local.root)
+            staged = Path(self._staged.name)
+            atomic_write(staged / HLO, module)
+            atomic_write(staged / FLAGS, flags_json(self.call))
+            blob = staged / NEFF
+            from neffcache.client.local import copy_atomic
+
+            copy_atomic(self.call.output, blob)  # --output may change after we return
+            files = {NEFF: blob, HLO: staged / HLO, FLAGS: staged / FLAGS}
+            address = self.report["neuron_address"]
+            self._manifest, self._paths = make_manifest(canonical, direct, address, files, seconds)
+            self.local.add_blob(blob, self._manifest["files"][NEFF]["digest"])
+            self.local.put_manifest(canonical.key, self._manifest)
+            self.local.put_manifest(direct.key, self._manifest)
+        except OSError as exc:
+            STATS.count("local_errors")
+            log.warning("neffcache: cannot keep the new NEFF: %s", exc)
+            return False
+        return True
+
+    def _publish(self) -> None:
+        from neffcache.client.publish import publish
+
+        try:
+            publish(self.remote, self._manifest, self._paths)
+        finally:
+            self._staged.cleanup()
+
+    # -- failures seen by ranks that waited ---------------------------------------------
+
+    def _failure_path(self, key: str) -> Path:
+        return self.local.root / "failures" / f"{key}.json"
+
+    def _remember_failure(self, key: str, code: int, log_tail: str) -> None:
+        from neffcache.client.local import atomic_write
+
+        record = {"exit_code": code, "log": log_tail[-8192:], "time": time.time()}
+        with contextlib.suppress(OSError):  # waiters then compile: slower, never wrong
+            atomic_write(self._failure_path(key), json.dumps(record).encode())
+
+    def _replay_failure(self, key: str, waited_from: float) -> int | None:
+        """The holder's failure, if it failed while this rank waited; else None."""
+        try:
+            record = json.loads(self._failure_path(key).read_bytes())
+            code, when, text = record["exit_code"], record["time"], record["log"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if not isinstance(code, int) or not isinstance(when, (int, float)) or when < waited_from:
+            return None
+        if isinstance(text, str):
+            sys.stderr.write(text)
+        STATS.count("failures_replayed")
+        self.report["fallback"] = "the rank that held the lock failed to compile this graph"
+        self.report["exit_code"] = code
+        self._record("miss", "compiler", 0.0, None, None)
+        return code
+
+    # -- the rest ---------------------------------------------------------------------
+
+    def _uncached(self, reason: str) -> int:
+        STATS.count("uncached")
+        self.report["fallback"] = reason
+        log.info("neffcache: %s; compiling without the cache", reason)
+        t0 = time.monotonic()
+        code = run_plain(self.real, self.call.argv)
+        self.outcome = code
+        self.report["exit_code"] = code
+        size = self.call.output.stat().st_size if code == 0 and self.call.output.is_file() else 0
+        self._record("miss", "compiler", 0.0, time.monotonic() - t0, None, size=size)
+        return code
+
+    def _record(
+        self,
+        result: str,
+        source: str,
+        fetch: float,
+        compile_seconds: float | None,
+        manifest: dict[str, Any] | None,
+        size: int | None = None,
+    ) -> None:
+        from neffcache.client.runlog import record
+
+        if manifest is not None:
+            self.report["key"] = manifest.get("key", self.report["key"])
+            self.report["neuron_address"] = self.report["neuron_address"] or manifest.get(
+                "neuron_address"
+            )
+        fields = {
+            **self.report,
+            "result": result,
+            "source": source,
+            "fetch_seconds": round(fetch, 6),
+            "compile_seconds": None if compile_seconds is None else round(compile_seconds, 3),
+            "bytes": size if size is not None else self.report.get("bytes", 0),
+            "exit_code": self.report.get("exit_code", 0),
+        }
+        record(self.config.run_manifest, **fields)
