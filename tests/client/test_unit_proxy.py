@@ -278,7 +278,7 @@ def test_a_server_hit_is_written_into_l1_done_last(tmp_path: Path) -> None:
         ("model.done", ["model.hlo_module.pb", "model.neff", "wrapped_neff.hlo"])
     ]
     assert (entry / "model.done").stat().st_mtime_ns >= (entry / "model.neff").stat().st_mtime_ns
-    assert core.local.has_blob(digest(neff), len(neff))
+    assert not core.local.blob_path(digest(neff)).exists()  # one copy on disk: the entry's
     assert delta(before, "hits_server") == 1
     (line,) = run_lines(tmp_path)
     assert (line["result"], line["source"]) == ("hit", "server")
@@ -530,9 +530,12 @@ def test_an_in_place_write_elsewhere_does_not_change_a_served_entry(tmp_path: Pa
     with fake_server(route) as server:
         core, _, entry = make_core(tmp_path, server.url)
         assert core.exists(str(entry / "model.done"))
-    # What wrapper.Session._materialize does for a later hit of the same NEFF:
+    # What session.Session._materialize does for a later hit of the same NEFF (the
+    # blob in L1 first, as the wrapper keeps it):
+    core.local.add_blob(entry / "model.neff", digest(neff))
     output = tmp_path / "workdir" / "model.neff"
     copy_atomic(core.local.blob_path(digest(neff)), output)
     with open(output, "r+b") as f:  # a later compile rewriting its --output in place
         f.write(b"other graph")
     assert (entry / "model.neff").read_bytes() == neff
+    assert core.local.blob_path(digest(neff)).read_bytes() == neff

@@ -357,8 +357,8 @@ class Core:
         return direct_key(module, ctx), lambda: canonical_key(module, ctx)
 
     def _materialize(self, entry: Path, manifest: dict[str, Any]) -> bool:
-        """Fetch the entry's files into L1's blob store, copy them into the entry
-        directory (the SDK's own HLO and flags files are kept), ``model.done`` last."""
+        """Write the entry's files into its L1 directory (the SDK's own HLO and flags
+        files are kept), each verified, ``model.done`` last."""
         from neffcache.client.local import copy_atomic
 
         files = manifest.get("files")
@@ -373,12 +373,12 @@ class Core:
             digest, size = ref.get("digest"), ref.get("size")
             if not isinstance(digest, str) or not isinstance(size, int):
                 return False
-            stored = self.local.has_blob(digest, size) or self.remote.fetch(
-                digest, size, self.local.blob_path(digest)
-            )
-            if not stored:
+            # Straight into the entry, verified (one copy on disk, not two); from L1's
+            # blobs when the wrapper already holds the file.
+            if self.local.has_blob(digest, size):
+                copy_atomic(self.local.blob_path(digest), target)
+            elif not self.remote.fetch(digest, size, target):
                 return False
-            copy_atomic(self.local.blob_path(digest), target)
         self.stock.upload_string_to_file(str(entry / DONE), "")
         return True
 
