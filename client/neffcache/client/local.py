@@ -137,9 +137,17 @@ class LocalStore:
             return None
         return value if isinstance(value, dict) else None
 
-    def put_manifest(self, key: str, manifest: dict[str, Any]) -> None:
+    def put_manifest(self, key: str, manifest: dict[str, Any]) -> bool:
+        """Remember ``manifest`` under ``key``; best effort (a full or read-only L1
+        costs a later lookup, never the current call): False when it could not."""
         path = self.root / "keys" / key[:2] / f"{key}.json"
-        atomic_write(path, json.dumps(manifest, sort_keys=True).encode())
+        try:
+            atomic_write(path, json.dumps(manifest, sort_keys=True).encode())
+        except OSError as exc:
+            STATS.count("local_errors")
+            log.warning("neffcache: cannot write %s: %s", path, exc)
+            return False
+        return True
 
     @contextlib.contextmanager
     def lock(self, name: str, what: str, wait: float = 0.0) -> Iterator[bool]:

@@ -87,6 +87,9 @@ def make_proxy_class(base: type, cache_url_class: type) -> type:
             finally:
                 self._core.release_entry(hlo_path)
 
+        def get_hlos(self, *args: Any, **kwargs: Any) -> Any:
+            return self._core.get_hlos(*args, **kwargs)
+
         def try_lookup_for_compile(self, hlo_path: str) -> Any:
             entry = self._stock.try_lookup_for_compile(hlo_path)
             if entry is not None and hasattr(entry, "cache"):
@@ -119,7 +122,6 @@ _DELEGATED = (
     "clean",
     "clear_locks",
     "clear_neffs",
-    "get_hlos",
 )
 
 
@@ -224,9 +226,10 @@ class Core:
         """The SDK's classification, with failed entries back in ``todo``: a failure is
         not replayed, so ``neuron_parallel_compile`` must try them again, as training
         would (unless ``NEFFCACHE_STOCK_FAILURES``)."""
-        todo, locked, done, failed = self.stock.get_hlos(*args, **kwargs)
-        if self.config.stock_failures:
-            return todo, locked, done, failed
+        found = self.stock.get_hlos(*args, **kwargs)
+        if self.config.stock_failures or not (isinstance(found, tuple) and len(found) == 4):
+            return found  # the stock behaviour, or an SDK whose answer we do not know
+        todo, locked, done, failed = found
         return [*todo, *failed], locked, done, []
 
     def uploaded(self, cache_path: str, data: Any = None) -> None:

@@ -167,10 +167,11 @@ def exit_fast(code: int) -> NoReturn:
     if code < 0:  # the compiler died of a signal: so do we, as if it had been us
         import signal
 
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL's cannot be changed
             signal.signal(-code, signal.SIG_DFL)
+        with contextlib.suppress(OSError):
             os.kill(os.getpid(), -code)
-        code = 128 - code
+        code = 128 - code  # a signal we survive (or may not send): the shell's convention
     os._exit(code)
 
 
