@@ -96,18 +96,16 @@ class Connection:
 
     def _socket(self, deadline: float) -> socket.socket:
         if self._sock is None:
-            import socket  # here: an L1 hit never opens a connection
-
             timeout = max(0.001, min(self.connect_timeout, deadline - time.monotonic()))
-            # An ASCII host as bytes skips the IDNA codec's import (a millisecond).
-            host: str | bytes = self.host.encode() if self.host.isascii() else self.host
-            sock = socket.create_connection((host, self.port), timeout=timeout)  # type: ignore[arg-type]
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls:
-                import ssl  # only for https: its import is not free
+                import socket
+                import ssl  # only for https: their imports are not free
 
-                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self.host)
-            self._sock = sock
+                plain = socket.create_connection((self.host, self.port), timeout=timeout)
+                context = ssl.create_default_context()
+                self._sock = context.wrap_socket(plain, server_hostname=self.host)
+            else:
+                self._sock = _connect(self.host, self.port, timeout)
         return self._sock
 
     def _send(
@@ -258,6 +256,28 @@ class Connection:
             if not chunk:
                 return
             yield chunk
+
+
+def _connect(host: str, port: int, timeout: float) -> socket.socket:
+    """``socket.create_connection`` on the C ``_socket`` module: the ``socket``
+    module's import (with ``selectors``) costs about 2.5 ms, a tenth of a wrapper hit.
+    Every address is tried in turn, within ``timeout`` each, as create_connection does."""
+    import _socket
+
+    # An ASCII host as bytes also skips the IDNA codec's import.
+    name: str | bytes = host.encode() if host.isascii() else host
+    error: OSError | None = None
+    for family, kind, proto, _, address in _socket.getaddrinfo(name, port, 0, _socket.SOCK_STREAM):
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+            sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+            return sock  # type: ignore[return-value]  # same methods as socket.socket
+        except OSError as exc:
+            sock.close()
+            error = exc
+    raise error or OSError(f"cannot resolve {host}")
 
 
 class SinkError(Exception):
