@@ -13,22 +13,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import blake3
 import pytest
+from client.unit_support import delta, digest
 
 from neffcache.client.local import LocalStore, atomic_write, copy_atomic, file_digest, release
 from neffcache.client.stats import STATS
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def digest(data: bytes) -> str:
-    value: str = blake3.blake3(data).hexdigest()
-    return value
-
-
-def delta(before: dict[str, int], name: str) -> int:
-    return STATS.snapshot().get(name, 0) - before.get(name, 0)
 
 
 @pytest.fixture

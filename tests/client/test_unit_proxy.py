@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-import blake3
 import pytest
+from client.unit_support import delta, digest
 
 from neffcache.client import remote as remote_module
 from neffcache.client.config import ClientConfig
@@ -30,15 +30,6 @@ from neffcache.client.stats import STATS
 VERSION = "2.20.9961.0+0acef03a"
 ADDRESS = f"neuronxcc-{VERSION}/MODULE_123+abcdef01"
 HLO_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "hlo" / "block_a.pb"
-
-
-def digest(data: bytes) -> str:
-    value: str = blake3.blake3(data).hexdigest()
-    return value
-
-
-def delta(before: dict[str, int], name: str) -> int:
-    return STATS.snapshot().get(name, 0) - before.get(name, 0)
 
 
 def free_port() -> int:

@@ -14,12 +14,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import blake3
 import pytest
 from client.e2e_harness import Server, free_port
+from client.unit_support import delta, digest, no_server_down
 
 from neffcache.client import publish as publish_module
-from neffcache.client import remote as remote_module
 from neffcache.client.config import ClientConfig
 from neffcache.client.http import Response
 from neffcache.client.keys import canonical_key, context, direct_key
@@ -35,18 +34,9 @@ VERSION = "2.20.9961.0+0acef03a"
 ADDRESS = f"neuronxcc-{VERSION}/MODULE_77+abcdef01"
 
 
-def digest(data: bytes) -> str:
-    value: str = blake3.blake3(data).hexdigest()
-    return value
-
-
-def delta(before: dict[str, int], name: str) -> int:
-    return STATS.snapshot().get(name, 0) - before.get(name, 0)
-
-
 @pytest.fixture(autouse=True)
 def _fresh_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(remote_module, "_down_until", {})
+    no_server_down(monkeypatch)
 
 
 @pytest.fixture

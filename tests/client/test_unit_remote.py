@@ -15,22 +15,16 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import blake3
 import pytest
 from client.e2e_harness import Server, free_port
+from client.unit_support import delta, digest, no_server_down
 
-from neffcache.client import remote as remote_module
 from neffcache.client.config import ClientConfig
 from neffcache.client.remote import Remote
 from neffcache.client.stats import STATS
 
 REPO = Path(__file__).resolve().parents[2]
 NEFFCACHE = [sys.executable, "-m", "neffcache.client.cli"]
-
-
-def digest(data: bytes) -> str:
-    value: str = blake3.blake3(data).hexdigest()
-    return value
 
 
 def config_for(
@@ -58,14 +52,9 @@ def open_remote(config: ClientConfig) -> Iterator[Remote]:
         remote.close()
 
 
-def delta(before: dict[str, int], name: str) -> int:
-    return STATS.snapshot().get(name, 0) - before.get(name, 0)
-
-
 @pytest.fixture(autouse=True)
 def _fresh_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The back-off table is per process; every test starts with no server down."""
-    monkeypatch.setattr(remote_module, "_down_until", {})
+    no_server_down(monkeypatch)
 
 
 # --- a real server --------------------------------------------------------------------

@@ -33,6 +33,7 @@ from typing import Any
 import blake3
 import pytest
 from client.e2e_harness import STANDINS, Server, clean_environ, free_port
+from client.unit_support import delta, no_server_down
 
 import neffcache.client
 import neffcache.keying
@@ -47,10 +48,6 @@ from neffcache.client.wrapper import main, parse
 VERSION = "2.20.9961.0+0acef03a"
 HLO_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "hlo" / "block_a.pb"
 NEFF_BYTES = b"FAKE-NEFF-BYTES\n" * 64
-
-
-def delta(before: dict[str, int], name: str) -> int:
-    return STATS.snapshot().get(name, 0) - before.get(name, 0)
 
 
 def source_roots() -> str:
@@ -72,8 +69,7 @@ def child_env(**extra: str) -> dict[str, str]:
 
 @pytest.fixture(autouse=True)
 def _fresh_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The back-off table is per process; every test starts with no server down."""
-    monkeypatch.setattr(remote_module, "_down_until", {})
+    no_server_down(monkeypatch)
 
 
 # --- a fake compiler --------------------------------------------------------------------
