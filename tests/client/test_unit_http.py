@@ -407,3 +407,27 @@ def test_a_bad_content_length_is_an_http_error(value: bytes) -> None:
         pytest.raises(HttpError),
     ):
         conn.request("GET", "/")
+
+
+def test_a_name_lookup_that_hangs_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    # getaddrinfo has no timeout of its own; a dead resolver must not hang the job.
+    import _socket
+
+    from neffcache.client import http as http_module
+
+    real = _socket.getaddrinfo
+    release = threading.Event()
+
+    def stuck(host: object, *args: object) -> object:
+        if host == b"stuck.example":
+            release.wait(10)
+        return real(host, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_socket, "getaddrinfo", stuck)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"stuck\.example"):
+        http_module._resolve("stuck.example", 80, 0.3)
+    assert time.monotonic() - start < 1.5
+    release.set()
+    # An address literal is not looked up on a thread at all.
+    assert http_module._resolve("127.0.0.1", 80, 0.3)[0][4] == ("127.0.0.1", 80)

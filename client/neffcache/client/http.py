@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
@@ -264,10 +264,8 @@ def _connect(host: str, port: int, timeout: float) -> socket.socket:
     Every address is tried in turn, within ``timeout`` each, as create_connection does."""
     import _socket
 
-    # An ASCII host as bytes also skips the IDNA codec's import.
-    name: str | bytes = host.encode() if host.isascii() else host
     error: OSError | None = None
-    for family, kind, proto, _, address in _socket.getaddrinfo(name, port, 0, _socket.SOCK_STREAM):
+    for family, kind, proto, _, address in _resolve(host, port, timeout):
         sock = _socket.socket(family, kind, proto)
         try:
             sock.settimeout(timeout)
@@ -278,6 +276,42 @@ def _connect(host: str, port: int, timeout: float) -> socket.socket:
             sock.close()
             error = exc
     raise error or OSError(f"cannot resolve {host}")
+
+
+def _resolve(host: str, port: int, timeout: float) -> list[tuple[Any, ...]]:
+    """``getaddrinfo``, bounded by ``timeout``: a name lookup has no timeout of its own
+    and a dead resolver would hang the job. An address literal needs no lookup; a name
+    is looked up on a daemon thread that is abandoned when time runs out."""
+    import _socket
+
+    # An ASCII host as bytes skips the IDNA codec's import.
+    name: str | bytes = host.encode() if host.isascii() else host
+    family = _socket.AF_INET6 if ":" in host else _socket.AF_INET
+    try:
+        _socket.inet_pton(family, host)
+    except OSError:
+        pass
+    else:
+        return list(_socket.getaddrinfo(name, port, 0, _socket.SOCK_STREAM))
+    import threading
+
+    found: list[list[tuple[Any, ...]]] = []
+    failed: list[OSError] = []
+
+    def lookup() -> None:
+        try:
+            found.append(list(_socket.getaddrinfo(name, port, 0, _socket.SOCK_STREAM)))
+        except OSError as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=lookup, name="neffcache-resolve", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if found:
+        return found[0]
+    if failed:
+        raise failed[0]
+    raise TimeoutError(f"looking up {host} took over {timeout:.1f} s")
 
 
 class SinkError(Exception):
