@@ -726,3 +726,54 @@ def test_failure_routes_are_in_the_schema(client: TestClient) -> None:
     schema = route["put"]["requestBody"]["content"]["application/json"]["schema"]
     assert schema["required"] == ["compiler_version"]
     assert schema["additionalProperties"] is False
+
+
+# --- failure records: found in review --------------------------------------------------
+
+
+def test_a_failure_record_over_256_kib_is_413_and_nothing_is_stored(client: TestClient) -> None:
+    # Records are read back up to failures_per_key at a time and handled whole by one
+    # Redis script or SQLite transaction: their size is bounded, not just the body's.
+    big = report(components={"notes": ["y" * 1000] * 300})
+    response = client.put(FAILURES, json=big)
+    assert response.status_code == 413
+    assert "256" in response.json()["detail"] or "262144" in response.json()["detail"]
+    assert client.get(FAILURES).status_code == 404
+
+
+def test_a_failure_log_keeps_its_text_not_its_colour_codes(client: TestClient) -> None:
+    log = "\x1b[31merror:\x1b[0m out of memory\x00\n\tat pass 3\n"
+    stored = client.put(FAILURES, json=report(log=log)).json()
+    assert stored["log"] == "error: out of memory\n\tat pass 3\n"
+
+
+def test_a_failure_log_in_another_script_is_stored_unescaped(client: TestClient) -> None:
+    # 60 KiB of CJK text: escaped as \\uXXXX it would be 3x its UTF-8 size and over the
+    # record limit; stored as UTF-8 it fits.
+    log = "内存不足" * 5000
+    response = client.put(FAILURES, json=report(log=log))
+    assert response.status_code == 201
+    assert response.json()["log"] == log
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"compiler_version": "a\nb"}, "compiler_version"),
+        ({"compiler_version": "2.20"}, "compiler_version"),
+    ],
+)
+def test_a_failure_report_names_a_real_compiler_version(
+    client: TestClient, change: dict[str, Any], named: str
+) -> None:
+    response = client.put(FAILURES, json=report(**change))
+    assert response.status_code == 400
+    assert named in response.json()["detail"]
+
+
+def test_a_lone_surrogate_in_a_failure_log_is_400(client: TestClient) -> None:
+    body = b'{"compiler_version": "2.20.9961.0+0acef03a", "log": "bad \\ud800 text"}'
+    response = client.put(FAILURES, content=body)
+    assert response.status_code == 400
+    assert "Unicode" in response.json()["detail"]
+    assert client.get(FAILURES).status_code == 404

@@ -546,3 +546,14 @@ def test_each_scheme_opens_its_backend(tmp_path: Path, unused_port: int) -> None
     assert [type(index) for index in opened] == [SqliteIndex, RedisIndex, MemoryIndex]
     for index in opened:
         index.close()
+
+
+def test_memory_failure_bookkeeping_grows_with_records_not_writes() -> None:
+    # Found in review: every write left a heap item behind, trimmed or not.
+    from neffcache.server.index.memory import MemoryIndex
+
+    index = MemoryIndex()
+    for i in range(2000):
+        index.put_failure(Failure("ns", "a" * 64, f'{{"i":{i}}}', 1000.0 + i, 5000.0 + i), keep=5)
+    assert len(index.failures("ns", "a" * 64, now=1000.0)) == 5
+    assert len(index._expiries) <= 2 * 5 + 64

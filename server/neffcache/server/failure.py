@@ -8,14 +8,15 @@ dropped) plus the server's stamps, as canonical JSON; the log keeps only its las
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from neffcache.server.errors import BadRequest
+from neffcache.server.errors import BadRequest, TooLarge
 from neffcache.server.manifest import (
     HEX64,
-    canonical_json,
     check_neuron_address,
     load_json,
     validated,
@@ -23,6 +24,10 @@ from neffcache.server.manifest import (
 
 # The tail of a log that is kept, in UTF-8 bytes.
 LOG_MAX_BYTES = 64 * 1024
+# A stored record at most: every read returns up to failures_per_key of them, and one
+# Redis script or SQLite transaction handles them; a report that would make a larger
+# record (its components, mostly) is refused with 413.
+RECORD_MAX_BYTES = 256 * 1024
 # Host names and job ids longer than this are not names.
 NAME_MAX = 255
 # Fields the server sets in every record; a client may not send them.
@@ -59,6 +64,16 @@ class FailureReport(BaseModel):
     def _address(cls, address: str | None) -> str | None:
         return check_neuron_address(address)
 
+    @field_validator("compiler_version")
+    @classmethod
+    def _version(cls, version: str) -> str:
+        from neffcache.keying import KeyingError, check_compiler_version
+
+        try:
+            return check_compiler_version(version)
+        except KeyingError as exc:
+            raise ValueError(str(exc)) from None
+
 
 def parse_failure(body: bytes) -> FailureReport:
     """Validate a failure report; BadRequest names every unknown field sent, the
@@ -87,7 +102,7 @@ def failure_record(
     fields = report.model_dump(exclude_none=True)
     truncated = False
     if report.log is not None:
-        fields["log"], truncated = log_tail(report.log)
+        fields["log"], truncated = log_tail(_printable(report.log))
     stamps = {
         "created_at": created_at,
         "key": key,
@@ -95,7 +110,31 @@ def failure_record(
         "namespace": namespace,
         "writer": writer,
     }
-    return canonical_json({**fields, **stamps})
+    # Not ASCII-escaped (as manifests are): a log in another script would grow
+    # sixfold. A lone surrogate (valid JSON, not text) then cannot encode: refused.
+    record = json.dumps(
+        {**fields, **stamps}, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+    try:
+        size = len(record.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise BadRequest("the failure report holds text that is not valid Unicode") from None
+    if size > RECORD_MAX_BYTES:
+        raise TooLarge(
+            f"the failure record would be {size} bytes, over {RECORD_MAX_BYTES} "
+            "(send fewer components)"
+        )
+    return record
+
+
+def _printable(log: str) -> str:
+    """The log without control characters other than newlines and tabs (terminal
+    colour codes, mostly): each would take six bytes as a JSON escape."""
+    return _CONTROL.sub("", log)
+
+
+# Colour sequences first, whole; then single control characters.
+_CONTROL = re.compile(r"\x1b\[[0-9;]*[A-Za-z]|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 def log_tail(log: str, limit: int = LOG_MAX_BYTES) -> tuple[str, bool]:

@@ -49,9 +49,13 @@ class ServerSettings(BaseSettings):
     )
     max_blob_bytes: int = Field(16 * 2**30, gt=0, description="largest blob accepted")
     failure_ttl_seconds: float = Field(
-        3600.0, gt=0, allow_inf_nan=False, description="how long a failure record is kept"
+        3600.0,
+        gt=0,
+        le=366 * 86400,
+        allow_inf_nan=False,
+        description="how long a failure record is kept (at most a year)",
     )
-    # Bounded: a GET returns every record kept, each up to a 1 MiB report.
+    # Bounded: a GET returns every record kept, each up to 256 KiB.
     failures_per_key: int = Field(
         5, ge=1, le=100, description="failure records kept per key, newest first"
     )

@@ -53,7 +53,9 @@ async def get_failures(
     namespace: Namespace, key: Key, caller: CallerDep, backends: BackendsDep
 ) -> Response:
     caller.require("read", namespace)
-    return await backends.run(_failures_response, backends, namespace, key)
+    # Always a worker thread, even for local indexes: the records are the largest
+    # answers the index gives, and building them must not hold the event loop.
+    return await run_in_threadpool(_failures_response, backends, namespace, key)
 
 
 def _failures_response(backends: Backends, namespace: str, key: str) -> Response:

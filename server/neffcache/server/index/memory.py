@@ -55,6 +55,14 @@ class MemoryIndex:
             records.sort(key=lambda f: f.created_at, reverse=True)
             self._failures[where] = records[:keep]
             heapq.heappush(self._expiries, (failure.expires_at, where))
+            live = sum(len(kept) for kept in self._failures.values())
+            if len(self._expiries) > 2 * live + 64:
+                # Trimmed records leave their heap items behind: rebuild from what is
+                # kept, so the heap grows with the records, not with the writes.
+                self._expiries = [
+                    (f.expires_at, place) for place, kept in self._failures.items() for f in kept
+                ]
+                heapq.heapify(self._expiries)
 
     def _drop_expired(self, now: float) -> None:
         # Caller holds _lock.

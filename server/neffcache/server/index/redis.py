@@ -62,20 +62,17 @@ end
 return 'conflict'
 """
 
-# KEYS[1] the key's failures; ARGV[1] the new record's created_at (also "now"),
-# ARGV[2] its member, ARGV[3] how many to keep, ARGV[4] its lifetime in ms. Expired
-# members go before trimming, so trimming never drops a live record for a dead one.
+# KEYS[1] the key's failures, a sorted set scored by expiry; ARGV[1] "now" (the new
+# record's created_at), ARGV[2] its expires_at, ARGV[3] its member, ARGV[4] how many to
+# keep, ARGV[5] its lifetime in ms. No member is read: records are large and Redis runs
+# one command at a time. The score is the expiry, so expired members go by score and
+# trimming by rank keeps the longest-lived ones: with one TTL setting, the newest.
 _PUT_FAILURE = """
-redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
-local now = tonumber(ARGV[1])
-for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  if tonumber(string.match(member, '^%S+')) <= now then
-    redis.call('ZREM', KEYS[1], member)
-  end
-end
-redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[3]) + 1))
-if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[4]) then
-  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[4]) + 1))
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[5]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[5])
 end
 """
 
@@ -174,11 +171,17 @@ class RedisIndex:
 
     def put_failure(self, failure: Failure, keep: int) -> None:
         # The nonce keeps two identical records of one instant two members.
-        member = f"{failure.expires_at!r} {secrets.token_hex(8)} {failure.record}"
+        member = f"{failure.created_at!r} {secrets.token_hex(8)} {failure.record}"
         # Relative, on Redis's clock: replicas' clocks may differ from Redis's.
         lifetime_ms = max(1, math.ceil((failure.expires_at - failure.created_at) * 1000))
         keys = [_failures_key(failure.namespace, failure.key)]
-        args: list[EncodableT] = [repr(failure.created_at), member, keep, lifetime_ms]
+        args: list[EncodableT] = [
+            repr(failure.created_at),
+            repr(failure.expires_at),
+            member,
+            keep,
+            lifetime_ms,
+        ]
         with self._mapped():
             self._put_failure(keys=keys, args=args)
 
@@ -189,12 +192,13 @@ class RedisIndex:
         records = []
         for pair in found:
             assert isinstance(pair, tuple), type(pair)  # withscores: (member, score)
-            member, created_at = pair
-            expires_at, _nonce, record = _str(member).split(" ", 2)
+            member, expires_at = pair
+            created_at, _nonce, record = _str(member).split(" ", 2)
             if float(expires_at) > now:
                 records.append(
                     Failure(namespace, key, record, float(created_at), float(expires_at))
                 )
+        records.sort(key=lambda f: f.created_at, reverse=True)  # newest first
         return records
 
     # --- tokens -----------------------------------------------------------------------

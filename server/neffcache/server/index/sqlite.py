@@ -239,8 +239,14 @@ class SqliteIndex:
 
     def put_failure(self, failure: Failure, keep: int) -> None:
         with self._write() as conn:
-            # Every expired record, of any key: storage holds only live records.
-            conn.execute("DELETE FROM failures WHERE expires_at <= ?", (failure.created_at,))
+            # Expired records of any key, a bounded batch per write: storage holds only
+            # live records once writes catch up, and a write never holds the file lock
+            # (which publishing shares) for an unbounded sweep.
+            conn.execute(
+                "DELETE FROM failures WHERE id IN"
+                " (SELECT id FROM failures WHERE expires_at <= ? ORDER BY expires_at LIMIT 1000)",
+                (failure.created_at,),
+            )
             conn.execute(
                 "INSERT INTO failures (namespace, key, record, created_at, expires_at)"
                 " VALUES (?, ?, ?, ?, ?)",
