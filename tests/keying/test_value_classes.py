@@ -252,3 +252,21 @@ def test_importing_keying_does_not_import_dataclasses() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_a_dataclass_era_pickle_state_loads_by_name_and_others_are_refused() -> None:
+    # Found in review: a dataclass pickle's state is a dict; zipping its keys with the
+    # fields loaded CompileContext(compiler_version='compiler_version', ...) silently.
+    from neffcache.keying import CompileContext
+
+    ctx = CompileContext.create(
+        compiler_version="2.20.9961.0+0acef03a", target="trn2", flags="--model-type transformer"
+    )
+    state = {name: getattr(ctx, name) for name in CompileContext.__match_args__}
+    loaded = CompileContext.__new__(CompileContext)
+    loaded.__setstate__(dict(reversed(list(state.items()))))  # order must not matter
+    assert loaded == ctx
+    assert loaded.compiler_version == "2.20.9961.0+0acef03a"
+    for bad in ({"compiler_version": "x"}, ("too", "short"), "text"):
+        with pytest.raises(TypeError):
+            CompileContext.__new__(CompileContext).__setstate__(bad)

@@ -54,8 +54,17 @@ class Frozen:
     def __getstate__(self) -> tuple[object, ...]:
         return _values(self, self.__match_args__)
 
-    def __setstate__(self, state: tuple[object, ...]) -> None:
-        for name, value in zip(self.__match_args__, state, strict=True):
+    def __setstate__(self, state: object) -> None:
+        if isinstance(state, dict):
+            # A pickle from when these were dataclasses: their state was the dict.
+            if set(state) != set(self.__match_args__):
+                raise TypeError(f"cannot unpickle {self.__class__.__name__} from {sorted(state)}")
+            values = tuple(state[name] for name in self.__match_args__)
+        elif isinstance(state, tuple) and len(state) == len(self.__match_args__):
+            values = state
+        else:
+            raise TypeError(f"cannot unpickle {self.__class__.__name__} from {state!r:.80}")
+        for name, value in zip(self.__match_args__, values, strict=True):
             object.__setattr__(self, name, value)
 
     if not TYPE_CHECKING:  # hidden from mypy, which would then allow any attribute
