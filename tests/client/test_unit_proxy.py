@@ -478,7 +478,7 @@ class LockingStock(FakeStock):
 def make_proxy(tmp_path: Path, fail: bool = False) -> tuple[Any, LockingStock, Path]:
     core, _, entry = make_core(tmp_path)
     stock = LockingStock(Path(core.stock.cache_path), fail)
-    proxy = make_proxy_class(SdkBase, object)(stock, core.config, "neffcache+http://x/team-a")
+    proxy = make_proxy_class(SdkBase)(stock, core.config, "neffcache+http://x/team-a")
     _CORES.append(proxy._core)
     return proxy, stock, entry
 

@@ -203,5 +203,5 @@ def _proxy_class(stock: Any) -> type:
     base = getattr(module, "CompileCache", object)
     cls = _proxy_classes.get(base)
     if cls is None:
-        cls = _proxy_classes[base] = make_proxy_class(base, module.CacheUrl)
+        cls = _proxy_classes[base] = make_proxy_class(base)
     return cls

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ HLO_NAMES = ("model.hlo_module.pb", "model.hlo.pb")
 _NOT_ARTIFACTS = frozenset({DONE, LOG})
 
 
-def make_proxy_class(base: type, cache_url_class: type) -> type:
+def make_proxy_class(base: type) -> type:
     """A subclass of the SDK's ``CompileCache`` (so isinstance checks hold)."""
 
     class NeffcacheCompileCache(base):  # type: ignore[misc]
@@ -104,7 +105,6 @@ def make_proxy_class(base: type, cache_url_class: type) -> type:
     for name in _DELEGATED:
         if name not in NeffcacheCompileCache.__dict__:
             setattr(NeffcacheCompileCache, name, _delegate(name))
-    NeffcacheCompileCache.cache_url_class = cache_url_class
     return NeffcacheCompileCache
 
 
@@ -464,13 +464,14 @@ def _read_text(path: str) -> str:
         return ""
 
 
-_publishers: dict[str, Any] = {}
+_the_publisher: list[Any] = []  # one per process, made on the first publish
+_publisher_lock = threading.Lock()
 
 
 def _publisher(config: ClientConfig) -> Any:
     from neffcache.client.publish import Publisher
 
-    publisher = _publishers.get("default")
-    if publisher is None:
-        publisher = _publishers["default"] = Publisher(config.publish_wait)
-    return publisher
+    with _publisher_lock:
+        if not _the_publisher:
+            _the_publisher.append(Publisher(config.publish_wait))
+        return _the_publisher[0]
