@@ -72,28 +72,12 @@ def compiler_version(compiler: str, memo_dir: Path) -> str | None:
 
 
 def _ask(compiler: str) -> str | None:
-    # Imported here: keying's version parser is the one place that knows the format.
-    import subprocess
+    from neffcache.keying import KeyingError, ask_compiler_version
 
-    from neffcache.keying import KeyingError, check_compiler_version
-
+    # The guard: should the binary be a wrapper of ours after all, it runs the
+    # compiler behind it instead of looking itself up again.
     env = dict(os.environ, NEFFCACHE_IN_WRAPPER="1")
     try:
-        done = subprocess.run(
-            [compiler, "--version"],
-            capture_output=True,
-            text=True,
-            timeout=_VERSION_TIMEOUT,
-            env=env,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        return ask_compiler_version(compiler, env=env, timeout=_VERSION_TIMEOUT)
+    except KeyingError:
         return None
-    marker = "NeuronX Compiler version "
-    for line in (done.stdout + "\n" + done.stderr).splitlines():
-        if line.startswith(marker):
-            try:
-                return check_compiler_version(line[len(marker) :].strip())
-            except KeyingError:
-                return None
-    return None

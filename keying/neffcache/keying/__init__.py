@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import typing as _typing
 
-from ._compiler import check_compiler_version, compiler_version
+from ._compiler import ask_compiler_version, check_compiler_version, compiler_version
 from ._env import ENV_ALLOWLIST, FRAMEWORK_ALLOWLIST, compile_env
 from ._errors import KeyingError
 from ._flags import (
@@ -64,6 +64,7 @@ __all__ = [
     "KeyInputs",
     "KeyingError",
     "NeuronAddress",
+    "ask_compiler_version",
     "canonical_hlo",
     "check_compiler_version",
     "compile_env",

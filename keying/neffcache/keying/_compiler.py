@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+from collections.abc import Mapping
 
 from ._errors import KeyingError
 
@@ -41,7 +42,7 @@ def compiler_version(compiler: str = "neuronx-cc") -> str:
         cached = _cache.get(memo_key)
     if cached is not None:
         return cached
-    version = _ask(path)
+    version = ask_compiler_version(path)
     with _lock:
         _cache[memo_key] = version
     return version
@@ -70,21 +71,27 @@ def _resolve(compiler: str) -> str:
     return os.path.realpath(found)
 
 
-def _ask(path: str) -> str:
+def ask_compiler_version(
+    path: str, env: Mapping[str, str] | None = None, timeout: float | None = None
+) -> str:
+    """Run ``path --version`` once (no memo) and return the full build string; a
+    caller that remembers answers elsewhere (the client's on-disk memo) calls this.
+    ``env`` replaces the environment of the child when given."""
     import subprocess  # here: the wrapper's cache hits never ask
 
+    if timeout is None:
+        timeout = _TIMEOUT_SECONDS  # read now: tests shorten it
     try:
         done = subprocess.run(
             [path, "--version"],
             capture_output=True,
-            timeout=_TIMEOUT_SECONDS,
+            timeout=timeout,
             check=False,
             stdin=subprocess.DEVNULL,
+            env=None if env is None else dict(env),
         )
     except subprocess.TimeoutExpired as exc:
-        raise KeyingError(
-            f"{path} --version did not answer within {_TIMEOUT_SECONDS:.0f} s"
-        ) from exc
+        raise KeyingError(f"{path} --version did not answer within {timeout:.0f} s") from exc
     except OSError as exc:
         raise KeyingError(f"cannot run {path} --version: {exc.strerror}") from exc
     match = _VERSION_LINE.search(done.stdout) or _VERSION_LINE.search(done.stderr)
