@@ -184,14 +184,13 @@ class Session:
             staged = Path(self._staged.name)
             atomic_write(staged / HLO, module)
             atomic_write(staged / FLAGS, flags_json(self.call))
-            blob = staged / NEFF
-            from neffcache.client.local import copy_atomic
-
-            copy_atomic(self.call.output, blob)  # --output may change after we return
-            files = {NEFF: blob, HLO: staged / HLO, FLAGS: staged / FLAGS}
+            files = {NEFF: self.call.output, HLO: staged / HLO, FLAGS: staged / FLAGS}
             address = self.report["neuron_address"]
             self._manifest, self._paths = make_manifest(canonical, direct, address, files, seconds)
-            self.local.add_blob(blob, self._manifest["files"][NEFF]["digest"])
+            digest = self._manifest["files"][NEFF]["digest"]
+            # One copy, into L1; the upload reads that copy, which only we write, not
+            # --output, which is the caller's once we return.
+            self._paths[digest] = self.local.add_blob(self.call.output, digest)
             self.local.put_manifest(canonical.key, self._manifest)
             self.local.put_manifest(direct.key, self._manifest)
         except OSError as exc:
