@@ -20,6 +20,7 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -541,3 +542,31 @@ def test_a_full_disk_under_a_download_is_not_the_servers_fault(
         # And the server still serves this process once there is room again.
         assert remote.fetch(digest, len(data), dest)
     assert dest.read_bytes() == data
+
+
+def test_an_unwritable_l1_is_replaced_once_per_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The SDK asks for a cache per graph: every graph of a run must use the same
+    # private directory, or each would lose the ones before it (and litter /tmp).
+    from neffcache.client import hook
+
+    monkeypatch.setattr(hook, "_l1_dirs", {})
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    config = ClientConfig.from_env(
+        {
+            "NEFFCACHE_URL": "neffcache+http://127.0.0.1:1/team-a",
+            "NEFFCACHE_LOCAL_DIR": str(blocker / "l1"),
+        }
+    )
+    assert config is not None
+    before = STATS.snapshot()
+    first = hook._writable_l1(config)
+    second = hook._writable_l1(config)
+    assert first.local_dir == second.local_dir != config.local_dir
+    assert Path(first.local_dir).is_dir()
+    shutil.rmtree(first.local_dir)
+    assert delta(before, "l1_unwritable") == 1
+    writable = config._replace(local_dir=str(tmp_path / "ok"))
+    assert hook._writable_l1(writable) is writable

@@ -165,25 +165,37 @@ def _served_by_neffcache(url: str) -> bool:
     return url in (sdk_url, sdk_url.removeprefix("file://"))
 
 
+_l1_dirs: dict[str, str] = {}  # configured L1 -> the directory used, once per process
+
+
 def _writable_l1(config: Any) -> Any:
     """``config``, or a copy whose L1 is a private temporary directory when the
     configured one cannot be written (a read-only mount): the SDK's filesystem cache
-    takes a lock file even to read (facts §6.1) and would fail the job."""
+    takes a lock file even to read (facts §6.1) and would fail the job. Decided once
+    per process: the SDK asks for a cache per graph, and every graph of a run must
+    find the ones before it in the same directory."""
+    chosen = _l1_dirs.get(config.local_dir)
+    if chosen is None:
+        chosen = _l1_dirs[config.local_dir] = _probe_l1(config.local_dir)
+    return config if chosen == config.local_dir else config._replace(local_dir=chosen)
+
+
+def _probe_l1(local_dir: str) -> str:
     import tempfile
 
     try:
-        os.makedirs(config.local_dir, exist_ok=True)
-        with tempfile.TemporaryFile(dir=config.local_dir):
+        os.makedirs(local_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=local_dir):
             pass
-        return config
+        return local_dir
     except OSError as exc:
         from neffcache.client._log import log
         from neffcache.client.stats import STATS
 
         STATS.count("l1_unwritable")
         private = tempfile.mkdtemp(prefix="neffcache-l1-")
-        log.warning("neffcache: %s is not writable (%s); using %s", config.local_dir, exc, private)
-        return config._replace(local_dir=private)
+        log.warning("neffcache: %s is not writable (%s); using %s", local_dir, exc, private)
+        return private
 
 
 def _local_url(local_dir: str | None) -> Any:
