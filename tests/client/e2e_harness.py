@@ -42,6 +42,7 @@ from typing import Any
 
 import blake3
 import httpx
+from loopback import free_port
 
 TESTS = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
@@ -494,14 +495,6 @@ def read_run_manifest(path: Path) -> list[dict[str, Any]]:
 
 
 # --- servers --------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A loopback port that was free a moment ago: nothing listens on it."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class Server:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from loopback import free_port
 
 from neffcache.client.http import Connection, HttpError, SinkError
 
@@ -112,13 +113,6 @@ def respond(data: bytes) -> Handler:
             conn.sendall(data)
 
     return handler
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 # --- bodies ---------------------------------------------------------------------------

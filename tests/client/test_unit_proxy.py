@@ -20,6 +20,7 @@ from urllib.parse import unquote
 
 import pytest
 from client.unit_support import delta, digest
+from loopback import free_port
 
 from neffcache.client import remote as remote_module
 from neffcache.client.config import ClientConfig
@@ -30,13 +31,6 @@ from neffcache.client.stats import STATS
 VERSION = "2.20.9961.0+0acef03a"
 ADDRESS = f"neuronxcc-{VERSION}/MODULE_123+abcdef01"
 HLO_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "hlo" / "block_a.pb"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class FakeStock:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import socket
 import stat
 import sys
 import warnings
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from loopback import free_port
 
 from neffcache.client import remote as remote_module
 from neffcache.client.keys import context
@@ -248,13 +248,6 @@ class Fake:
         if not self.log.exists():
             return []
         return [json.loads(line) for line in self.log.read_text().splitlines()]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.fixture

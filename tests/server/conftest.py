@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from loopback import free_port
 
 _START_TIMEOUT = 30.0
 # Fake credentials so that nothing signs with, or sends, a developer's real ones.
@@ -29,14 +30,6 @@ _TEST_AWS_ENV: dict[str, str | None] = {
     "AWS_SECURITY_TOKEN": None,
     "AWS_PROFILE": None,
 }
-
-
-def free_port() -> int:
-    """A port that was free a moment ago (the OS picks it; the socket is closed)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextmanager
