@@ -256,26 +256,36 @@ class Core:
             STATS.count("hook_errors")
             log.exception("neffcache: could not handle the upload of %s", cache_path)
 
-    def _record(self, entry: Path, result: str, source: str, seconds: float | None) -> None:
-        """A run-manifest line for a graph the SDK found in L1 or compiled itself."""
+    def _record(
+        self,
+        entry: Path,
+        result: str,
+        source: str,
+        seconds: float | None,
+        manifest: dict[str, Any] | None = None,
+        fetch: float = 0.0,
+    ) -> None:
+        """Count a graph and write its run-manifest line: found in L1, fetched from
+        the server (``manifest``: what it found), or compiled by the SDK."""
         from neffcache.client.runlog import record
 
-        STATS.count("hits_l1" if source == "l1" else "compiles")
+        STATS.count("compiles" if source == "compiler" else f"hits_{source}")
         if not self.config.run_manifest:
             return
         try:
             size = (entry / NEFF).stat().st_size
         except OSError:
             size = 0
+        found = manifest or {}
         record(
             self.config.run_manifest,
             via="hook",
-            key=None,
-            direct_key=None,
+            key=found.get("key"),
+            direct_key=found.get("direct_key"),
             neuron_address=self._address(entry),
             result=result,
             source=source,
-            fetch_seconds=0.0,
+            fetch_seconds=round(fetch, 6),
             compile_seconds=None if seconds is None else round(seconds, 3),
             bytes=size,
             fallback=None,
@@ -317,22 +327,7 @@ class Core:
                         manifest = self.remote.entry(canonical().key)
             if manifest is None or not self._materialize(entry, manifest):
                 return False
-        from neffcache.client.runlog import record
-
-        STATS.count("hits_server")
-        record(
-            self.config.run_manifest,
-            via="hook",
-            key=manifest.get("key"),
-            direct_key=manifest.get("direct_key"),
-            neuron_address=address,
-            result="hit",
-            source="server",
-            fetch_seconds=round(time.monotonic() - t0, 6),
-            compile_seconds=None,
-            bytes=manifest["files"][NEFF]["size"],
-            fallback=None,
-        )
+        self._record(entry, "hit", "server", None, manifest, time.monotonic() - t0)
         return True
 
     def _keys(
