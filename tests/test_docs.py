@@ -81,3 +81,13 @@ def test_architecture_doc_lists_every_client_module() -> None:
     )
     assert "wrapper.py" in modules
     assert [m for m in modules if f"`{m}`" not in doc] == []
+
+
+def test_bridge_doc_explains_every_outcome_of_import_and_export() -> None:
+    from neffcache.server.bridge import exporter, importer
+
+    doc = (ROOT / "docs" / "bridge.md").read_text()
+    outcomes = [*importer.DONE_OUTCOMES, *importer.SKIPPED, *exporter.DONE_OUTCOMES]
+    outcomes += [*exporter.SKIPPED, "error"]
+    assert len(outcomes) == 15
+    assert [o for o in outcomes if f"| `{o}` |" not in doc] == []

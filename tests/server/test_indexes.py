@@ -17,7 +17,7 @@ import redis
 
 from neffcache.server.config_errors import ConfigError
 from neffcache.server.errors import StoreError
-from neffcache.server.index import Entry, Failure, Index, PutResult, Token, open_index
+from neffcache.server.index import Entry, Failure, Index, Lease, PutResult, Token, open_index
 from neffcache.server.index.memory import MemoryIndex
 from neffcache.server.index.redis import RedisIndex
 from neffcache.server.index.sqlite import SCHEMA_VERSION, SqliteIndex
@@ -477,6 +477,7 @@ def test_redis_keys_follow_the_documented_layout(redis_server: str) -> None:
     index.close()
     assert set(client.keys("*")) == {
         f"neffcache:entry:team-a:{KEY}",
+        "neffcache:keys:team-a",
         f"neffcache:failures:team-a:{KEY}",
         "neffcache:alias:team-a:resnet",
         "neffcache:token:t1",
@@ -557,3 +558,192 @@ def test_memory_failure_bookkeeping_grows_with_records_not_writes() -> None:
         index.put_failure(Failure("ns", "a" * 64, f'{{"i":{i}}}', 1000.0 + i, 5000.0 + i), keep=5)
     assert len(index.failures("ns", "a" * 64, now=1000.0)) == 5
     assert len(index._expiries) <= 2 * 5 + 64
+
+
+# --- listing ---------------------------------------------------------------------------
+
+# Keys out of order on purpose, and two sharing a long prefix.
+LISTED = ["9c" * 32, "0a" * 32, "f1" * 32, "30" * 32, "30" * 31 + "31", "0b" * 32, "77" * 32]
+
+
+def fill(index: Index, namespace: str = "team-a", keys: list[str] = LISTED) -> list[Entry]:
+    stored = [
+        entry(k, f'{{"k":"{k[:4]}"}}', namespace=namespace, created_at=1.5 + i)
+        for i, k in enumerate(keys)
+    ]
+    for one in stored:
+        assert index.put_entry(one, ()) is PutResult.CREATED
+    return sorted(stored, key=lambda e: e.key)
+
+
+def test_listing_is_in_ascending_key_order_with_every_field(index: Index) -> None:
+    expected = fill(index)
+    assert index.list_entries("team-a", None, 100) == expected
+    assert [e.key for e in expected] == sorted(LISTED)
+
+
+def test_listing_pages_by_the_last_key_without_repeats_or_gaps(index: Index) -> None:
+    expected = fill(index)
+    pages, after = [], None
+    while True:
+        page = index.list_entries("team-a", after, 3)
+        assert len(page) <= 3
+        if not page:
+            break
+        pages.append(page)
+        after = page[-1].key
+    assert [len(p) for p in pages] == [3, 3, 1]
+    assert [e for p in pages for e in p] == expected
+
+
+def test_listing_starts_after_a_key_that_is_not_there(index: Index) -> None:
+    fill(index)
+    # Between "30…30" and "30…31"; and past the last key.
+    assert [e.key for e in index.list_entries("team-a", "30" * 31 + "30f", 2)] == [
+        "30" * 31 + "31",
+        "77" * 32,
+    ]
+    assert index.list_entries("team-a", "ff" * 32, 5) == []
+    assert [e.key for e in index.list_entries("team-a", None, 1)] == ["0a" * 32]
+
+
+def test_listing_keeps_namespaces_apart(index: Index) -> None:
+    fill(index, "team-a", LISTED[:3])
+    fill(index, "team-ab", LISTED[3:5])
+    fill(index, "team", LISTED[5:])
+    index.put_entry(entry("c", namespace="team-a:b"), ())  # a separator, as above
+    assert {e.key for e in index.list_entries("team-a", None, 100)} == set(LISTED[:3])
+    assert {e.key for e in index.list_entries("team-ab", None, 100)} == set(LISTED[3:5])
+    assert {e.key for e in index.list_entries("team", None, 100)} == set(LISTED[5:])
+    assert all(e.namespace == "team-ab" for e in index.list_entries("team-ab", None, 100))
+
+
+def test_listing_an_empty_namespace_is_empty(index: Index) -> None:
+    assert index.list_entries("team-a", None, 100) == []
+    assert index.list_entries("team-a", KEY, 100) == []
+    fill(index, "team-b")
+    assert index.list_entries("team-a", None, 100) == []
+
+
+def test_a_refused_put_is_listed_once_as_the_first(index: Index) -> None:
+    first = entry(manifest='{"neff":"11"}', created_at=1.5)
+    index.put_entry(first, ())
+    assert index.put_entry(entry(manifest='{"neff":"11"}', created_at=2.5), ()) is PutResult.SAME
+    assert index.put_entry(entry(manifest='{"neff":"22"}'), ()) is PutResult.CONFLICT
+    assert index.list_entries("team-a", None, 100) == [first]
+
+
+# --- leases ---------------------------------------------------------------------------
+# Times are the real clock: Redis measures a lease's life itself.
+
+LEASE_NAME = "ab" * 32
+LEASE_ADDRESS = "neuronxcc-2.20.9961.0+0acef03a/MODULE_16518787498567201059+3cc9a3cb"
+
+
+def lease(
+    lease_id: str = "l1" * 16,
+    *,
+    ttl: float = 30.0,
+    name: str = LEASE_NAME,
+    namespace: str = "team-a",
+    expected: float | None = None,
+) -> Lease:
+    now = time.time()
+    return Lease(namespace, name, lease_id, f"host-{lease_id[:4]} 42", now, now + ttl, expected)
+
+
+def test_the_first_asker_gets_the_lease_and_the_next_sees_it(index: Index) -> None:
+    first = lease("a" * 32, expected=812.5)
+    assert index.acquire_lease(first) == first
+    held = index.acquire_lease(lease("b" * 32))
+    assert held.lease_id == "a" * 32
+    assert held.holder == first.holder
+    assert held.expected_seconds == 812.5
+    assert not held.failed
+    assert abs(held.expires_at - first.expires_at) < 1.0
+    got = index.get_lease("team-a", LEASE_NAME, time.time())
+    assert got is not None
+    assert got.lease_id == "a" * 32
+
+
+def test_an_expired_lease_is_taken_over(index: Index) -> None:
+    index.acquire_lease(lease("a" * 32, ttl=0.2))
+    time.sleep(0.3)
+    assert index.get_lease("team-a", LEASE_NAME, time.time()) is None
+    second = lease("b" * 32)
+    assert index.acquire_lease(second).lease_id == "b" * 32
+    assert not index.renew_lease("team-a", LEASE_NAME, "a" * 32, time.time() + 30)
+    assert not index.release_lease("team-a", LEASE_NAME, "a" * 32, None)
+    got = index.get_lease("team-a", LEASE_NAME, time.time())
+    assert got is not None
+    assert got.lease_id == "b" * 32
+
+
+def test_renewing_keeps_the_lease_past_its_first_expiry(index: Index) -> None:
+    index.acquire_lease(lease("a" * 32, ttl=0.5))
+    for _ in range(3):
+        time.sleep(0.25)
+        assert index.renew_lease("team-a", LEASE_NAME, "a" * 32, time.time() + 0.5)
+    assert index.acquire_lease(lease("b" * 32)).lease_id == "a" * 32
+    assert not index.renew_lease("team-a", LEASE_NAME, "b" * 32, time.time() + 30)
+
+
+def test_release_frees_the_name_and_only_the_holder_can(index: Index) -> None:
+    index.acquire_lease(lease("a" * 32))
+    assert not index.release_lease("team-a", LEASE_NAME, "b" * 32, None)
+    assert index.get_lease("team-a", LEASE_NAME, time.time()) is not None
+    assert index.release_lease("team-a", LEASE_NAME, "a" * 32, None)
+    assert index.get_lease("team-a", LEASE_NAME, time.time()) is None
+    assert not index.release_lease("team-a", LEASE_NAME, "a" * 32, None)
+    assert index.acquire_lease(lease("c" * 32)).lease_id == "c" * 32
+
+
+def test_a_failed_release_leaves_a_notice_nobody_holds(index: Index) -> None:
+    index.acquire_lease(lease("a" * 32))
+    assert index.release_lease("team-a", LEASE_NAME, "a" * 32, time.time() + 0.4)
+    notice = index.get_lease("team-a", LEASE_NAME, time.time())
+    assert notice is not None
+    assert notice.failed
+    assert notice.lease_id == "a" * 32
+    # The notice blocks a new holder until it ends, and grants nothing to its writer.
+    assert index.acquire_lease(lease("b" * 32)).failed
+    assert not index.renew_lease("team-a", LEASE_NAME, "a" * 32, time.time() + 30)
+    assert not index.release_lease("team-a", LEASE_NAME, "a" * 32, None)
+    time.sleep(0.5)
+    assert index.acquire_lease(lease("b" * 32)).lease_id == "b" * 32
+
+
+def test_leases_of_names_and_namespaces_stay_apart(index: Index) -> None:
+    index.acquire_lease(lease("a" * 32))
+    assert index.acquire_lease(lease("b" * 32, namespace="team-b")).lease_id == "b" * 32
+    assert index.acquire_lease(lease("c" * 32, name=LEASE_ADDRESS)).lease_id == "c" * 32
+    assert index.get_lease("team-b", LEASE_ADDRESS, time.time()) is None
+    assert index.release_lease("team-a", LEASE_ADDRESS, "c" * 32, None)
+    got = index.get_lease("team-a", LEASE_NAME, time.time())
+    assert got is not None
+    assert got.lease_id == "a" * 32
+
+
+def test_racing_askers_get_one_holder(store: Store) -> None:
+    """32 askers on separate handles (as replicas would be): all see one holder."""
+    handles = [store.open() for _ in range(8)]
+    start = threading.Barrier(32)
+
+    def ask(i: int) -> str:
+        start.wait()
+        return handles[i % 8].acquire_lease(lease(f"{i:032x}")).lease_id
+
+    with ThreadPoolExecutor(32) as pool:
+        holders = set(pool.map(ask, range(32)))
+    assert len(holders) == 1
+
+
+def test_sqlite_sweeps_expired_leases_of_other_names(tmp_path: Path) -> None:
+    index = SqliteIndex(tmp_path / "index.db")
+    for i in range(20):
+        index.acquire_lease(lease(f"{i:032x}", ttl=0.05, name=f"{i:064x}"))
+    time.sleep(0.1)
+    index.acquire_lease(lease("f" * 32, name="e" * 64))
+    with sqlite3.connect(tmp_path / "index.db") as conn:
+        assert conn.execute("SELECT count(*) FROM leases").fetchall() == [(1,)]
+    index.close()

@@ -63,6 +63,8 @@ class ClientConfig(NamedTuple):
     real_compiler: str | None
     run_manifest: str | None
     stock_failures: bool  # replay cached failures like the stock cache does
+    leases: bool = True  # ask the server who compiles a missing graph (fleet single-flight)
+    lease_wait: float = 3600.0  # longest wait for another host's compile of unknown length
 
     @property
     def url(self) -> str:
@@ -91,6 +93,8 @@ class ClientConfig(NamedTuple):
             real_compiler=env.get("NEFFCACHE_REAL_COMPILER") or None,
             run_manifest=env.get("NEFFCACHE_RUN_MANIFEST") or None,
             stock_failures=_flag(env, "NEFFCACHE_STOCK_FAILURES"),
+            leases=not _off(env, "NEFFCACHE_LEASES"),
+            lease_wait=_seconds(env, "NEFFCACHE_LEASE_WAIT", 3600.0),
         )
 
 
@@ -124,6 +128,10 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     if not value >= 0 or value == float("inf"):
         raise ConfigError(f"{name}={raw!r} must be a finite number of seconds >= 0")
     return value
+
+
+def _off(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "").strip().lower() in ("0", "false", "no", "off")
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:

@@ -46,6 +46,7 @@ class Connection:
         self.host_header = parts.netloc
         self.connect_timeout = connect_timeout
         self.timeout = timeout
+        self._idle = timeout  # this request's longest silence (see ``wait``)
         self._sock: socket.socket | None = None
         self._buffer = b""
 
@@ -67,12 +68,15 @@ class Connection:
         body_file: tuple[BinaryIO, int] | None = None,
         sink: Callable[[bytes], None] | None = None,
         timeout: float | None = None,
+        wait: float = 0.0,
     ) -> Response:
         """Send one request; the body goes to ``sink`` in chunks when given (then
         ``Response.body`` is empty), else it is returned whole. A reused connection
         that turns out closed is retried once on a fresh one, before any byte of the
-        response was read."""
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        response was read. ``wait``: seconds the server may hold its answer on purpose
+        (a long-poll), allowed on top of the idle timeout."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout) + wait
+        self._idle = self.timeout + wait
         for attempt in (0, 1):
             reused = self._sock is not None
             try:
@@ -125,7 +129,7 @@ class Connection:
         elif body_file is not None:
             lines.append(f"Content-Length: {body_file[1]}")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        _set_timeout(sock, deadline, self.timeout)
+        _set_timeout(sock, deadline, self._idle)
         try:
             sock.sendall(head + body if body is not None and len(body) < _READ else head)
             if body is not None and len(body) >= _READ:
@@ -137,7 +141,7 @@ class Connection:
                     chunk = file.read(min(_READ, size - sent))
                     if not chunk:
                         raise HttpError(f"the file to upload ended after {sent} of {size} bytes")
-                    _set_timeout(sock, deadline, self.timeout)
+                    _set_timeout(sock, deadline, self._idle)
                     sock.sendall(chunk)
                     sent += len(chunk)
         except (BrokenPipeError, ConnectionResetError):
@@ -189,7 +193,7 @@ class Connection:
             data, self._buffer = self._buffer, b""
             return data
         assert self._sock is not None
-        _set_timeout(self._sock, deadline, self.timeout)
+        _set_timeout(self._sock, deadline, self._idle)
         return self._sock.recv(_READ)
 
     def _read_head(self, deadline: float) -> bytes:

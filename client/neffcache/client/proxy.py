@@ -29,11 +29,14 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
 from neffcache.client.stats import STATS
+
+if TYPE_CHECKING:
+    from neffcache.client.lease import Leases
 
 DONE = "model.done"
 NEFF = "model.neff"
@@ -148,6 +151,9 @@ class Core:
         self._hlo_seen: dict[str, float] = {}  # entry dir -> when its HLO was written
         self._entry_locks: dict[str, int] = {}  # HLO path -> held flock descriptor
         self._waited_from: dict[str, float] = {}  # entry dir -> when this rank began to wait
+        self._leases: Leases | None = None  # made on the first miss
+        self._holding: dict[str, str] = {}  # entry dir -> the address this process leases
+        self._no_lease: set[str] = set()  # addresses compiled here without a lease
 
     # -- the SDK's per-entry compile lock, made safe against dead holders ---------------
     #
@@ -162,7 +168,8 @@ class Core:
         import blake3
 
         name = "hlo-" + blake3.blake3(hlo_path.encode()).hexdigest()[:32]
-        self._waited_from[os.path.dirname(hlo_path)] = time.time()
+        # Kept if set earlier: a rank that waited for another host's lease began then.
+        self._waited_from.setdefault(os.path.dirname(hlo_path), time.time())
         fd = self.local.acquire(name, f"the compile lock of {hlo_path}", wait=timeout or 0.0)
         if fd is None:
             return  # no flock possible here: the SDK's own lock still serializes
@@ -184,6 +191,9 @@ class Core:
     def release_entry(self, hlo_path: str) -> None:
         from neffcache.client.local import release
 
+        # A compile that ended with neither model.done nor model.log (an exception
+        # in the SDK) leaves nothing to wait for: let the others go.
+        self._release(self._holding.pop(os.path.dirname(hlo_path), None), failed=False)
         self._waited_from.pop(os.path.dirname(hlo_path), None)
         fd = self._entry_locks.pop(hlo_path, None)
         if fd is not None:
@@ -239,18 +249,23 @@ class Core:
             if name in HLO_NAMES:
                 self._hlo_seen.setdefault(entry, time.monotonic())
             elif name == DONE:
+                # The lease goes with the publish, released once the entry is up.
+                lease = self._holding.pop(entry, None)
                 started = self._hlo_seen.pop(entry, None)
                 seconds = None if started is None else time.monotonic() - started
                 self._record(Path(entry), "miss", "compiler", seconds)
                 environ = dict(os.environ)  # as the compile saw it, not as publishing will
-                _publisher(self.config).submit(lambda: self._publish(Path(entry), seconds, environ))
+                _publisher(self.config).submit(
+                    lambda: self._publish(Path(entry), seconds, environ, lease)
+                )
             elif name == LOG:
+                lease = self._holding.pop(entry, None)
                 started = self._hlo_seen.pop(entry, None)
                 seconds = None if started is None else time.monotonic() - started
                 text = data if isinstance(data, str) else _read_text(cache_path)
                 environ = dict(os.environ)
                 _publisher(self.config).submit(
-                    lambda: self._report(Path(entry), text, seconds, environ)
+                    lambda: self._report(Path(entry), text, seconds, environ, lease)
                 )
         except Exception:
             STATS.count("hook_errors")
@@ -313,7 +328,12 @@ class Core:
         address = self._address(entry)
         if address is None or not self.remote.available():
             return False
+        if str(entry) in self._holding:
+            # This process holds the lease: it compiles. (The SDK probes again after
+            # taking its entry lock; ranks waiting for us hold the lock below.)
+            return False
         t0 = time.monotonic()
+        began = time.time()
         with self.local.lock(_lock_name(address), f"entry {address}") as _held:
             if (entry / DONE).exists():
                 return True  # another rank on this host fetched it meanwhile
@@ -325,10 +345,40 @@ class Core:
                     manifest = self.remote.alias(direct.key)
                     if manifest is None:
                         manifest = self.remote.entry(canonical().key)
+            if manifest is None:
+                manifest = self._fleet(entry, address, began)
+                if manifest is None:
+                    # A failure written while this rank waited is replayed to it.
+                    self._waited_from.setdefault(str(entry), began)
             if manifest is None or not self._materialize(entry, manifest):
                 return False
         self._record(entry, "hit", "server", None, manifest, time.monotonic() - t0)
         return True
+
+    def _fleet(self, entry: Path, address: str, began: float) -> dict[str, Any] | None:
+        """Another host's entry for this graph once its compile ends, or None: the
+        SDK compiles here, holding the lease if this process got it."""
+        from neffcache.client.lease import Leases
+
+        if address in self._no_lease:
+            return None
+        if self._leases is None:
+            self._leases = Leases(self.remote, self.config)
+        wait = self._leases.acquire_or_wait(address, began=began)
+        if wait.state == "granted":
+            self._holding[str(entry)] = address
+            return None
+        if wait.state == "done":
+            return _same_environment(wait.entry)
+        # A failed or abandoned wait: compile without asking again in this process.
+        self._no_lease.add(address)
+        if wait.reason:
+            log.info("neffcache: %s; compiling %s", wait.reason, address)
+        return None
+
+    def _release(self, address: str | None, failed: bool) -> None:
+        if address is not None and self._leases is not None:
+            self._leases.release(address, failed)
 
     def _keys(
         self, entry: Path, address: str, environ: dict[str, str] | None = None
@@ -382,7 +432,16 @@ class Core:
 
     # -- publishing -------------------------------------------------------------------
 
-    def _publish(self, entry: Path, seconds: float | None, environ: dict[str, str]) -> None:
+    def _publish(
+        self, entry: Path, seconds: float | None, environ: dict[str, str], lease: str | None = None
+    ) -> None:
+        try:
+            self._publish_entry(entry, seconds, environ)
+        finally:
+            # After the publish: the waiters the release wakes find the entry.
+            self._release(lease, failed=False)
+
+    def _publish_entry(self, entry: Path, seconds: float | None, environ: dict[str, str]) -> None:
         from neffcache.client.publish import make_manifest, publish
 
         address = self._address(entry)
@@ -405,6 +464,19 @@ class Core:
         publish(self.remote, manifest, paths)
 
     def _report(
+        self,
+        entry: Path,
+        text: str,
+        seconds: float | None,
+        environ: dict[str, str],
+        lease: str | None = None,
+    ) -> None:
+        try:
+            self._report_failure(entry, text, seconds, environ)
+        finally:
+            self._release(lease, failed=True)
+
+    def _report_failure(
         self, entry: Path, text: str, seconds: float | None, environ: dict[str, str]
     ) -> None:
         from neffcache.client.publish import failure_record

@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 import blake3
@@ -259,3 +259,85 @@ class Remote:
             headers={"Content-Type": "application/json"},
         )
         return response is not None and response.status in (200, 201)
+
+    def failures(self, key: str) -> list[dict[str, Any]]:
+        """The key's recent failure records, newest first; [] when none or on trouble."""
+        found = self._json("failure lookup", f"{self._ns}/failures/{key}")
+        records = [] if found is None else found.get("failures")
+        return [r for r in records if isinstance(r, dict)] if isinstance(records, list) else []
+
+    # -- leases -----------------------------------------------------------------------
+
+    def lease(
+        self,
+        name: str,
+        wait: float,
+        holder: str,
+        *,
+        expected: float | None = None,
+        waited: float = 0.0,
+        dead_holder: str | None = None,
+    ) -> LeaseAnswer | None:
+        """Ask for the lease on ``name``, waiting up to ``wait`` seconds for the entry
+        or the lease (docs/protocol.md); None on trouble, or from a server without
+        leases."""
+        body: dict[str, Any] = {"holder": holder, "wait": wait, "waited": round(waited, 3)}
+        if expected is not None:
+            body["expected_seconds"] = expected
+        if dead_holder is not None:
+            body["dead_holder"] = dead_holder
+        response = self._call(
+            "lease request",
+            "POST",
+            f"{self._ns}/leases/{quote(name, safe='/')}",
+            body=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            wait=wait,
+        )
+        if response is None or response.status not in (200, 201, 202):
+            return None
+        try:
+            answer = json.loads(response.body)
+            state = answer["state"]
+            entry = answer.get("entry")
+            return LeaseAnswer(
+                state=state,
+                lease=str(answer.get("lease") or ""),
+                ttl=float(answer.get("ttl") or 0.0),
+                holder=str(answer.get("holder") or ""),
+                held_for=float(answer.get("held_for") or 0.0),
+                expected_seconds=_number(answer.get("expected_seconds")),
+                entry=entry if isinstance(entry, dict) else None,
+            )
+        except (ValueError, KeyError, TypeError, AttributeError):
+            self._mark_down("lease request", "a malformed answer")
+            return None
+
+    def renew(self, name: str, lease_id: str) -> bool | None:
+        """True: renewed; False: the lease is lost; None: trouble."""
+        response = self._call(
+            "lease renewal", "PUT", f"{self._ns}/leases/{quote(name, safe='/')}?lease={lease_id}"
+        )
+        if response is None:
+            return None
+        return response.status == 200 if response.status in (200, 409) else None
+
+    def release(self, name: str, lease_id: str, failed: bool) -> bool:
+        outcome = "failed" if failed else "done"
+        path = f"{self._ns}/leases/{quote(name, safe='/')}?lease={lease_id}&outcome={outcome}"
+        response = self._call("lease release", "DELETE", path)
+        return response is not None and response.status == 204
+
+
+class LeaseAnswer(NamedTuple):
+    state: str  # "done", "granted", "held" or "failed"
+    lease: str  # the lease id, when granted
+    ttl: float  # the server's lease lifetime: renew well within it
+    holder: str  # who holds it, when held or failed
+    held_for: float  # how long the holder has held it
+    expected_seconds: float | None  # how long its compile should take, when known
+    entry: Manifest | None  # the entry, when done
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and value >= 0 else None

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
+from neffcache.client.remote import Manifest
 from neffcache.client.stats import STATS
 from neffcache.client.wrapper import (
     FLAGS,
@@ -36,6 +37,7 @@ from neffcache.client.wrapper import (
 )
 
 if TYPE_CHECKING:
+    from neffcache.client.lease import Leases
     from neffcache.keying import CacheKey
 
 
@@ -50,6 +52,7 @@ class Session:
         self.local = LocalStore(config.local_dir)
         self.remote = Remote(config)
         self.outcome: int | None = None  # set once the compiler ran or --output is written
+        self._leases: Leases | None = None  # set while this call holds a compile lease
         self.report: dict[str, Any] = {
             "via": "wrapper",
             "key": None,
@@ -81,17 +84,27 @@ class Session:
             return self._uncached(f"cannot fingerprint: {exc}")
         self.report["key"] = canonical.key
         waited_from = time.time()
-        with self.local.lock(canonical.key, f"graph {canonical.key[:12]}") as _held:
-            # Another rank may have fetched or compiled it while we waited.
-            if self._hit(canonical.key, alias=False, also=direct.key):
-                return self._done(0)
-            replayed = self._replay_failure(canonical.key, waited_from)
-            if replayed is not None:
-                return self._done(replayed)
-            code, seconds = self._compile(canonical, direct)
-            kept = code == 0 and self._keep(module, canonical, direct, seconds)
-        if kept:
-            self._publish()
+        code = 1
+        try:
+            with self.local.lock(canonical.key, f"graph {canonical.key[:12]}") as _held:
+                # Another rank may have fetched or compiled it while we waited.
+                if self._hit(canonical.key, alias=False, also=direct.key):
+                    return self._done(0)
+                replayed = self._replay_failure(canonical.key, waited_from)
+                if replayed is not None:
+                    return self._done(replayed)
+                # Other hosts: wait for one's compile, or hold the lease for ours.
+                served = self._fleet(canonical.key, direct.key, waited_from)
+                if served is not None:
+                    return self._done(served)
+                code, seconds = self._compile(canonical, direct)
+                kept = code == 0 and self._keep(module, canonical, direct, seconds)
+            if kept:
+                self._publish()
+        finally:
+            if self._leases is not None:
+                # After the publish, so waiters woken by the release find the entry.
+                self._leases.release(canonical.key, failed=code != 0)
         return code
 
     def _done(self, code: int) -> int:
@@ -100,15 +113,21 @@ class Session:
 
     # -- hits -------------------------------------------------------------------------
 
-    def _hit(self, key: str, *, alias: bool, also: str | None = None) -> bool:
-        """Serve ``key`` from L1, else from the server; True when --output is written.
-        The run manifest's source is where the NEFF's bytes came from: a manifest
-        found on the server for a NEFF already in L1 is an L1 hit."""
+    def _hit(
+        self, key: str, *, alias: bool, also: str | None = None, found: Manifest | None = None
+    ) -> bool:
+        """Serve ``key`` from L1, else from the server (or ``found``, an entry the
+        server already sent); True when --output is written. The run manifest's
+        source is where the NEFF's bytes came from: a manifest found on the server
+        for a NEFF already in L1 is an L1 hit."""
         t0 = time.monotonic()
         manifest = self.local.manifest(key)
         source = None if manifest is None else self._materialize(manifest)
         if source is None:
-            manifest = self.remote.alias(key) if alias else self.remote.entry(key)
+            if found is not None:
+                manifest = found
+            else:
+                manifest = self.remote.alias(key) if alias else self.remote.entry(key)
             source = None if manifest is None else self._materialize(manifest)
             if manifest is None or source is None:
                 return False
@@ -148,6 +167,43 @@ class Session:
         self.outcome = 0
         self.report["bytes"] = size
         return source
+
+    # -- other hosts ------------------------------------------------------------------
+
+    def _fleet(self, key: str, direct: str, began: float) -> int | None:
+        """Wait for the host that compiles this graph (then serve its entry, or replay
+        its failure), or take the lease and compile here; the exit code when served,
+        None to compile."""
+        from neffcache.client.lease import Leases
+
+        leases = Leases(self.remote, self.config)
+        wait = leases.acquire_or_wait(key, began=began)
+        if wait.state == "granted":
+            self._leases = leases
+            return None
+        if wait.state == "done" and self._hit(key, alias=False, also=direct, found=wait.entry):
+            return 0
+        if wait.state == "failed":
+            return self._replay_remote_failure(key, wait.reason)
+        if wait.reason:
+            log.info("neffcache: %s; compiling", wait.reason)
+        return None
+
+    def _replay_remote_failure(self, key: str, reason: str) -> int | None:
+        """The failure another host's compile of this graph just reported, replayed
+        (its exit code, its log on stderr); None when no record says how it failed."""
+        records = self.remote.failures(key)
+        code = records[0].get("exit_code") if records else None
+        if not isinstance(code, int) or code == 0:
+            return None
+        text = records[0].get("log")
+        if isinstance(text, str):
+            sys.stderr.write(text)
+        STATS.count("failures_replayed")
+        self.report["fallback"] = reason
+        self.report["exit_code"] = code
+        self._record("miss", "compiler", 0.0, None, None)
+        return code
 
     # -- misses -----------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from neffcache.server import __version__
-from neffcache.server.api import admin, blobs, entries, failures, health
+from neffcache.server.api import admin, blobs, entries, failures, health, leases
 from neffcache.server.auth import TokenPresence, ensure_bootstrap_token
 from neffcache.server.blobs import BlobStore, open_blob_store
 from neffcache.server.deps import Backends
@@ -58,8 +58,8 @@ def create_app(
 
     app = FastAPI(title="neffcache", version=__version__, lifespan=lifespan)
     app.state.backends = Backends(settings, blob_store, index, TokenPresence(index))
-    for router in (health.router, blobs.router, entries.router, failures.router, admin.router):
-        app.include_router(router)
+    for module in (health, blobs, entries, failures, leases, admin):
+        app.include_router(module.router)
     app.add_exception_handler(ServerError, _server_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_middleware(FastPath, backends=app.state.backends, on_error=error_response)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Header, Request
@@ -13,6 +13,7 @@ from neffcache.server.auth import Caller, TokenPresence, authenticate
 from neffcache.server.blobs import BlobStore
 from neffcache.server.index import Index
 from neffcache.server.settings import ServerSettings
+from neffcache.server.wakeups import Wakeups
 
 T = TypeVar("T")
 
@@ -23,6 +24,7 @@ class Backends:
     blobs: BlobStore
     index: Index
     tokens: TokenPresence
+    wakeups: Wakeups = field(default_factory=Wakeups)
 
     @property
     def inline(self) -> bool:

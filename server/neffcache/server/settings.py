@@ -59,6 +59,28 @@ class ServerSettings(BaseSettings):
     failures_per_key: int = Field(
         5, ge=1, le=100, description="failure records kept per key, newest first"
     )
+    lease_ttl_seconds: float = Field(
+        30.0,
+        ge=1,
+        le=3600,
+        allow_inf_nan=False,
+        description="how long a compile lease lives without renewal (clients renew at a third)",
+    )
+    lease_wait_max_seconds: float = Field(
+        55.0,
+        ge=0,
+        le=600,
+        allow_inf_nan=False,
+        description="the longest one lease request may wait before answering (long-poll)",
+    )
+    lease_recheck_seconds: float = Field(
+        2.0,
+        gt=0,
+        le=60,
+        allow_inf_nan=False,
+        description="how often a waiting request reads the index with no wake-up "
+        "(a publish through another replica wakes no one here)",
+    )
     bootstrap_admin_token: SecretStr | None = Field(
         None, description="an admin token the server creates at start-up if absent"
     )

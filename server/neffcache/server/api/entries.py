@@ -7,7 +7,7 @@ import re
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
@@ -52,6 +52,9 @@ async def put_entry(
     )
     if result is PutResult.CONFLICT:
         raise Conflict(f"key {key} already holds a different manifest; entries are immutable")
+    if result is PutResult.CREATED:
+        # Requests long-polling a lease on this graph (api/leases.py) answer now.
+        backends.wakeups.notify(namespace, (key, *manifest.aliases()))
     return Response(status_code=201 if result is PutResult.CREATED else 200)
 
 
@@ -105,15 +108,53 @@ def _entry_response(backends: Backends, namespace: str, key: str) -> Response:
     entry = backends.index.get_entry(namespace, key)
     if entry is None:
         return absent(f"no entry {key} in namespace {namespace}")
+    return Response(stamped(entry).encode(), media_type="application/json")
+
+
+def stamped(entry: Entry) -> str:
+    """An entry as GET returns it: the manifest plus the server's stamps."""
     # The stored manifest is canonical JSON without these fields (manifest.RESERVED):
     # splice them in rather than decoding and encoding the manifest again.
     stamps = json.dumps(
-        {"created_at": entry.created_at, "namespace": namespace, "writer": entry.writer}
+        {"created_at": entry.created_at, "namespace": entry.namespace, "writer": entry.writer}
     )
-    body = entry.manifest[:-1] + "," + stamps[1:]
-    return Response(body.encode(), media_type="application/json")
+    return entry.manifest[:-1] + "," + stamps[1:]
 
 
 def absent(detail: str) -> Response:
     # Why a lookup missed; later reasons (expired, evicted) share this shape.
     return JSONResponse({"detail": detail, "reason": "absent"}, status_code=404)
+
+
+# --- listing
+
+_LIST_MAX = 1000
+
+
+@router.get("/v1/ns/{namespace}/entries")
+async def list_entries(
+    namespace: Namespace,
+    caller: CallerDep,
+    backends: BackendsDep,
+    after: Annotated[str | None, Query(pattern=f"^{HEX64}$")] = None,
+    limit: Annotated[int, Query(ge=1, le=_LIST_MAX)] = 100,
+) -> Response:
+    """A page of a namespace's entries in ascending key order; ``next`` is the
+    ``after`` of the following page, or null after the last."""
+    caller.require("read", namespace)
+    return await backends.run(_list_response, backends, namespace, after, limit)
+
+
+def _list_response(backends: Backends, namespace: str, after: str | None, limit: int) -> Response:
+    # One more than asked: whether a next page exists is known without another request.
+    found = backends.index.list_entries(namespace, after, limit + 1)
+    page = found[:limit]
+    following = page[-1].key if len(found) > limit else None
+    body = (
+        '{"entries":['
+        + ",".join(stamped(entry) for entry in page)
+        + '],"next":'
+        + json.dumps(following)
+        + "}"
+    )
+    return Response(body.encode(), media_type="application/json")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .base import Entry, Failure, Index, PutResult, Token
+from .base import Entry, Failure, Index, Lease, PutResult, Token
 
-__all__ = ["Entry", "Failure", "Index", "PutResult", "Token", "open_index"]
+__all__ = ["Entry", "Failure", "Index", "Lease", "PutResult", "Token", "open_index"]
 
 
 _SCHEMES = {

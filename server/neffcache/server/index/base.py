@@ -1,10 +1,12 @@
-"""The index interface: entries (manifests) per namespace, their aliases, tokens, and
-failure records.
+"""The index interface: entries (manifests) per namespace, their aliases, tokens,
+failure records, and compile leases.
 
 Entries are immutable: ``put_entry`` is an atomic create-if-absent, so of two
 concurrent writers of one key exactly one wins and every reader sees only the winner.
 Failure records are the opposite: many per key, short-lived, never a cache hit, and
 kept apart from entries so that no failure can change what a lookup answers.
+Leases are the shortest-lived: who compiles a missing graph right now, so that a fleet
+starting cold compiles it once; they live in the index so that every replica agrees.
 """
 
 from __future__ import annotations
@@ -38,6 +40,23 @@ class Failure:
     record: str  # canonical JSON of the whole record, stamps included, as the API returns it
     created_at: float  # server clock; orders the records of a key
     expires_at: float  # server clock; fixed when written, so a later TTL change spares it
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The right to compile ``name`` (a key or a Neuron address) in a namespace, until
+    ``expires_at`` unless renewed. A released failed compile leaves a lease with
+    ``failed`` set until its ``expires_at``: a notice to those who waited, held by no one.
+    """
+
+    namespace: str
+    name: str
+    lease_id: str  # known only to the holder: renewing and releasing need it
+    holder: str  # who holds it (host and pid), for people reading it
+    acquired_at: float  # server clock
+    expires_at: float  # server clock
+    expected_seconds: float | None = None  # the holder's estimate of its compile time
+    failed: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,6 +99,28 @@ class Index(Protocol):
         """The records of (namespace, key) with ``expires_at > now``, newest first
         (records created at the same instant in any order); ``[]`` when none."""
 
+    def acquire_lease(self, lease: Lease, replacing: str | None = None) -> Lease:
+        """Atomically: store ``lease`` if its (namespace, name) has no lease live at
+        ``lease.acquired_at`` (``expires_at`` later than it), or if the live one's
+        ``lease_id`` is ``replacing`` (a holder known dead, a failure notice older
+        than the asker's wait), and return it; else return the live lease, unchanged
+        (the caller compares ``lease_id``)."""
+
+    def renew_lease(self, namespace: str, name: str, lease_id: str, expires_at: float) -> bool:
+        """Move the expiry of the lease ``lease_id`` holds; False when it holds none
+        (released, taken over after expiring, or a failure notice). A lease that
+        expired but was not taken over may or may not be renewed."""
+
+    def release_lease(
+        self, namespace: str, name: str, lease_id: str, failed_until: float | None
+    ) -> bool:
+        """End the lease ``lease_id`` holds; with ``failed_until``, leave a failure
+        notice (``failed`` set, no holder rights) in its place until then. False when
+        ``lease_id`` holds nothing, in which case nothing changes."""
+
+    def get_lease(self, namespace: str, name: str, now: float) -> Lease | None:
+        """The lease of (namespace, name) live at ``now``, or None."""
+
     def put_token(self, token: Token) -> None:
         """Store a new token (token_id and secret_hash are unique)."""
 
@@ -97,3 +138,11 @@ class Index(Protocol):
 
     def close(self) -> None:
         """Release connections."""
+
+    # --- listing
+
+    def list_entries(self, namespace: str, after: str | None, limit: int) -> list[Entry]:
+        """Up to ``limit`` (>= 1) entries of a namespace whose keys sort after ``after``
+        (from the first, for None), in ascending key order; ``[]`` past the last or for
+        an empty namespace. Paging by the last key seen never repeats nor skips an
+        entry that existed when the listing began (entries are never rewritten)."""

@@ -6,7 +6,7 @@ import dataclasses
 import heapq
 import threading
 
-from .base import Entry, Failure, PutResult, Token
+from .base import Entry, Failure, Lease, PutResult, Token
 
 
 class MemoryIndex:
@@ -22,6 +22,7 @@ class MemoryIndex:
         # scanning all keys.
         self._failures: dict[tuple[str, str], list[Failure]] = {}
         self._expiries: list[tuple[float, tuple[str, str]]] = []
+        self._leases: dict[tuple[str, str], Lease] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -78,6 +79,50 @@ class MemoryIndex:
         with self._lock:
             return [f for f in self._failures.get((namespace, key), []) if f.expires_at > now]
 
+    # --- leases -----------------------------------------------------------------------
+
+    def acquire_lease(self, lease: Lease, replacing: str | None = None) -> Lease:
+        where = (lease.namespace, lease.name)
+        with self._lock:
+            if len(self._leases) > 1024:  # expired leases of names nobody asks for again
+                now = lease.acquired_at
+                self._leases = {k: v for k, v in self._leases.items() if v.expires_at > now}
+            current = self._leases.get(where)
+            live = current is not None and current.expires_at > lease.acquired_at
+            if current is not None and live and current.lease_id != replacing:
+                return current
+            self._leases[where] = lease
+            return lease
+
+    def renew_lease(self, namespace: str, name: str, lease_id: str, expires_at: float) -> bool:
+        with self._lock:
+            current = self._leases.get((namespace, name))
+            if current is None or current.lease_id != lease_id or current.failed:
+                return False
+            self._leases[(namespace, name)] = dataclasses.replace(current, expires_at=expires_at)
+            return True
+
+    def release_lease(
+        self, namespace: str, name: str, lease_id: str, failed_until: float | None
+    ) -> bool:
+        with self._lock:
+            current = self._leases.get((namespace, name))
+            if current is None or current.lease_id != lease_id or current.failed:
+                return False
+            if failed_until is None:
+                del self._leases[(namespace, name)]
+            else:
+                notice = dataclasses.replace(current, expires_at=failed_until, failed=True)
+                self._leases[(namespace, name)] = notice
+            return True
+
+    def get_lease(self, namespace: str, name: str, now: float) -> Lease | None:
+        with self._lock:
+            current = self._leases.get((namespace, name))
+            return current if current is not None and current.expires_at > now else None
+
+    # --- tokens -----------------------------------------------------------------------
+
     def put_token(self, token: Token) -> None:
         with self._lock:
             self._tokens[token.token_id] = token
@@ -103,3 +148,11 @@ class MemoryIndex:
 
     def close(self) -> None:
         return None
+
+    # --- listing
+
+    def list_entries(self, namespace: str, after: str | None, limit: int) -> list[Entry]:
+        with self._lock:
+            # A scan per page: this is the fake, and a sorted copy would cost every put.
+            keys = [k for ns, k in self._entries if ns == namespace and k > (after or "")]
+            return [self._entries[(namespace, k)] for k in heapq.nsmallest(limit, keys)]

@@ -4,17 +4,23 @@ Every key starts with ``neffcache:``::
 
     neffcache:entry:{ns}:{key}          JSON {"manifest", "created_at", "writer"}
     neffcache:alias:{ns}:{alias}        the key the alias names
+    neffcache:keys:{ns}                 sorted set of the namespace's entry keys, every
+                                        score 0, so ZRANGEBYLEX lists them in key order
     neffcache:token:{token_id}          a hash of the Token's fields
     neffcache:token-hash:{secret_hash}  token_id
     neffcache:tokens                    sorted set of token_ids, scored by created_at
     neffcache:failures:{ns}:{key}       sorted set of failure records, scored by
                                         created_at; each member is
                                         "<expires_at> <nonce> <record JSON>"
+    neffcache:lease:{ns}:{name}         "<lease_id> <failed 0|1> <JSON of the rest>",
+                                        expiring with the lease (Redis's clock)
 
 ``put_entry`` runs as one Lua script, so it is atomic across replicas. The script
 touches several keys, which a standalone Redis (or one primary) allows and Redis
 Cluster does not. ``put_failure`` is one script on one key; the key expires when its
-newest record does, so Redis itself reclaims keys nobody writes again.
+newest record does, so Redis itself reclaims keys nobody writes again. A lease is one
+key with Redis's own expiry, so a lease's life is measured on one clock however many
+replicas ask; its ``expires_at`` is that remaining life added to the caller's clock.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import contextlib
 import json
 import math
 import secrets
+import time
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
@@ -34,7 +41,7 @@ from redis.typing import EncodableT, FieldT
 from neffcache.server.config_errors import ConfigError
 from neffcache.server.errors import StoreError
 
-from .base import Entry, Failure, PutResult, Token
+from .base import Entry, Failure, Lease, PutResult, Token
 
 # Short, so that a dead Redis fails a request (and readiness) in seconds rather than
 # holding server threads for redis-py's defaults.
@@ -47,11 +54,12 @@ RETRIES = 1
 PREFIX = "neffcache:"
 TOKENS_BY_AGE = PREFIX + "tokens"
 
-# KEYS[1] the entry, KEYS[2..] its aliases; ARGV[1] the entry's JSON, ARGV[2] its
-# manifest, ARGV[3] its key.
+# KEYS[1] the entry, KEYS[2] the namespace's keys, KEYS[3..] its aliases; ARGV[1] the
+# entry's JSON, ARGV[2] its manifest, ARGV[3] its key.
 _PUT_ENTRY = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
-  for i = 2, #KEYS do
+  redis.call('ZADD', KEYS[2], 0, ARGV[3])
+  for i = 3, #KEYS do
     redis.call('SET', KEYS[i], ARGV[3], 'NX')
   end
   return 'created'
@@ -76,6 +84,41 @@ if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[5]) then
 end
 """
 
+# KEYS[1] the lease; ARGV[1] the new lease's value, ARGV[2] its lifetime in ms, ARGV[3]
+# "<lease_id> " of a lease to replace, or "". Returns the lease now held (ours or the
+# live one) and its remaining life in ms.
+_ACQUIRE_LEASE = """
+if ARGV[3] ~= '' then
+  local v = redis.call('GET', KEYS[1])
+  if v and string.sub(v, 1, #ARGV[3]) == ARGV[3] then redis.call('DEL', KEYS[1]) end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
+"""
+
+# KEYS[1] the lease; ARGV[1] "<lease_id> 0 " (held, not a failure notice), ARGV[2] the
+# new lifetime in ms, or for a release "" (delete) or the failure notice's lifetime.
+_RENEW_LEASE = """
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+_RELEASE_LEASE = """
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
+if ARGV[2] == '' then
+  redis.call('DEL', KEYS[1])
+else
+  local id = string.sub(ARGV[1], 1, #ARGV[1] - 3)
+  redis.call('SET', KEYS[1], id .. ' 1 ' .. string.sub(v, #ARGV[1] + 1), 'PX', ARGV[2])
+end
+return 1
+"""
+_GET_LEASE = """
+return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
+"""
+
 
 def _ns(namespace: str) -> str:
     # Escape ":" so that namespace "a:b" with key "c" and namespace "a" with key "b:c"
@@ -87,12 +130,52 @@ def _entry_key(namespace: str, key: str) -> str:
     return f"{PREFIX}entry:{_ns(namespace)}:{key}"
 
 
+def _keys_key(namespace: str) -> str:
+    return f"{PREFIX}keys:{_ns(namespace)}"
+
+
 def _alias_key(namespace: str, alias: str) -> str:
     return f"{PREFIX}alias:{_ns(namespace)}:{alias}"
 
 
 def _failures_key(namespace: str, key: str) -> str:
     return f"{PREFIX}failures:{_ns(namespace)}:{key}"
+
+
+def _lease_key(namespace: str, name: str) -> str:
+    return f"{PREFIX}lease:{_ns(namespace)}:{name}"
+
+
+def _lease_value(lease: Lease) -> str:
+    rest = {
+        "holder": lease.holder,
+        "acquired_at": lease.acquired_at,
+        "expected_seconds": lease.expected_seconds,
+    }
+    return f"{lease.lease_id} {int(lease.failed)} {json.dumps(rest)}"
+
+
+def _lease_from(
+    namespace: str, name: str, value: str | None, ttl_ms: int, now: float
+) -> Lease | None:
+    if value is None or ttl_ms <= 0:  # absent, or (-1) somehow without expiry: not live
+        return None
+    lease_id, failed, rest = value.split(" ", 2)
+    fields = json.loads(rest)
+    return Lease(
+        namespace=namespace,
+        name=name,
+        lease_id=lease_id,
+        holder=fields["holder"],
+        acquired_at=fields["acquired_at"],
+        expires_at=now + ttl_ms / 1000,
+        expected_seconds=fields["expected_seconds"],
+        failed=failed == "1",
+    )
+
+
+def _ms(seconds: float) -> int:
+    return max(1, math.ceil(seconds * 1000))
 
 
 def _token_key(token_id: str) -> str:
@@ -116,6 +199,10 @@ class RedisIndex:
         self._where = where
         self._put_entry = client.register_script(_PUT_ENTRY)
         self._put_failure = client.register_script(_PUT_FAILURE)
+        self._acquire_lease = client.register_script(_ACQUIRE_LEASE)
+        self._renew_lease = client.register_script(_RENEW_LEASE)
+        self._release_lease = client.register_script(_RELEASE_LEASE)
+        self._get_lease = client.register_script(_GET_LEASE)
 
     @classmethod
     def from_url(cls, url: str) -> RedisIndex:
@@ -147,7 +234,7 @@ class RedisIndex:
             "created_at": entry.created_at,
             "writer": entry.writer,
         }
-        keys = [_entry_key(entry.namespace, entry.key)]
+        keys = [_entry_key(entry.namespace, entry.key), _keys_key(entry.namespace)]
         keys += [_alias_key(entry.namespace, alias) for alias in aliases]
         # ensure_ascii=False: the script's cjson then sees the manifest as the same UTF-8
         # bytes as ARGV[2], with no \\u escapes to translate.
@@ -200,6 +287,40 @@ class RedisIndex:
                 )
         records.sort(key=lambda f: f.created_at, reverse=True)  # newest first
         return records
+
+    # --- leases -----------------------------------------------------------------------
+
+    def acquire_lease(self, lease: Lease, replacing: str | None = None) -> Lease:
+        keys = [_lease_key(lease.namespace, lease.name)]
+        args: list[EncodableT] = [
+            _lease_value(lease),
+            _ms(lease.expires_at - lease.acquired_at),
+            f"{replacing} " if replacing else "",
+        ]
+        with self._mapped():
+            value, ttl_ms = self._acquire_lease(keys=keys, args=args)
+        held = _lease_from(lease.namespace, lease.name, value, ttl_ms, lease.acquired_at)
+        if held is None or held.lease_id == lease.lease_id:
+            return lease
+        return held
+
+    def renew_lease(self, namespace: str, name: str, lease_id: str, expires_at: float) -> bool:
+        args: list[EncodableT] = [f"{lease_id} 0 ", _ms(expires_at - time.time())]
+        with self._mapped():
+            return bool(self._renew_lease(keys=[_lease_key(namespace, name)], args=args))
+
+    def release_lease(
+        self, namespace: str, name: str, lease_id: str, failed_until: float | None
+    ) -> bool:
+        life = "" if failed_until is None else str(_ms(failed_until - time.time()))
+        args: list[EncodableT] = [f"{lease_id} 0 ", life]
+        with self._mapped():
+            return bool(self._release_lease(keys=[_lease_key(namespace, name)], args=args))
+
+    def get_lease(self, namespace: str, name: str, now: float) -> Lease | None:
+        with self._mapped():
+            value, ttl_ms = self._get_lease(keys=[_lease_key(namespace, name)], args=[])
+        return _lease_from(namespace, name, value, ttl_ms, now)
 
     # --- tokens -----------------------------------------------------------------------
 
@@ -258,6 +379,24 @@ class RedisIndex:
     def close(self) -> None:
         with self._mapped():
             self._redis.close()
+
+    # --- listing
+
+    def list_entries(self, namespace: str, after: str | None, limit: int) -> list[Entry]:
+        # "(" excludes ``after`` itself; "-" is the lowest member.
+        start = "-" if after is None else f"({after}"
+        with self._mapped():
+            found = self._redis.zrangebylex(_keys_key(namespace), start, "+", 0, limit)
+            keys = [_str(k) for k in found]
+            raws = self._redis.mget([_entry_key(namespace, k) for k in keys]) if keys else []
+        entries = []
+        for key, raw in zip(keys, raws, strict=True):
+            if raw is None:  # entries are never deleted; were one, it would be skipped
+                continue
+            stored = json.loads(_str(raw))
+            created_at, writer = stored["created_at"], stored["writer"]
+            entries.append(Entry(namespace, key, stored["manifest"], created_at, writer))
+        return entries
 
 
 def _redacted(url: str) -> str:

@@ -18,11 +18,11 @@ from pathlib import Path
 from neffcache.server.config_errors import ConfigError
 from neffcache.server.errors import StoreError
 
-from .base import Entry, Failure, PutResult, Token
+from .base import Entry, Failure, Lease, PutResult, Token
 
 # Stored in PRAGMA user_version. Bump it when a table changes, and add the step from
 # the previous version to _STEPS; a file newer than this code is refused at start-up.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # How long a writer waits for another process's write transaction to finish.
 BUSY_TIMEOUT_S = 5.0
@@ -70,10 +70,28 @@ CREATE INDEX IF NOT EXISTS failures_by_key ON failures (namespace, key, created_
 CREATE INDEX IF NOT EXISTS failures_by_expiry ON failures (expires_at);
 """
 
+# Version 3: compile leases, one row per (namespace, name); expired rows are swept
+# by later acquisitions through the expires_at index.
+_V3 = """
+CREATE TABLE IF NOT EXISTS leases (
+    namespace TEXT NOT NULL,
+    name TEXT NOT NULL,
+    lease_id TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    acquired_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    expected_seconds REAL,
+    failed INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (namespace, name)
+);
+CREATE INDEX IF NOT EXISTS leases_by_expiry ON leases (expires_at);
+"""
+
 # The statements that bring a file from version n - 1 to version n, by n.
-_STEPS = {1: _V1, 2: _V2}
+_STEPS = {1: _V1, 2: _V2, 3: _V3}
 
 _TOKEN_COLUMNS = "token_id, secret_hash, scope, namespaces, name, created_at, revoked"
+_LEASE_COLUMNS = "lease_id, holder, acquired_at, expires_at, expected_seconds, failed"
 # Newest first; of records created at the same instant, the later write first.
 _NEWEST = "ORDER BY created_at DESC, id DESC"
 
@@ -275,6 +293,80 @@ class SqliteIndex:
             for record, created_at, expires_at in rows
         ]
 
+    # --- leases -----------------------------------------------------------------------
+
+    def acquire_lease(self, lease: Lease, replacing: str | None = None) -> Lease:
+        with self._write() as conn:
+            # Expired leases of any name, a bounded batch (as for failure records); the
+            # one under this name, if expired, goes with them, which frees the name.
+            conn.execute(
+                "DELETE FROM leases WHERE rowid IN"
+                " (SELECT rowid FROM leases WHERE expires_at <= ? ORDER BY expires_at LIMIT 1000)",
+                (lease.acquired_at,),
+            )
+            conn.execute(
+                "DELETE FROM leases WHERE namespace = ? AND name = ?"
+                " AND (expires_at <= ? OR lease_id = ?)",
+                (lease.namespace, lease.name, lease.acquired_at, replacing),
+            )
+            inserted = conn.execute(
+                f"INSERT INTO leases (namespace, name, {_LEASE_COLUMNS})"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (
+                    lease.namespace,
+                    lease.name,
+                    lease.lease_id,
+                    lease.holder,
+                    lease.acquired_at,
+                    lease.expires_at,
+                    lease.expected_seconds,
+                    int(lease.failed),
+                ),
+            ).rowcount
+            if inserted:
+                return lease
+            row = conn.execute(
+                f"SELECT {_LEASE_COLUMNS} FROM leases WHERE namespace = ? AND name = ?",
+                (lease.namespace, lease.name),
+            ).fetchone()
+            return _lease(lease.namespace, lease.name, row)
+
+    def renew_lease(self, namespace: str, name: str, lease_id: str, expires_at: float) -> bool:
+        with self._write() as conn:
+            cursor = conn.execute(
+                "UPDATE leases SET expires_at = ?"
+                " WHERE namespace = ? AND name = ? AND lease_id = ? AND failed = 0",
+                (expires_at, namespace, name, lease_id),
+            )
+            return cursor.rowcount == 1
+
+    def release_lease(
+        self, namespace: str, name: str, lease_id: str, failed_until: float | None
+    ) -> bool:
+        where = (namespace, name, lease_id)
+        with self._write() as conn:
+            if failed_until is None:
+                cursor = conn.execute(
+                    "DELETE FROM leases"
+                    " WHERE namespace = ? AND name = ? AND lease_id = ? AND failed = 0",
+                    where,
+                )
+            else:
+                cursor = conn.execute(
+                    "UPDATE leases SET failed = 1, expires_at = ?"
+                    " WHERE namespace = ? AND name = ? AND lease_id = ? AND failed = 0",
+                    (failed_until, *where),
+                )
+            return cursor.rowcount == 1
+
+    def get_lease(self, namespace: str, name: str, now: float) -> Lease | None:
+        rows = self._read(
+            f"SELECT {_LEASE_COLUMNS} FROM leases"
+            " WHERE namespace = ? AND name = ? AND expires_at > ?",
+            (namespace, name, now),
+        )
+        return _lease(namespace, name, rows[0]) if rows else None
+
     # --- tokens -----------------------------------------------------------------------
 
     def put_token(self, token: Token) -> None:
@@ -318,6 +410,20 @@ class SqliteIndex:
                 conn.close()
             self._connections.clear()
 
+    # --- listing
+
+    def list_entries(self, namespace: str, after: str | None, limit: int) -> list[Entry]:
+        # The primary key (namespace, key) serves both the range and the order.
+        rows = self._read(
+            "SELECT key, manifest, created_at, writer FROM entries"
+            " WHERE namespace = ? AND key > ? ORDER BY key LIMIT ?",
+            (namespace, after or "", limit),
+        )
+        return [
+            Entry(namespace, str(key), str(manifest), _float(created_at), str(writer))
+            for key, manifest, created_at, writer in rows
+        ]
+
 
 def _path_from_url(url: str) -> Path:
     # "sqlite:///abs/path" leaves "/abs/path"; "sqlite://rel/path" leaves "rel/path".
@@ -334,6 +440,20 @@ def _path_from_url(url: str) -> Path:
 def _float(value: object) -> float:
     assert isinstance(value, (int, float)), value  # the column is REAL NOT NULL
     return float(value)
+
+
+def _lease(namespace: str, name: str, row: tuple[object, ...]) -> Lease:
+    lease_id, holder, acquired_at, expires_at, expected, failed = row
+    return Lease(
+        namespace=namespace,
+        name=name,
+        lease_id=str(lease_id),
+        holder=str(holder),
+        acquired_at=_float(acquired_at),
+        expires_at=_float(expires_at),
+        expected_seconds=None if expected is None else _float(expected),
+        failed=bool(failed),
+    )
 
 
 def _token(row: tuple[object, ...]) -> Token:

@@ -1,0 +1,219 @@
+"""``/v1/ns/{namespace}/leases/{name}``: who compiles a missing graph, so a fleet that
+starts cold compiles it once.
+
+``POST`` answers with the entry when it exists (``done``), the lease when nobody holds
+it (``granted``), and otherwise waits up to ``wait`` seconds for one of those before
+answering ``held`` (a long-poll: the request sleeps until a publish or a release wakes
+it, or the holder's lease runs out). A holder renews with ``PUT`` and ends with
+``DELETE``; a failed compile leaves a short notice (``failed``) so that the waiters do
+not queue up to repeat it one after another. The lease is an optimisation: the
+client bounds its wait and compiles itself after it (docs/protocol.md).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi import Path as PathParam
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from neffcache.server.api.body import read_body
+from neffcache.server.api.entries import ALIAS, Namespace, stamped
+from neffcache.server.deps import Backends, BackendsDep, CallerDep
+from neffcache.server.errors import BadRequest, Conflict
+from neffcache.server.index import Lease
+from neffcache.server.manifest import HEX64, load_json, validated
+
+router = APIRouter()
+
+Name = Annotated[str, PathParam(description="a key, a direct key or a Neuron address")]
+LeaseId = Annotated[str, Query(alias="lease", pattern="^[0-9a-f]{32}$")]
+_BODY_MAX = 4096
+
+
+class LeaseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    holder: str = Field("", max_length=200, description="who asks (host and pid), for people")
+    wait: float = Field(0.0, ge=0, le=600, allow_inf_nan=False, description="seconds to wait")
+    expected_seconds: float | None = Field(
+        None, ge=0, le=30 * 86400, allow_inf_nan=False, description="the asker's estimate"
+    )
+    waited: float = Field(
+        0.0, ge=0, le=30 * 86400, allow_inf_nan=False, description="seconds already waited"
+    )
+    dead_holder: str | None = Field(
+        None, max_length=200, description="a holder the asker knows is dead (same host)"
+    )
+
+
+@dataclass(frozen=True)
+class _Answer:
+    state: Literal["done", "granted", "held", "failed"]
+    entry: str | None = None  # the entry's JSON, when done
+    lease: Lease | None = None  # ours when granted, else the live one
+
+
+def _check_name(name: str) -> str:
+    if not re.fullmatch(ALIAS, name):
+        raise BadRequest(f"{name!r} is neither a key nor a Neuron cache address")
+    return name
+
+
+@router.post(
+    "/v1/ns/{namespace}/leases/{name:path}",
+    openapi_extra={
+        "requestBody": {
+            "content": {"application/json": {"schema": LeaseRequest.model_json_schema()}}
+        }
+    },
+)
+async def ask_lease(
+    namespace: Namespace, name: Name, request: Request, caller: CallerDep, backends: BackendsDep
+) -> Response:
+    # Write scope: a caller that cannot publish must not make others wait for it.
+    caller.require("write", namespace)
+    _check_name(name)
+    body = await read_body(request, _BODY_MAX)
+    asked = validated(LeaseRequest, load_json(body, "lease request") if body else {}, "request")
+    settings = backends.settings
+    wait = min(asked.wait, settings.lease_wait_max_seconds)
+    holder = asked.holder or caller.name
+    deadline = time.monotonic() + wait
+    # Failure notices older than the asker's wait are not its business: only those
+    # who waited while the compile failed hear of it; a later asker compiles again.
+    since = time.time() - asked.waited
+    while True:
+        answer = await backends.run(_try, backends, namespace, name, holder, asked, since)
+        remaining = deadline - time.monotonic()
+        if answer.state != "held" or remaining <= 0:
+            return await _respond(backends, namespace, name, answer)
+        assert answer.lease is not None
+        # Wake on a publish or release here, when the holder's lease runs out (then
+        # this waiter may take over), or to look again for another replica's events.
+        expiry = answer.lease.expires_at - time.time() + 0.01
+        timeout = min(remaining, max(expiry, 0.01), settings.lease_recheck_seconds)
+        await backends.wakeups.wait(namespace, name, timeout)
+
+
+def _try(
+    backends: Backends,
+    namespace: str,
+    name: str,
+    holder: str,
+    asked: LeaseRequest,
+    since: float,
+) -> _Answer:
+    """One look: the entry if it exists, else the lease (ours if it was free)."""
+    index = backends.index
+    key = name if re.fullmatch(HEX64, name) and index.get_entry(namespace, name) else None
+    key = key or index.resolve_alias(namespace, name)
+    if key is not None:
+        found = index.get_entry(namespace, key)
+        if found is not None:
+            return _Answer("done", entry=stamped(found))
+    now = time.time()
+    # A read first: a lease that is held (the common answer while waiting) costs no
+    # write transaction.
+    live = index.get_lease(namespace, name, now)
+    ttl = backends.settings.lease_ttl_seconds
+    replacing = None
+    if live is not None and live.failed and live.expires_at - ttl < since:
+        replacing = live.lease_id  # failed before this asker began to wait
+    elif live is not None and not live.failed and live.holder == asked.dead_holder:
+        replacing = live.lease_id
+    if live is None or replacing is not None:
+        expected = asked.expected_seconds
+        mine = Lease(namespace, name, secrets.token_hex(16), holder, now, now + ttl, expected)
+        live = index.acquire_lease(mine, replacing)
+        if live.lease_id == mine.lease_id:
+            return _Answer("granted", lease=live)
+    return _Answer("failed" if live.failed else "held", lease=live)
+
+
+async def _respond(backends: Backends, namespace: str, name: str, answer: _Answer) -> Response:
+    if answer.state == "done":
+        assert answer.entry is not None
+        body = '{"state":"done","entry":' + answer.entry + "}"
+        return Response(body.encode(), media_type="application/json")
+    lease = answer.lease
+    assert lease is not None
+    now = time.time()
+    ttl = backends.settings.lease_ttl_seconds
+    if answer.state == "granted":
+        granted = {"state": "granted", "lease": lease.lease_id, "ttl": ttl, "expires_in": ttl}
+        return JSONResponse(granted, status_code=201)
+    expected = lease.expected_seconds
+    if expected is None and re.fullmatch(HEX64, name):
+        expected = await run_in_threadpool(_history, backends, namespace, name, now)
+    return JSONResponse(
+        {
+            "state": answer.state,
+            "holder": lease.holder,
+            "held_for": round(max(0.0, now - lease.acquired_at), 3),
+            "expires_in": round(max(0.0, lease.expires_at - now), 3),
+            "expected_seconds": expected,
+            "ttl": ttl,
+        },
+        status_code=202 if answer.state == "held" else 200,
+    )
+
+
+def _history(backends: Backends, namespace: str, key: str, now: float) -> float | None:
+    """How long this graph's compile took before, from its recent failure records."""
+    for failure in backends.index.failures(namespace, key, now):
+        try:
+            seconds = json.loads(failure.record).get("compile_seconds")
+        except ValueError:
+            continue
+        if isinstance(seconds, (int, float)) and seconds >= 0:
+            return float(seconds)
+    return None
+
+
+@router.put("/v1/ns/{namespace}/leases/{name:path}")
+async def renew_lease(
+    namespace: Namespace, name: Name, lease_id: LeaseId, caller: CallerDep, backends: BackendsDep
+) -> Response:
+    caller.require("write", namespace)
+    _check_name(name)
+    ttl = backends.settings.lease_ttl_seconds
+    renewed = await run_in_threadpool(
+        backends.index.renew_lease, namespace, name, lease_id, time.time() + ttl
+    )
+    if not renewed:
+        raise Conflict(f"lease {lease_id} no longer holds {name}: it expired or was released")
+    return JSONResponse({"state": "granted", "lease": lease_id, "ttl": ttl, "expires_in": ttl})
+
+
+@router.delete("/v1/ns/{namespace}/leases/{name:path}", status_code=204)
+async def release_lease(
+    namespace: Namespace,
+    name: Name,
+    lease_id: LeaseId,
+    caller: CallerDep,
+    backends: BackendsDep,
+    outcome: Annotated[Literal["done", "failed"], Query()] = "done",
+) -> Response:
+    caller.require("write", namespace)
+    _check_name(name)
+    settings = backends.settings
+    # The notice outlives the release by one lease lifetime: long enough for every
+    # waiter to hear of it (they are woken now), short enough that a retry soon after
+    # a transient failure is not refused.
+    until = time.time() + settings.lease_ttl_seconds if outcome == "failed" else None
+    released = await run_in_threadpool(
+        backends.index.release_lease, namespace, name, lease_id, until
+    )
+    if not released:
+        raise Conflict(f"lease {lease_id} does not hold {name}")
+    backends.wakeups.notify(namespace, [name])
+    return Response(status_code=204)

@@ -1,0 +1,12 @@
+"""The bridge between stock Neuron caches and a neffcache server (docs/bridge.md).
+
+``neffcache import`` reads a stock cache (a directory or ``s3://bucket/prefix``, facts
+§3, §7) and publishes each successful entry to a server; ``neffcache export`` writes a
+server's entries back out as a stock cache the unmodified SDK can read.
+
+* ``stock.py``: find the entries of a stock layout and tell their states apart;
+* ``remote.py``: the server's HTTP API as the bridge uses it;
+* ``importer.py``, ``exporter.py``: the two directions, counted by outcome;
+* ``cli.py``: the two commands, added to ``neffcache`` through the ``neffcache.cli``
+  entry point. Importing it costs nothing heavy (no httpx, boto3 or FastAPI).
+"""

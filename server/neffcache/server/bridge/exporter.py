@@ -1,0 +1,158 @@
+"""``neffcache export``: a server's entries written out as a stock Neuron cache.
+
+Each entry with a Neuron address becomes ``DEST/<address>/`` holding every file of its
+manifest, each verified against its BLAKE3 digest, and an empty ``model.done`` written
+last (facts §3.1, §3.3): the unmodified SDK reads it as a cache hit. An entry is
+written into a hidden folder beside its place and renamed into it, so an interrupted
+export leaves no half entry (only a hidden ``.MODULE_…partial`` folder, which the SDK
+never looks at). A complete entry already in DEST is left alone.
+
+Skipped, and counted by reason:
+
+* ``no_address``: compiled where no stock address was known; the SDK could not find
+  it in any folder.
+* ``env``: compiled under a compile-affecting environment variable
+  (``components.env``). A stock address does not cover the environment, so the SDK
+  would serve that NEFF to processes without the variable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import shutil
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from neffcache.keying import KeyingError, parse_neuron_address
+from neffcache.server.bridge.remote import Refused, Remote
+from neffcache.server.bridge.report import Progress, Report
+from neffcache.server.bridge.stock import DONE, is_artifact
+
+DONE_OUTCOMES = ("exported", "present")
+SKIPPED = ("filtered", "no_address", "env", "occupied")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+# The server's pattern for a file name in a manifest: never a path (docs/protocol.md).
+_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Which entries to export: by compiler version (the full build string, or its
+    number alone for every build of it) and by the server's ``created_at``."""
+
+    compiler_version: str | None = None
+    since: float | None = None
+
+    def keep(self, manifest: dict[str, Any]) -> bool:
+        if self.since is not None and float(manifest.get("created_at", 0.0)) < self.since:
+            return False
+        wanted = self.compiler_version
+        if wanted is None:
+            return True
+        components = manifest.get("components")
+        version = components.get("compiler_version") if isinstance(components, dict) else None
+        if not isinstance(version, str):
+            return False
+        return version == wanted or ("+" not in wanted and version.split("+")[0] == wanted)
+
+
+def parse_since(text: str) -> float:
+    """``YYYY-MM-DD`` (midnight) or a full ISO 8601 time, UTC unless it names a zone,
+    as seconds since the epoch; ValueError otherwise."""
+    value = text.strip()
+    if value[-1:] in ("Z", "z"):  # Python 3.10's fromisoformat does not read "Z"
+        value = value[:-1] + "+00:00"
+    moment = datetime.fromisoformat(value)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.timestamp()
+
+
+def export_cache(remote: Remote, dest: Path, *, filters: Filters, progress: Progress) -> Report:
+    """Export every entry the filters keep; per-entry trouble is counted, while an
+    unusable server raises ``Unusable`` and an unwritable DEST ``OSError``."""
+    report = Report("export", DONE_OUTCOMES, SKIPPED)
+    dest.mkdir(parents=True, exist_ok=True)
+    for page in remote.pages():
+        for manifest in page:
+            address = str(manifest.get("neuron_address") or manifest.get("key"))
+            outcome, reason = export_entry(remote, dest, manifest, filters)
+            report.add(outcome, address, reason)
+            progress.advance(f"{outcome} {address}")
+    return report
+
+
+def export_entry(
+    remote: Remote, dest: Path, manifest: dict[str, Any], filters: Filters
+) -> tuple[str, str | None]:
+    """The outcome of exporting one entry, and why when it is noteworthy."""
+    if not filters.keep(manifest):
+        return "filtered", None
+    address = manifest.get("neuron_address")
+    if not isinstance(address, str):
+        return "no_address", None
+    components = manifest.get("components")
+    if isinstance(components, dict) and components.get("env"):
+        return "env", None
+    try:
+        place = dest / str(parse_neuron_address(address))
+        files = stock_files(manifest)
+    except (KeyingError, ValueError) as exc:
+        return "error", f"the server sent an entry that cannot be exported: {exc}"
+    if (place / DONE).exists():
+        return "present", None
+    if place.exists():
+        # Not ours to replace: a stock entry of another state, or a compile running.
+        return "occupied", None
+    try:
+        write_entry(remote, place, files)
+    except Refused as exc:
+        return "error", str(exc)
+    except FileExistsError:
+        return "present", None  # another export wrote it meanwhile
+    return "exported", None
+
+
+def stock_files(manifest: dict[str, Any]) -> dict[str, tuple[str, int]]:
+    """The files to write, name -> (digest, size): every file of the manifest but the
+    state markers and locks a stock entry must not carry. ValueError if malformed."""
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        raise ValueError("no files")
+    kept: dict[str, tuple[str, int]] = {}
+    for name, ref in files.items():
+        digest = ref.get("digest") if isinstance(ref, dict) else None
+        size = ref.get("size") if isinstance(ref, dict) else None
+        if not _FILE_NAME.fullmatch(name) or not isinstance(digest, str):
+            raise ValueError(f"file {name!r}")
+        if not _HEX64.fullmatch(digest) or not isinstance(size, int) or size < 0:
+            raise ValueError(f"file {name!r}: digest or size")
+        if is_artifact(name):
+            kept[name] = (digest, size)
+    return kept
+
+
+def write_entry(remote: Remote, place: Path, files: dict[str, tuple[str, int]]) -> None:
+    """Write the files into a hidden folder beside ``place``, ``model.done`` last, then
+    rename it to ``place``. Nothing is left behind on failure."""
+    place.parent.mkdir(parents=True, exist_ok=True)
+    staging = place.parent / f".{place.name}.{secrets.token_hex(4)}.partial"
+    staging.mkdir()  # with the umask's permissions, as the SDK's own folders
+    try:
+        for name, (digest, size) in sorted(files.items()):
+            remote.fetch_blob(digest, size, staging / name)
+        (staging / DONE).touch()
+        try:
+            os.rename(staging, place)
+        except OSError as exc:
+            if place.exists():
+                raise FileExistsError(str(place)) from exc
+            raise
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(staging)

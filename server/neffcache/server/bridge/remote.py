@@ -1,0 +1,195 @@
+"""The server's HTTP API (docs/protocol.md) as the bridge uses it, over httpx.
+
+Two kinds of trouble, as two exceptions:
+
+* ``Unusable``: the run cannot go on (the server cannot be reached, or refuses the
+  token). The command stops with one line.
+* ``Refused``: one request failed (a blob refused, a server error, a transfer cut
+  short). Only the entry at hand fails; the run goes on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import blake3
+import httpx
+
+_CHUNK = 1 << 20
+# The server's own limit on one POST /v1/blobs/missing.
+_MISSING_MAX = 10_000
+# Connecting is quick or never; a large blob on a slow link is neither.
+_TIMEOUT = httpx.Timeout(120.0, connect=10.0)
+
+
+class Unusable(Exception):
+    """The server cannot be used at all; the message is one line."""
+
+
+class Refused(Exception):
+    """One request failed; the message is one line."""
+
+    def __init__(self, message: str, status: int | None = None, body: Any = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+
+class Remote:
+    """One namespace of one server.
+
+    >>> remote = Remote("http://cache.internal:8787", "team-a", token=None)
+    >>> remote.entry("ab" * 32) is None
+    True
+    """
+
+    def __init__(
+        self,
+        server: str,
+        namespace: str,
+        token: str | None,
+        *,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.server = server
+        self.namespace = namespace
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(
+            base_url=server, headers=headers, timeout=_TIMEOUT, transport=transport
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    # --- entries ----------------------------------------------------------------------
+
+    def entry(self, key: str) -> dict[str, Any] | None:
+        """The entry under ``key``, or None."""
+        response = self._send("GET", f"/v1/ns/{self.namespace}/entries/{key}")
+        if response.status_code == 404:
+            return None
+        found: dict[str, Any] = self._json(self._ok(response, f"entry {key}"))
+        return found
+
+    def put_entry(self, key: str, manifest: dict[str, Any]) -> int:
+        """PUT a manifest: 201 created, 200 the same one was there, 409 a different one
+        is; Refused otherwise (``body["missing"]`` names blobs the server lacks)."""
+        response = self._send(
+            "PUT", f"/v1/ns/{self.namespace}/entries/{key}", content=json.dumps(manifest)
+        )
+        if response.status_code not in (200, 201, 409):
+            self._ok(response, f"entry {key}")  # raises for an error status
+            raise Refused(f"entry {key}: unexpected HTTP {response.status_code}")
+        return response.status_code
+
+    def pages(self, limit: int = 1000) -> Iterator[list[dict[str, Any]]]:
+        """Every entry of the namespace, a page at a time, in key order. A server
+        without the listing route is Unusable."""
+        after: str | None = None
+        while True:
+            params: dict[str, str | int] = {"limit": limit}
+            if after is not None:
+                params["after"] = after
+            response = self._send("GET", f"/v1/ns/{self.namespace}/entries", params=params)
+            if response.status_code in (404, 405):
+                raise Unusable(
+                    f"{self.server} cannot list entries (HTTP {response.status_code}); "
+                    "it may predate GET /v1/ns/{{ns}}/entries: upgrade it"
+                )
+            try:
+                page = self._json(self._ok(response, "the entry listing"))
+            except Refused as exc:
+                raise Unusable(str(exc)) from None
+            yield page["entries"]
+            after = page["next"]
+            if after is None:
+                return
+
+    # --- blobs ------------------------------------------------------------------------
+
+    def missing(self, digests: list[str]) -> list[str]:
+        """The digests the server lacks."""
+        lacking: list[str] = []
+        for at in range(0, len(digests), _MISSING_MAX):
+            chunk = digests[at : at + _MISSING_MAX]
+            response = self._send("POST", "/v1/blobs/missing", json={"digests": chunk})
+            lacking += self._json(self._ok(response, "the blob check"))["missing"]
+        return lacking
+
+    def put_blob(self, digest: str, path: Path, size: int) -> None:
+        """Upload a file, streamed; Refused if the server does not take it."""
+
+        def chunks() -> Iterator[bytes]:
+            with path.open("rb") as f:
+                while chunk := f.read(_CHUNK):
+                    yield chunk
+
+        headers = {"Content-Length": str(size), "Content-Type": "application/octet-stream"}
+        response = self._send("PUT", f"/v1/blobs/{digest}", content=chunks(), headers=headers)
+        self._ok(response, f"blob {digest}")
+
+    def fetch_blob(self, digest: str, size: int, dest: Path) -> None:
+        """Download a blob into ``dest``, checking its size and BLAKE3 digest; Refused
+        when it is absent, short or not what it should be (``dest`` may hold a part)."""
+        hasher = blake3.blake3()
+        received = 0
+        try:
+            with (
+                self._http.stream("GET", f"/v1/blobs/{digest}") as response,
+                dest.open("wb") as out,
+            ):
+                self._ok(response, f"blob {digest}")
+                for chunk in response.iter_bytes(_CHUNK):
+                    hasher.update(chunk)
+                    out.write(chunk)
+                    received += len(chunk)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise Unusable(f"cannot reach {self.server}: {exc}") from None
+        except httpx.TransportError as exc:
+            raise Refused(f"blob {digest}: the transfer broke off: {exc}") from None
+        if received != size or hasher.hexdigest() != digest:
+            raise Refused(
+                f"blob {digest}: received {received} bytes hashing to {hasher.hexdigest()}, "
+                f"expected {size} bytes"
+            )
+
+    # --- plumbing ---------------------------------------------------------------------
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return self._http.request(method, path, **kwargs)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise Unusable(f"cannot reach {self.server}: {exc}") from None
+        except httpx.TransportError as exc:
+            raise Refused(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+
+    def _ok(self, response: httpx.Response, what: str) -> httpx.Response:
+        """``response`` if it succeeded; else Unusable for a refused token, Refused
+        for anything else."""
+        if response.status_code < 400:
+            return response
+        response.read()
+        body: Any = None
+        try:
+            body = response.json()
+            detail = body.get("detail", response.text) if isinstance(body, dict) else body
+        except ValueError:
+            detail = response.text[:200]
+        if response.status_code in (401, 403):
+            raise Unusable(
+                f"{self.server} refused the token (HTTP {response.status_code}): {detail}"
+            )
+        raise Refused(
+            f"{what}: {self.server} answered {response.status_code}: {detail}",
+            response.status_code,
+            body,
+        )
+
+    def _json(self, response: httpx.Response) -> Any:
+        try:
+            return response.json()
+        except ValueError:
+            raise Refused(f"{self.server} answered something that is not JSON") from None

@@ -1,0 +1,163 @@
+"""Fixtures for the bridge's tests: real neffcache servers on loopback ports (uvicorn in
+a thread, so a test can hand the app faulty stores), moto's S3 server from the server
+tests, and the ``neffcache`` command run in this process.
+
+* ``server``: one server with in-memory stores, shared by the session; tests keep
+  apart through their own ``namespace``.
+* ``start_server``: a private server over the stores (and settings) a test passes.
+* ``neffcache``: runs the CLI's ``main`` and returns (exit code, stdout, stderr).
+
+Nothing the outer environment sets (``NEFFCACHE_*``, proxies) reaches a test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from loopback import free_port
+from server.conftest import s3_bucket, s3_endpoint, unused_port
+
+from neffcache.server.app import create_app
+from neffcache.server.blobs import BlobStore
+from neffcache.server.blobs.memory import MemoryBlobStore
+from neffcache.server.index import Index
+from neffcache.server.index.memory import MemoryIndex
+from neffcache.server.settings import ServerSettings
+
+__all__ = ["s3_bucket", "s3_endpoint", "unused_port"]  # fixtures shared with tests/server
+
+
+@dataclass
+class Server:
+    url: str
+    blobs: BlobStore
+    index: Index
+
+    def get(self, path: str, token: str | None = None) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.get(self.url + path, headers=headers, timeout=10, trust_env=False)
+
+    def entries(self, namespace: str) -> list[dict[str, Any]]:
+        """Every entry of a namespace, through the listing route, two per page."""
+        found: list[dict[str, Any]] = []
+        after = None
+        while True:
+            query = "?limit=2" + (f"&after={after}" if after else "")
+            response = self.get(f"/v1/ns/{namespace}/entries{query}")
+            assert response.status_code == 200, response.text
+            found += response.json()["entries"]
+            after = response.json()["next"]
+            if after is None:
+                return found
+
+    def alias(self, namespace: str, alias: str) -> dict[str, Any] | None:
+        response = self.get(f"/v1/ns/{namespace}/aliases/{alias}")
+        if response.status_code == 404:
+            return None
+        assert response.status_code == 200, response.text
+        found: dict[str, Any] = response.json()
+        return found
+
+
+class _Running:
+    """uvicorn serving ``app`` on a free loopback port, in a daemon thread."""
+
+    def __init__(self, app: Any) -> None:
+        self.port = free_port()
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + 15
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise AssertionError("the test server did not start")
+            time.sleep(0.01)
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+StartServer = Callable[..., Server]
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator[StartServer]:
+    """``start_server(blobs=None, index=None, **settings)``: a private server."""
+    running: list[_Running] = []
+    stores: list[BlobStore | Index] = []
+
+    def start(
+        blobs: BlobStore | None = None, index: Index | None = None, **settings: Any
+    ) -> Server:
+        blobs = blobs or MemoryBlobStore()
+        index = index or MemoryIndex()
+        data_dir = tmp_path / f"server-{len(running)}"
+        app = create_app(
+            ServerSettings(data_dir=data_dir, **settings), blob_store=blobs, index=index
+        )
+        running.append(_Running(app))
+        stores.extend((blobs, index))
+        return Server(running[-1].__enter__(), blobs, index)
+
+    yield start
+    for one in running:
+        one.__exit__()
+    for store in stores:
+        store.close()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    blobs, index = MemoryBlobStore(), MemoryIndex()
+    settings = ServerSettings(data_dir=tmp_path_factory.mktemp("bridge-server"))
+    with _Running(create_app(settings, blob_store=blobs, index=index)) as url:
+        yield Server(url, blobs, index)
+    blobs.close()
+    index.close()
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest) -> str:
+    base = re.sub(r"[^a-z0-9._-]+", "-", request.node.name.lower()).strip("-._")[:40]
+    return f"{base}-{hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:10]}"
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("NEFFCACHE_URL", "NEFFCACHE_TOKEN", "NEFFCACHE_SERVER"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+
+
+Run = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def neffcache(capsys: pytest.CaptureFixture[str]) -> Run:
+    """``neffcache(*argv)`` -> (exit code, stdout, stderr), in this process."""
+    from neffcache.client.cli import main
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main(list(argv))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run

@@ -1,0 +1,270 @@
+"""The thundering herd: N client processes (N hosts, each with its own L1) compile one
+cold graph at once through the compiler wrapper, against a real ``neffcache serve``.
+
+Used by ``tests/client/test_herd.py`` (which asserts the counts) and
+``tests/bench/bench_herd.py`` (which prints the numbers). Start-up is kept out of the
+measurement: each client imports the client, asks the stand-in compiler its version
+(remembered in its L1), says it is ready, and blocks in ``sigwait`` until the driver
+signals every client at once. Each client then runs the wrapper in-process and writes
+one JSON line: when it was signalled, when it was done, its exit code.
+
+The stand-in compiler (tests/standins/neuronx-cc) is not the real one; its compile
+lasts ``NEFFCACHE_STANDIN_DELAY`` seconds and leaves a pid file while it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from loopback import free_port
+
+TESTS = Path(__file__).resolve().parent
+STANDINS = TESTS / "standins"
+COMPILER = STANDINS / "neuronx-cc"
+GRAPH = TESTS / "fixtures" / "hlo" / "block_a.pb"
+NAMESPACE = "herd"
+
+
+@dataclass
+class Herd:
+    """What one herd run saw; times are ``time.time()`` on this host."""
+
+    clients: int
+    startup_seconds: float  # launch to all ready (not part of the herd)
+    go: float  # when every client was signalled
+    results: list[dict[str, Any]]  # one per finished client process
+    compile_starts: list[float]  # when each compile's pid file appeared
+    compile_ends: list[float]  # when each successful compile's NEFF was written
+    compiles: int  # stand-in compile invocations
+    server_cpu_while_waiting: float  # server CPU seconds per wall second, mid-compile
+    killed_at: float | None = None
+    neffs: dict[str, bytes] = field(default_factory=dict)  # output path -> bytes
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+class _Server:
+    def __init__(self, root: Path, ttl: float) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = _clean_env()
+        env["NEFFCACHE_LEASE_TTL_SECONDS"] = str(ttl)
+        self.log = open(root / "server.log", "wb")  # noqa: SIM115 (closed in stop)
+        argv = [sys.executable, "-m", "neffcache.client.cli", "serve"]
+        argv += ["--port", str(self.port), "--data-dir", str(root / "server-data")]
+        self.process = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=self.log,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1, trust_env=False).is_success:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.05)
+            if self.process.poll() is not None:
+                break
+        self.stop()
+        raise RuntimeError(f"the server did not start: {(root / 'server.log').read_text()}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        self.log.close()
+
+
+def _clean_env() -> dict[str, str]:
+    keep = ("PATH", "HOME", "LANG", "LC_ALL", "SYSTEMROOT", "PYTHONDONTWRITEBYTECODE")
+    return {k: v for k, v in os.environ.items() if k in keep}
+
+
+def run_herd(
+    root: Path,
+    *,
+    clients: int = 64,
+    delay: float = 10.0,
+    ttl: float = 30.0,
+    kill_holder_after: float | None = None,
+    deadline: float = 600.0,
+) -> Herd:
+    """Run one herd in ``root``; with ``kill_holder_after``, SIGKILL the client that
+    compiles (and its compiler) that many seconds after the go, then start it again
+    (a rank restarted by its job) so that every client ends with the NEFF."""
+    root.mkdir(parents=True, exist_ok=True)
+    server = _Server(root, ttl)
+    pids_dir = root / "compiling"
+    pids_dir.mkdir()
+    counter = root / "invocations.log"
+    results = root / "results.jsonl"
+    env = _clean_env()
+    env.update(
+        PATH=f"{STANDINS}{os.pathsep}{env.get('PATH', '')}",
+        NEFFCACHE_URL=f"neffcache+{server.url}/{NAMESPACE}",
+        NEFFCACHE_STANDIN_DELAY=str(delay),
+        NEFFCACHE_STANDIN_COUNTER=str(counter),
+        NEFFCACHE_STANDIN_PIDFILE_DIR=str(pids_dir),
+        NEFFCACHE_LOG="warning",
+    )
+    procs: list[subprocess.Popen[bytes]] = []
+    outputs: list[Path] = []
+    logs = root / "logs"
+    logs.mkdir()
+
+    def launch(i: int) -> subprocess.Popen[bytes]:
+        client_env = dict(env, NEFFCACHE_LOCAL_DIR=str(root / f"l1-{i}"))
+        with open(logs / f"client-{i}.log", "ab") as log:
+            return subprocess.Popen(
+                [sys.executable, __file__, "--client", str(i), str(outputs[i]), str(results)],
+                env=client_env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
+
+    try:
+        started = time.time()
+        for i in range(clients):
+            outputs.append(root / f"out-{i}" / "graph.neff")
+            outputs[-1].parent.mkdir()
+            procs.append(launch(i))
+        ready = root / "ready"
+        while not ready.exists() or len(list(ready.glob("*"))) < clients:
+            if any(p.poll() is not None for p in procs):
+                raise RuntimeError(f"a client died during start-up: see {logs}")
+            if time.time() - started > deadline:
+                raise RuntimeError("the clients did not start in time")
+            time.sleep(0.05)
+        startup = time.time() - started
+        go = time.time()
+        for proc in procs:
+            os.kill(proc.pid, signal.SIGUSR1)
+        starts: dict[int, float] = {}
+        killed_at = None
+        cpu_from: tuple[float, float] | None = None
+        cpu_rate = 0.0
+        while any(p.poll() is None for p in procs):
+            now = time.time()
+            for pidfile in pids_dir.glob("*"):
+                starts.setdefault(int(pidfile.name), now)
+            # The server's CPU over the middle of the first compile: everyone but the
+            # holder is waiting then.
+            if cpu_from is None and now - go >= 0.3 * delay:
+                cpu_from = (now, _cpu_seconds(server.process.pid))
+            elif cpu_from is not None and not cpu_rate and now - go >= 0.8 * delay:
+                used = _cpu_seconds(server.process.pid) - cpu_from[1]
+                cpu_rate = used / (now - cpu_from[0])
+            if (
+                kill_holder_after is not None
+                and killed_at is None
+                and now - go >= kill_holder_after
+            ):
+                compiling = [int(p.name) for p in pids_dir.glob("*")]
+                if len(compiling) != 1:
+                    raise RuntimeError(f"expected one compile to kill, found {compiling}")
+                holder = _parent(compiling[0])
+                index = next(i for i, p in enumerate(procs) if p.pid == holder)
+                os.killpg(holder, signal.SIGKILL)
+                procs[index].wait(10)
+                killed_at = time.time()
+                # The job restarts its rank: a fresh process on the same host (L1).
+                (ready / str(index)).unlink()
+                procs[index] = launch(index)
+                _wait_ready(ready / str(index), procs[index])
+                os.kill(procs[index].pid, signal.SIGUSR1)
+            if now - go > deadline:
+                raise RuntimeError("the herd did not finish in time")
+            time.sleep(0.02)
+        finished = [json.loads(line) for line in results.read_text().splitlines()]
+        invocations = counter.read_text().splitlines() if counter.exists() else []
+        compiles = sum(1 for line in invocations if "compile" in line.split()[1:])
+        ends = sorted(r["compile_end"] for r in finished if r.get("compile_end") is not None)
+        return Herd(
+            clients=clients,
+            startup_seconds=startup,
+            go=go,
+            results=finished,
+            compile_starts=sorted(starts.values()),
+            compile_ends=ends,
+            compiles=compiles,
+            server_cpu_while_waiting=cpu_rate,
+            killed_at=killed_at,
+            neffs={str(p): p.read_bytes() for p in outputs if p.exists()},
+        )
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        server.stop()
+
+
+def _wait_ready(marker: Path, proc: subprocess.Popen[bytes]) -> None:
+    while not marker.exists():
+        if proc.poll() is not None:
+            raise RuntimeError(f"the restarted client exited with {proc.returncode}")
+        time.sleep(0.02)
+
+
+# --- one client process ------------------------------------------------------------------
+
+
+def _client(index: str, output: str, results: str) -> int:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    from neffcache.client.compiler import compiler_version, find_real_compiler
+    from neffcache.client.stats import STATS
+    from neffcache.client.wrapper import main as wrap
+
+    real = find_real_compiler("neuronx-cc", None, os.environ["PATH"])
+    assert real is not None
+    compiler_version(real, Path(os.environ["NEFFCACHE_LOCAL_DIR"]))  # remembered in L1
+    ready = Path(results).parent / "ready"
+    ready.mkdir(exist_ok=True)
+    (ready / index).write_text(str(os.getpid()))
+    signal.sigwait({signal.SIGUSR1})
+    go = time.time()
+    argv = ["neuronx-cc", "compile", "--framework=XLA", "--target=trn1", str(GRAPH)]
+    argv += ["--output", output, "--model-type=transformer"]
+    code = wrap(argv)
+    compiled = STATS.snapshot().get("compiles", 0) > 0
+    line = {
+        "client": int(index),
+        "pid": os.getpid(),
+        "go": go,
+        "done": time.time(),
+        "code": code,
+        # The stand-in writes its NEFF last thing before it exits.
+        "compile_end": os.stat(output).st_mtime if compiled else None,
+        "events": STATS.snapshot(),
+    }
+    fd = os.open(results, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(fd, (json.dumps(line) + "\n").encode())
+    os.close(fd)
+    return code
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["--client"]:
+        raise SystemExit("usage: herd.py --client INDEX OUTPUT RESULTS (started by run_herd)")
+    sys.exit(_client(*sys.argv[2:5]))
