@@ -107,6 +107,7 @@ def run_herd(
     ttl: float = 30.0,
     kill_holder_after: float | None = None,
     deadline: float = 600.0,
+    client_env: dict[str, str] | None = None,
 ) -> Herd:
     """Run one herd in ``root``; with ``kill_holder_after``, SIGKILL the client that
     compiles (and its compiler) that many seconds after the go, then start it again
@@ -126,6 +127,7 @@ def run_herd(
         NEFFCACHE_STANDIN_PIDFILE_DIR=str(pids_dir),
         NEFFCACHE_LOG="warning",
     )
+    env.update(client_env or {})
     procs: list[subprocess.Popen[bytes]] = []
     outputs: list[Path] = []
     logs = root / "logs"
@@ -232,7 +234,12 @@ def _wait_ready(marker: Path, proc: subprocess.Popen[bytes]) -> None:
 
 def _client(index: str, output: str, results: str) -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    from neffcache.client import lease
     from neffcache.client.compiler import compiler_version, find_real_compiler
+
+    # Each client plays one host: its lease holder names its own host, so the others
+    # cannot see its process die (as on a real fleet) and wait for its lease to end.
+    lease.holder_name = lambda: f"herd-host-{index} pid {os.getpid()}"
     from neffcache.client.stats import STATS
     from neffcache.client.wrapper import main as wrap
 
