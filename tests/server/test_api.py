@@ -71,6 +71,11 @@ def corrupt(blobs: BlobStore, key: str, data: bytes) -> None:
     path.write_bytes(data)
 
 
+def flip_last(data: bytes) -> bytes:
+    """``data`` with its last byte changed (a random last byte may already be 0)."""
+    return data[:-1] + bytes([data[-1] ^ 1])
+
+
 @pytest.fixture
 def client(stores: tuple[BlobStore, Index], tmp_path: Any) -> Iterator[TestClient]:
     settings = ServerSettings(data_dir=tmp_path, max_blob_bytes=1 << 20)
@@ -181,7 +186,7 @@ def test_large_corrupt_blob_never_completes(
     with TestClient(app) as big:
         assert put_blob(big, data) == 201
         assert big.get(f"/v1/blobs/{digest(data)}").content == data
-        corrupt(stores[0], digest(data), data[:-1] + b"\0")
+        corrupt(stores[0], digest(data), flip_last(data))
         with pytest.raises(Exception, match=digest(data)):
             big.get(f"/v1/blobs/{digest(data)}")
     assert stores[0].size(digest(data)) is None
@@ -444,7 +449,7 @@ def test_ranges_of_large_blobs_stream_and_are_verified(
         assert part.status_code == 206
         assert part.content == data[5:10]
         assert big.get(url, headers={"Range": "bytes=" + "9" * 5000 + "-"}).status_code == 416
-        corrupt(stores[0], digest(data), data[:-1] + b"\0")
+        corrupt(stores[0], digest(data), flip_last(data))
         assert big.get(url, headers={"Range": "bytes=5-9"}).status_code == 404
 
 
