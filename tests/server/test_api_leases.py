@@ -262,3 +262,33 @@ def test_leases_need_write_scope_in_their_namespace(client: TestClient) -> None:
     for token, status in ((None, 401), (reader, 403), (writer_b, 403), (writer_a, 201)):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         assert client.post(f"{LEASES}/{KEY}", json={}, headers=headers).status_code == status
+
+
+def test_two_replicas_on_one_redis_agree_and_wake_each_others_waiters(
+    redis_server: str, tmp_path: Path
+) -> None:
+    import redis
+
+    redis.Redis.from_url(redis_server).flushdb()
+    first, second = open_index(redis_server), open_index(redis_server)
+    try:
+        with (
+            make_client(first, tmp_path / "a", lease_recheck_seconds=0.5) as replica_a,
+            make_client(second, tmp_path / "b", lease_recheck_seconds=0.5) as replica_b,
+        ):
+            granted = ask(replica_a, holder="node-1")
+            assert ask(replica_b)["holder"] == "node-1"
+            waiting, pool = in_background(ask, replica_b, wait=LONG)
+            time.sleep(0.5)
+            # The blobs live in each replica's own memory store here: publish through
+            # A needs them on A only; B answers from the shared index.
+            publish(replica_a)
+            answer = waiting.result(timeout=LONG)
+            assert answer["state"] == "done"
+            assert answer["entry"]["key"] == KEY
+            pool.shutdown()
+            release = replica_b.delete(f"{LEASES}/{KEY}", params={"lease": granted["lease"]})
+            assert release.status_code == 204
+    finally:
+        first.close()
+        second.close()
