@@ -54,7 +54,7 @@ from neffcache.client.cli import main
 from neffcache.client.local import LocalStore
 from neffcache.client.prewarm import Progress
 from neffcache.client.prewarm import read_run_manifest as read_graphs
-from neffcache.client.proxy import _lock_name
+from neffcache.client.proxy import entry_lock_name
 
 SUMMARY_FIELDS = {
     "lines",
@@ -367,7 +367,7 @@ def test_the_stock_entry_is_written_under_the_hooks_lock(server: Server, sandbox
     env = sandbox.env(l1=l1, url=server.cache_url(sandbox.namespace))
     argv = [*NEFFCACHE, "prewarm", "--manifest", str(manifest), "--json"]
     entry = l1 / address
-    with LocalStore(l1).lock(_lock_name(address), "the test's rank"):
+    with LocalStore(l1).lock(entry_lock_name(address), "the test's rank"):
         running = sandbox.start(argv, env)
         blob = LocalStore(l1).blob_path(digest)
         wait_for(blob.exists, 30, "prewarm to fetch the blob")

@@ -8,7 +8,7 @@ address are one graph) and, on ``parallel`` threads (each with its own connectio
 1. finds its manifest: in L1 by canonical or direct key, else on the server by
    canonical key (``entry``), direct key or stock address (``alias``). An entry found
    by address counts only when it was compiled under this process's environment, as
-   for the hook (``proxy._same_environment``);
+   for the hook (``proxy.same_environment``);
 2. fetches every blob the manifest names that L1 lacks into L1's blob store, under
    the per-blob lock the wrapper takes, so a rank starting meanwhile waits for this
    download instead of doing its own (``Remote.fetch`` verifies, then renames);
@@ -16,7 +16,7 @@ address are one graph) and, on ``parallel`` threads (each with its own connectio
    wrapper looks up;
 4. when the manifest has a stock address and was compiled under this environment,
    writes the stock entry the hook serves, under the per-entry lock the hook takes,
-   with ``proxy.Core._materialize`` (every file verified, ``model.done`` last);
+   with ``proxy.write_entry`` (every file verified, ``model.done`` last);
    an entry whose ``model.done`` exists is left alone.
 
 Nothing is ever half written, so a job may start while prewarm runs. Nothing here
@@ -41,7 +41,7 @@ from typing import Any, NamedTuple, TextIO
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
 from neffcache.client.local import LocalStore, atomic_write
-from neffcache.client.proxy import DONE, NEFF, Core, _lock_name, _same_environment
+from neffcache.client.proxy import DONE, NEFF, entry_lock_name, same_environment, write_entry
 from neffcache.client.remote import Manifest, Remote
 from neffcache.client.stats import STATS
 from neffcache.keying import KeyingError, parse_neuron_address
@@ -179,17 +179,6 @@ def group(named: Iterable[list[Ident]]) -> list[Graph]:
 # -- one graph ---------------------------------------------------------------------------
 
 
-class _L1Stock:
-    """What ``proxy.Core`` needs of the SDK's cache to write an entry into L1: where
-    L1 is, and writing a file (atomically: the hook may be reading)."""
-
-    def __init__(self, root: Path) -> None:
-        self.cache_path = str(root)
-
-    def upload_string_to_file(self, path: str, data: str) -> None:
-        atomic_write(Path(path), data.encode())
-
-
 class Prewarmer:
     """Puts graphs into L1; ``graph`` is safe to call from many threads at once."""
 
@@ -198,8 +187,6 @@ class Prewarmer:
         self.root = Path(config.local_dir)
         self.local = LocalStore(config.local_dir)
         self.remote = Remote(config)
-        self._core = Core(_L1Stock(self.root), config)
-        self._core.local, self._core.remote = self.local, self.remote
 
     def graph(self, graph: Graph) -> Outcome:
         """Every identifier of the graph not already covered by a manifest found for
@@ -233,7 +220,7 @@ class Prewarmer:
         elif field == "direct_key":
             manifest = self.remote.alias(value)
         else:
-            manifest = _same_environment(self.remote.alias(value))
+            manifest = same_environment(self.remote.alias(value))
         if manifest is None:
             failed = trouble() > before or not self.remote.available()
             return Outcome("failed" if failed else "missing", 0), None
@@ -267,14 +254,8 @@ class Prewarmer:
     def _blob(self, digest: str, size: int) -> int | None:
         """Bytes downloaded (0: L1 has it), None when it could not be had. One
         download per blob per host: the wrapper's ranks take the same lock."""
-        if self.local.has_blob(digest, size):
-            return 0
-        with self.local.lock(f"blob-{digest}", f"the download of {digest[:12]}"):
-            if self.local.has_blob(digest, size):
-                return 0  # fetched meanwhile by a rank or another prewarm
-            if not self.remote.fetch(digest, size, self.local.blob_path(digest)):
-                return None
-        return size
+        source = self.remote.fetch_into(self.local, digest, size)
+        return None if source is None else size if source == "server" else 0
 
     def _remember(self, manifest: Manifest) -> bool | None:
         """The manifest in L1 under its canonical and direct keys, where the wrapper
@@ -294,19 +275,23 @@ class Prewarmer:
     def _stock_entry(self, address: str, manifest: Manifest) -> bool | None:
         """Write ``<L1>/<address>/`` for the hook; True when written, False when
         there was nothing to do (another environment's, or present), None on failure."""
-        if _same_environment(manifest) is None:
+        if same_environment(manifest) is None:
             return False  # the hook would not serve it here (facts §4.4)
         entry = self.root / address
-        with self.local.lock(_lock_name(address), f"entry {address}"):
+        with self.local.lock(entry_lock_name(address), f"entry {address}"):
             if (entry / DONE).exists():
                 return False  # a rank (or the SDK) made it meanwhile
             try:
-                written = self._core._materialize(entry, manifest)
+                written = write_entry(self.local, self.remote, entry, manifest, _mark_done)
             except OSError as exc:
                 STATS.count("local_errors")
                 log.warning("neffcache: cannot write %s: %s", entry, exc)
                 return None
         return True if written else None
+
+
+def _mark_done(done: Path) -> None:
+    atomic_write(done, b"")  # atomically: the hook may be looking for it
 
 
 def blob_refs(manifest: Manifest) -> list[tuple[str, int]] | None:

@@ -28,6 +28,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,8 @@ from neffcache.client.stats import STATS
 
 if TYPE_CHECKING:
     from neffcache.client.lease import Leases
+    from neffcache.client.local import LocalStore
+    from neffcache.client.remote import Remote
 
 DONE = "model.done"
 NEFF = "model.neff"
@@ -334,10 +337,10 @@ class Core:
             return False
         t0 = time.monotonic()
         began = time.time()
-        with self.local.lock(_lock_name(address), f"entry {address}") as _held:
+        with self.local.lock(entry_lock_name(address), f"entry {address}") as _held:
             if (entry / DONE).exists():
                 return True  # another rank on this host fetched it meanwhile
-            manifest = _same_environment(self.remote.alias(address))
+            manifest = same_environment(self.remote.alias(address))
             if manifest is None:
                 keys = self._keys(entry, address)
                 if keys is not None:
@@ -369,7 +372,7 @@ class Core:
             self._holding[str(entry)] = address
             return None
         if wait.state == "done":
-            return _same_environment(wait.entry)
+            return same_environment(wait.entry)
         # A failed or abandoned wait: compile without asking again in this process.
         self._no_lease.add(address)
         if wait.reason:
@@ -405,30 +408,10 @@ class Core:
         return direct_key(module, ctx), lambda: canonical_key(module, ctx)
 
     def _materialize(self, entry: Path, manifest: dict[str, Any]) -> bool:
-        """Write the entry's files into its L1 directory (the SDK's own HLO and flags
-        files are kept), each verified, ``model.done`` last."""
-        from neffcache.client.local import copy_atomic
+        def mark_done(done: Path) -> None:
+            self.stock.upload_string_to_file(str(done), "")
 
-        files = manifest.get("files")
-        if not isinstance(files, dict) or not isinstance(files.get(NEFF), dict):
-            return False
-        for name, ref in sorted(files.items()):
-            if not isinstance(ref, dict) or name in _NOT_ARTIFACTS or "/" in name:
-                continue
-            target = entry / name
-            if name != NEFF and target.exists():
-                continue
-            digest, size = ref.get("digest"), ref.get("size")
-            if not isinstance(digest, str) or not isinstance(size, int):
-                return False
-            # Straight into the entry, verified (one copy on disk, not two); from L1's
-            # blobs when the wrapper already holds the file.
-            if self.local.has_blob(digest, size):
-                copy_atomic(self.local.blob_path(digest), target)
-            elif not self.remote.fetch(digest, size, target):
-                return False
-        self.stock.upload_string_to_file(str(entry / DONE), "")
-        return True
+        return write_entry(self.local, self.remote, entry, manifest, mark_done)
 
     # -- publishing -------------------------------------------------------------------
 
@@ -492,7 +475,41 @@ class Core:
         self.remote.put_failure(key.key, record)
 
 
-def _same_environment(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
+def write_entry(
+    local: LocalStore,
+    remote: Remote,
+    entry: Path,
+    manifest: dict[str, Any],
+    mark_done: Callable[[Path], None],
+) -> bool:
+    """Write an entry's files into its stock-layout directory in L1 (files already
+    there, such as the SDK's own HLO and flags, are kept), each verified, then
+    ``mark_done(entry / "model.done")``; True when written."""
+    from neffcache.client.local import copy_atomic
+
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not isinstance(files.get(NEFF), dict):
+        return False
+    for name, ref in sorted(files.items()):
+        if not isinstance(ref, dict) or name in _NOT_ARTIFACTS or "/" in name:
+            continue
+        target = entry / name
+        if name != NEFF and target.exists():
+            continue
+        digest, size = ref.get("digest"), ref.get("size")
+        if not isinstance(digest, str) or not isinstance(size, int):
+            return False
+        # Straight into the entry, verified (one copy on disk, not two); from L1's
+        # blobs when the wrapper already holds the file.
+        if local.has_blob(digest, size):
+            copy_atomic(local.blob_path(digest), target)
+        elif not remote.fetch(digest, size, target):
+            return False
+    mark_done(entry / DONE)
+    return True
+
+
+def same_environment(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
     """``manifest`` if it was compiled under this process's compile-affecting
     environment, else None. A stock address does not cover the environment (facts
     §4.4) while neffcache's key does: an entry found by address must agree."""
@@ -518,7 +535,7 @@ def _target(flags: list[str]) -> str | None:
     return os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE") or None
 
 
-def _lock_name(address: str) -> str:
+def entry_lock_name(address: str) -> str:
     import blake3
 
     return "entry-" + blake3.blake3(address.encode()).hexdigest()[:32]

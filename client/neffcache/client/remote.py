@@ -23,7 +23,7 @@ import blake3
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
 from neffcache.client.http import Connection, HttpError, Response, SinkError
-from neffcache.client.local import new_temp
+from neffcache.client.local import LocalStore, new_temp
 from neffcache.client.stats import STATS
 
 Manifest = dict[str, Any]
@@ -203,6 +203,19 @@ class Remote:
             return False
         finally:
             tmp.unlink(missing_ok=True)
+
+    def fetch_into(self, local: LocalStore, digest: str, size: int) -> str | None:
+        """Make sure L1 holds the blob: ``"l1"`` when it did, ``"server"`` when it was
+        downloaded now, None when it could not be had. One download per blob per host:
+        concurrent callers (ranks, prewarm) wait on one lock and find it there."""
+        if local.has_blob(digest, size):
+            return "l1"
+        with local.lock(f"blob-{digest}", f"the download of {digest[:12]}"):
+            if local.has_blob(digest, size):
+                return "l1"
+            if not self.fetch(digest, size, local.blob_path(digest)):
+                return None
+        return "server"
 
     # -- writes -----------------------------------------------------------------------
 

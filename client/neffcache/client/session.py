@@ -151,13 +151,9 @@ class Session:
         digest, size = ref.get("digest"), ref.get("size")
         if not isinstance(digest, str) or not isinstance(size, int):
             return None
-        source = "l1"
-        if not self.local.has_blob(digest, size):
-            with self.local.lock(f"blob-{digest}", f"the download of {digest[:12]}"):
-                if not self.local.has_blob(digest, size):
-                    if not self.remote.fetch(digest, size, self.local.blob_path(digest)):
-                        return None
-                    source = "server"
+        source = self.remote.fetch_into(self.local, digest, size)
+        if source is None:
+            return None
         try:
             copy_atomic(self.local.blob_path(digest), self.call.output)
         except OSError as exc:
