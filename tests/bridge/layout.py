@@ -116,8 +116,12 @@ def standard_cache(root: Path) -> StockCache:
 
     success x4 (one with the old ``model.hlo.pb`` name, one with ``wrapped_neff.hlo``,
     one under V2), failed, locked, empty, and two unkeyable successes (no ``--target``
-    in the flags; an HLO that is not a module)."""
+    in the flags; an HLO that is not a module); plus optimum-neuron's registry beside
+    the entries of V1 (facts §10.3), which is no entry."""
     cache = StockCache(root)
+    registry = root / f"neuronxcc-{V1}" / "0_REGISTRY" / "0.0.28" / "ab12cd34"
+    registry.mkdir(parents=True)
+    (registry / "0123456789abcdef0123.json").write_text('{"neuron": {}}')
     cache.add("block_a")
     cache.add("variant_shape", hlo_name="model.hlo.pb")
     cache.add("variant_op", version=V2, extra={"wrapped_neff.hlo": b"wrapped" * 300})

@@ -185,3 +185,54 @@ def test_the_summary_line_names_only_what_happened() -> None:
         report.add(outcome, "addr", "why")
     assert report.line() == "neffcache import: 2 imported; skipped 1 failed; 2 errors"
     assert report.details == [{"address": "addr", "outcome": "error", "reason": "why"}] * 2
+
+
+def test_ctrl_c_during_an_import_is_one_line_and_130(
+    start_server: StartServer,
+    neffcache: Run,
+    cache: StockCache,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from neffcache.server.bridge import importer
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    server = start_server()
+    monkeypatch.setattr(importer, "publish", interrupted)  # keyed, blobs not yet sent
+    code, out, err = neffcache(
+        "import", str(cache.root), "--server", server.url, "--namespace", "team-a"
+    )
+    assert (code, out) == (130, "")
+    assert err.count("\n") == 1
+    assert err.startswith("neffcache import: interrupted; ")
+    assert server.entries("team-a") == []
+
+
+def test_ctrl_c_during_an_export_is_one_line_and_130_and_leaves_no_staging(
+    tmp_path: Path,
+    server: Server,
+    neffcache: Run,
+    cache: StockCache,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from neffcache.server.bridge.remote import Remote
+
+    argv = ("--server", server.url, "--namespace", "ctrl-c-export")
+    assert neffcache("import", str(cache.root), *argv)[0] == 0
+    fetch = Remote.fetch_blob
+
+    def interrupted(self: Remote, digest: str, size: int, dest: Path) -> None:
+        fetch(self, digest, size, dest)  # a file written into the staging folder
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Remote, "fetch_blob", interrupted)
+    dest = tmp_path / "export"
+    code, out, err = neffcache("export", str(dest), *argv)
+    assert (code, out) == (130, "")
+    assert err.count("\n") == 1
+    assert err.startswith("neffcache export: interrupted; ")
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*")) == [
+        "lock",
+        cache.placed[0].address.split("/")[0],
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import stat
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -256,3 +257,64 @@ def test_an_interrupted_export_leaves_no_half_entry(
         export_entry(remote, tmp_path / "export", manifest, Filters())
     remote.close()
     assert [p.name for p in (tmp_path / "export").rglob("*")] == [f"neuronxcc-{V1}"]
+
+
+def test_an_entry_without_model_neff_is_an_error_and_not_written(
+    tmp_path: Path, server: Server, namespace: str, neffcache: Run
+) -> None:
+    # The server takes any non-empty file set; written out with model.done, this
+    # folder would be a hit for the SDK (facts §3.3), which then finds no NEFF.
+    address = f"neuronxcc-{V1}/MODULE_4242+0123abcd"
+    hlo = b"an HLO"
+    httpx.put(f"{server.url}/v1/blobs/{digest(hlo)}", content=hlo).raise_for_status()
+    manifest = {
+        "key": "d" * 64,
+        "neuron_address": address,
+        "components": {"env": {}},
+        "files": {"model.hlo_module.pb": {"digest": digest(hlo), "size": len(hlo)}},
+    }
+    url = f"{server.url}/v1/ns/{namespace}/entries/{manifest['key']}"
+    httpx.put(url, content=json.dumps(manifest)).raise_for_status()
+    dest = tmp_path / "export"
+    code, out, _ = neffcache(
+        "export", str(dest), "--server", server.url, "--namespace", namespace, "--json"
+    )
+    assert code == 1
+    assert counts(out) == {"error": 1}
+    (detail,) = json.loads(out)["details"]
+    assert detail["address"] == address
+    assert "no model.neff" in detail["reason"]
+    assert not (dest / address).exists()
+
+
+def test_dest_has_a_cache_lock_every_user_can_open_for_writing(
+    tmp_path: Path, server: Server, namespace: str, neffcache: Run
+) -> None:
+    # facts §6.1: the SDK opens <root>/lock for writing on every call, lookups too;
+    # shipped with DEST, a user who cannot create files there can still use it.
+    imported(tmp_path, server, namespace, neffcache)
+    dest = tmp_path / "export"
+    export(neffcache, server, namespace, dest)
+    lock = dest / "lock"
+    assert lock.is_file()
+    assert lock.read_bytes() == b""
+    assert stat.S_IMODE(lock.stat().st_mode) == 0o666
+    export(neffcache, server, namespace, dest)  # again: kept as it is
+    assert stat.S_IMODE(lock.stat().st_mode) == 0o666
+
+
+def test_a_lock_symlinked_out_of_dest_is_not_followed(
+    tmp_path: Path, server: Server, namespace: str, neffcache: Run
+) -> None:
+    target = tmp_path / "bashrc"
+    target.write_text("# mine\n")
+    target.chmod(0o600)
+    dest = tmp_path / "export"
+    dest.mkdir()
+    (dest / "lock").symlink_to(target)
+    code, out, err = neffcache(
+        "export", str(dest), "--server", server.url, "--namespace", namespace
+    )
+    assert (code, out) == (2, "")
+    assert f"cannot write {dest}" in err
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600

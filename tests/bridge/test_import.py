@@ -51,6 +51,7 @@ def check_imported(server: Server, namespace: str, cache: StockCache) -> None:
 def test_import_from_a_directory_counts_every_kind(
     tmp_path: Path, server: Server, namespace: str, neffcache: Run
 ) -> None:
+    # Its registry folder (optimum-neuron's 0_REGISTRY) is no entry, not even "empty".
     cache = standard_cache(tmp_path / "cache")
     code, out, err = neffcache(
         "import", str(cache.root), "--server", server.url, "--namespace", namespace, "--json"
@@ -153,11 +154,24 @@ def test_another_trace_of_the_same_program_is_present_not_a_conflict(
     first = cache.add("block_a")
     second = cache.add("block_b_renamed")
     assert first.expected_keys()[0] == second.expected_keys()[0]
-    code, out, _ = neffcache(
-        "import", str(cache.root), "--server", server.url, "--namespace", namespace, "--json"
-    )
+    argv = ("import", str(cache.root), "--server", server.url, "--namespace", namespace)
+    code, out, err = neffcache(*argv, "--json")
     assert code == 0
     assert counts(out) == {"imported": 1, "present": 1}
+    # The second trace's address and direct key find the entry too: the hook on
+    # another host may probe the address before the HLO is in L1 (facts §3.3).
+    key, direct = second.expected_keys()
+    assert direct != first.expected_keys()[1]
+    for alias in (second.address, direct):
+        found = server.alias(namespace, alias)
+        assert found is not None, alias
+        assert found["key"] == key
+        assert found["neuron_address"] == first.address  # the entry itself is unchanged
+    assert json.loads(out)["aliases_added"] == 2
+    assert err.strip() == "neffcache import: 1 imported, 1 present; aliases added: 2"
+    code, out, _ = neffcache(*argv, "--json")
+    assert json.loads(out)["aliases_added"] == 0
+    assert counts(out) == {"present": 2}
 
 
 def test_import_from_s3_matches_the_directory_import(
@@ -173,6 +187,9 @@ def test_import_from_s3_matches_the_directory_import(
             if path.is_file():
                 key = f"{prefix}/{path.relative_to(cache.root)}"
                 client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
+        # A folder that is no MODULE_ one, files directly in it: not an entry either.
+        registry = f"{prefix}/neuronxcc-{V1}/0_REGISTRY/index.json"
+        client.put_object(Bucket=bucket, Key=registry, Body=b"{}")
     finally:
         client.close()
     code, out, err = neffcache(
@@ -260,9 +277,10 @@ def test_an_entry_the_server_holds_under_its_key_is_present_and_left_alone(
     )
     assert code == 0
     assert counts(out) == {"present": 1}
-    assert server.alias(namespace, placed.address) is None
     entry = server.get(f"/v1/ns/{namespace}/entries/{key}").json()
     assert entry["files"] == manifest["files"]
+    # Its address now finds that entry: the same program, compiled elsewhere.
+    assert server.alias(namespace, placed.address) == entry
 
 
 @pytest.mark.parametrize("state", ["failed", "locked", "empty"])
@@ -278,3 +296,120 @@ def test_unfinished_entries_upload_nothing(
     assert counts(out) == {state: 1}
     assert isinstance(server.blobs, MemoryBlobStore)
     assert server.blobs.size(digest(cache.placed[0].hlo)) is None
+
+
+# --- symlinks and unreadable folders ------------------------------------------------------
+# /var/tmp/neuron-compile-cache, the SDK's default, sits in a world-writable directory:
+# another local user can plant a symlink there to a file only the importing user can
+# read, which the import would then publish to every reader of the namespace.
+
+
+def planted_secret(tmp_path: Path) -> Path:
+    secret = tmp_path / "home" / ".ssh" / "id_ed25519"
+    secret.parent.mkdir(parents=True)
+    secret.write_bytes(b"-----BEGIN OPENSSH PRIVATE KEY----- (test)")
+    return secret
+
+
+def test_a_file_symlinked_out_of_src_is_an_error_unless_followed(
+    tmp_path: Path, start_server: StartServer, neffcache: Run
+) -> None:
+    secret = planted_secret(tmp_path)
+    cache = StockCache(tmp_path / "cache")
+    placed = cache.add("block_a")
+    neff = cache.root / placed.address / "model.neff"
+    neff.unlink()
+    neff.symlink_to(secret)
+    server = start_server()
+    argv = ("import", str(cache.root), "--server", server.url, "--namespace", "team-a", "--json")
+    code, out, _ = neffcache(*argv)
+    assert code == 1
+    assert counts(out) == {"error": 1}
+    (detail,) = json.loads(out)["details"]
+    assert detail["address"] == placed.address
+    assert f"model.neff is a symlink to {secret}, outside" in detail["reason"]
+    assert "--follow-symlinks" in detail["reason"]
+    assert isinstance(server.blobs, MemoryBlobStore)
+    assert server.blobs.size(digest(secret.read_bytes())) is None
+    assert server.blobs.size(digest(placed.hlo)) is None  # nothing of the entry either
+    # Followed on purpose (optimum-neuron links Hugging Face blobs into caches).
+    code, out, _ = neffcache(*argv, "--follow-symlinks")
+    assert code == 0
+    assert counts(out) == {"imported": 1}
+    assert server.blobs.size(digest(secret.read_bytes())) == len(secret.read_bytes())
+
+
+def test_entry_and_version_folders_symlinked_out_of_src_are_errors(
+    tmp_path: Path, server: Server, namespace: str, neffcache: Run
+) -> None:
+    elsewhere = StockCache(tmp_path / "elsewhere")
+    one = elsewhere.add("block_a")
+    two = elsewhere.add("variant_shape", version="2.21.1.0+abcdef12")
+    three = elsewhere.add("variant_op", version="2.21.1.0+abcdef12")
+    cache = StockCache(tmp_path / "cache")
+    inside = cache.add("variant_dtype")
+    linked = one.address.replace("MODULE_9", "MODULE_1")  # the serials of both caches meet
+    (cache.root / linked).symlink_to(elsewhere.root / one.address)  # an entry folder
+    version = two.address.split("/")[0]
+    (cache.root / version).symlink_to(elsewhere.root / version)  # a version folder
+    code, out, _ = neffcache(
+        "import", str(cache.root), "--server", server.url, "--namespace", namespace, "--json"
+    )
+    assert code == 1
+    assert counts(out) == {"imported": 1, "error": 3}
+    reasons = {d["address"]: d["reason"] for d in json.loads(out)["details"]}
+    assert set(reasons) == {linked, two.address, three.address}
+    assert f"{linked} is a symlink to {elsewhere.root / one.address}" in reasons[linked]
+    assert f"{version} is a symlink to" in reasons[two.address]
+    assert server.alias(namespace, linked) is None
+    assert server.alias(namespace, two.address) is None
+    assert server.alias(namespace, inside.address) is not None
+
+
+def test_a_symlink_that_stays_in_src_is_imported(
+    tmp_path: Path, server: Server, namespace: str, neffcache: Run
+) -> None:
+    cache = StockCache(tmp_path / "cache")
+    placed = cache.add("block_a")
+    version = placed.address.split("/")[0]
+    other = "neuronxcc-2.20.9961.0+ffffffff"
+    (cache.root / other).symlink_to(version)  # relative: the same folder, another build
+    code, out, _ = neffcache(
+        "import", str(cache.root), "--server", server.url, "--namespace", namespace, "--json"
+    )
+    assert code == 0
+    assert counts(out) == {"imported": 2}
+    assert server.alias(namespace, placed.address) is not None
+    assert server.alias(namespace, placed.address.replace(version, other)) is not None
+
+
+def test_one_unreadable_entry_folder_does_not_stop_the_import(
+    tmp_path: Path,
+    server: Server,
+    namespace: str,
+    neffcache: Run,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Tests run as root, where mode 0700 hides nothing: listing that one folder raises
+    # PermissionError, as it would for another user's folder.
+    cache = StockCache(tmp_path / "cache")
+    good = cache.add("block_a")
+    bad = cache.add("variant_shape")
+    forbidden = cache.root / bad.address
+    real_iterdir = Path.iterdir
+
+    def iterdir(self: Path) -> Any:
+        if self == forbidden:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_iterdir(self)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    code, out, _ = neffcache(
+        "import", str(cache.root), "--server", server.url, "--namespace", namespace, "--json"
+    )
+    assert code == 1
+    assert counts(out) == {"imported": 1, "error": 1}
+    (detail,) = json.loads(out)["details"]
+    assert detail["address"] == bad.address
+    assert "Permission denied" in detail["reason"]
+    assert server.alias(namespace, good.address) is not None

@@ -8,19 +8,26 @@ import json
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, BinaryIO
 
 import blake3
 import httpx
 import pytest
-from bridge.layout import StockCache
+from bridge.layout import StockCache, standard_cache
 
 from neffcache.server.bridge.cli import resolve_server
 from neffcache.server.bridge.exporter import Filters, parse_since
-from neffcache.server.bridge.importer import import_cache, publish
+from neffcache.server.bridge.importer import Outcome, import_cache, key_entry, publish
 from neffcache.server.bridge.remote import Refused, Remote, Unusable
 from neffcache.server.bridge.report import Progress
-from neffcache.server.bridge.stock import DirectorySource, State, classify, is_artifact
+from neffcache.server.bridge.stock import (
+    DirectorySource,
+    ReadError,
+    State,
+    classify,
+    is_artifact,
+)
 
 Handler = Callable[[httpx.Request], httpx.Response]
 
@@ -59,11 +66,15 @@ def test_directory_listing_finds_entries_of_every_version_and_skips_hidden_folde
     cache.add("block_a")
     cache.add("block_a", version="2.21.1.0+abcdef12")
     (tmp_path / "cache" / "lock").write_text("")  # the cache-wide lock file
-    (tmp_path / "cache" / "0_REGISTRY").mkdir()  # optimum-neuron's registry
+    # optimum-neuron's registry, beside the entries of a version (facts §10.3).
+    registry = tmp_path / "cache" / "neuronxcc-2.21.1.0+abcdef12" / "0_REGISTRY"
+    (registry / "0.0.28" / "ab12").mkdir(parents=True)
+    (registry / "0.0.28" / "ab12" / "cd34.json").write_text("{}")
     (tmp_path / "cache" / "neuronxcc-2.21.1.0+abcdef12" / ".MODULE_1+00000000.ab.partial").mkdir()
     entries = DirectorySource(cache.root).entries()
     assert [e.address for e in entries] == sorted(p.address for p in cache.placed)
     assert entries[0].sizes["model.done"] == 0
+    assert [e.problem for e in entries] == [None, None]
 
 
 def file_with(tmp_path: Path, data: bytes) -> tuple[str, Path]:
@@ -86,7 +97,14 @@ def test_publish_retries_once_when_the_server_lost_a_blob(tmp_path: Path) -> Non
         return httpx.Response(201)
 
     manifest = {"key": "a" * 64, "files": {"model.neff": {"digest": digest, "size": 4}}}
-    assert publish(scripted(handler), manifest, {digest: path}) == ("imported", None)
+    opened: list[str] = []
+
+    def open_file(name: str) -> BinaryIO:
+        opened.append(name)
+        return path.open("rb")
+
+    assert publish(scripted(handler), manifest, open_file) == Outcome("imported")
+    assert opened == ["model.neff", "model.neff"]
     entry = f"PUT /v1/ns/team-a/entries/{'a' * 64}"
     blob = f"PUT /v1/blobs/{digest}"
     assert calls == ["POST /v1/blobs/missing", blob, entry] * 2
@@ -127,6 +145,8 @@ def test_a_server_error_is_that_entry_s_error_and_the_run_goes_on(tmp_path: Path
             if len(seen) == 1:
                 return httpx.Response(503, json={"detail": "index down"})
             return httpx.Response(200, json={"key": "k"})
+        if request.method == "PUT" and "/aliases/" in request.url.path:
+            return httpx.Response(200)  # the present entry's aliases were there
         raise AssertionError(request)
 
     report = import_cache(
@@ -169,16 +189,17 @@ def test_a_server_without_listing_is_unusable_for_export() -> None:
 
 def test_listing_follows_next_until_null() -> None:
     asked: list[str] = []
+    first, second = "1" * 64, "2" * 64
 
     def handler(request: httpx.Request) -> httpx.Response:
         asked.append(str(request.url.params))
         after = request.url.params.get("after")
         if after is None:
-            return httpx.Response(200, json={"entries": [{"key": "1"}], "next": "1"})
-        return httpx.Response(200, json={"entries": [{"key": "2"}], "next": None})
+            return httpx.Response(200, json={"entries": [{"key": first}], "next": first})
+        return httpx.Response(200, json={"entries": [{"key": second}], "next": None})
 
-    assert list(scripted(handler).pages(limit=1)) == [[{"key": "1"}], [{"key": "2"}]]
-    assert asked == ["limit=1", "limit=1&after=1"]
+    assert list(scripted(handler).pages(limit=1)) == [[{"key": first}], [{"key": second}]]
+    assert asked == ["limit=1", f"limit=1&after={first}"]
 
 
 @pytest.mark.parametrize(
@@ -242,3 +263,120 @@ def test_import_manifest_has_the_client_shape(tmp_path: Path) -> None:
     assert sorted(manifest) == ["components", "direct_key", "files", "key", "neuron_address"]
     assert manifest["neuron_address"] == placed.address
     assert sorted(manifest["files"]) == sorted(placed.artifacts)
+
+
+# --- found in review ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"entries": []},
+        [],
+        {"entries": [1], "next": None},
+        {"entries": {"a": 1}, "next": None},
+        {"entries": [], "next": "not a key"},
+    ],
+)
+def test_a_listing_of_another_shape_is_a_one_line_error(body: Any) -> None:
+    remote = scripted(lambda request: httpx.Response(200, json=body))
+    with pytest.raises(Unusable, match="answered the entry listing with") as raised:
+        list(remote.pages())
+    assert "\n" not in str(raised.value)
+
+
+def test_a_listing_whose_next_does_not_move_on_ends() -> None:
+    asked: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.params.get("after"))
+        if len(asked) > 5:
+            raise AssertionError("asked for the same page again and again")
+        return httpx.Response(200, json={"entries": [], "next": "a" * 64})
+
+    with pytest.raises(Unusable, match=f"next key '{'a' * 64}' that does not follow"):
+        list(scripted(handler).pages())
+    assert asked == [None, "a" * 64]
+
+
+def test_a_blob_longer_than_its_size_is_cut_off_not_written(tmp_path: Path) -> None:
+    sent = 0
+
+    def endless() -> Any:
+        nonlocal sent
+        for _ in range(64):
+            sent += 1 << 16
+            yield b"x" * (1 << 16)
+
+    remote = scripted(lambda request: httpx.Response(200, content=endless()))
+    with pytest.raises(Refused, match="more than the 10 bytes expected"):
+        remote.fetch_blob("a" * 64, 10, tmp_path / "blob")
+    assert (tmp_path / "blob").stat().st_size <= 10
+    assert sent < 64 << 16  # it stopped reading too
+
+
+def test_a_symlink_planted_after_the_listing_is_not_read(tmp_path: Path) -> None:
+    # The listing saw a regular file; a symlink swapped in before the import opens it
+    # is refused on what was opened.
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"private")
+    cache = StockCache(tmp_path / "cache")
+    placed = cache.add("block_a")
+    source = DirectorySource(cache.root)
+    (entry,) = source.entries()
+    assert entry.problem is None
+    neff = cache.root / placed.address / "model.neff"
+    neff.unlink()
+    neff.symlink_to(secret)
+    with pytest.raises(ReadError, match="outside"):
+        source.open_file(entry, "model.neff", tmp_path)
+    followed = DirectorySource(cache.root, follow_symlinks=True)
+    with followed.open_file(entry, "model.neff", tmp_path) as f:
+        assert f.read() == b"private"
+
+
+def test_symlinks_that_stay_in_the_source_are_read(tmp_path: Path) -> None:
+    cache = StockCache(tmp_path / "cache")
+    placed = cache.add("block_a")
+    shared = cache.root / "shared.neff"  # a deduplicated blob kept in the cache
+    neff = cache.root / placed.address / "model.neff"
+    neff.rename(shared)
+    neff.symlink_to(Path("..") / ".." / "shared.neff")
+    source = DirectorySource(cache.root)
+    (entry,) = source.entries()
+    assert entry.problem is None
+    assert entry.sizes["model.neff"] == len(placed.files["model.neff"])
+    with source.open_file(entry, "model.neff", tmp_path) as f:
+        assert f.read() == placed.files["model.neff"]
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_the_importer_keys_an_entry_as_the_client_hook_does(tmp_path: Path, index: int) -> None:
+    # The client's persistent-cache hook keys the same folder (proxy.Core._keys) when
+    # the SDK asks for it: the import is found only if both agree.
+    from neffcache.client.config import ClientConfig
+    from neffcache.client.proxy import Core
+
+    cache = standard_cache(tmp_path / "cache")
+    placed = cache.successes()[index]
+    source = DirectorySource(cache.root)
+    entry = next(e for e in source.entries() if e.address == placed.address)
+    keyed = key_entry(source, entry, None, tmp_path)
+    env = {
+        "NEFFCACHE_URL": "neffcache+http://127.0.0.1:9/team-a",
+        "NEFFCACHE_LOCAL_DIR": str(tmp_path / "l1"),
+    }
+    config = ClientConfig.from_env(env)
+    assert config is not None
+    core = Core(SimpleNamespace(cache_path=str(cache.root)), config)
+    try:
+        found = core._keys(cache.root / placed.address, placed.address, environ={})
+    finally:
+        core.remote.close()
+    assert found is not None
+    direct, canonical = found
+    assert keyed.address == placed.address
+    assert keyed.direct.key == direct.key
+    assert keyed.canonical.key == canonical().key
+    assert keyed.canonical.as_json() == canonical().as_json()

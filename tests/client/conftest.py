@@ -65,3 +65,20 @@ def silent_server() -> Iterator[SilentServer]:
 @pytest.fixture
 def unused_port() -> int:
     return free_port()
+
+
+# Seconds: the lease_ttl_seconds of ``short_ttl_server``.
+LEASE_TTL = 1.5
+
+
+@pytest.fixture
+def short_ttl_server(tmp_path: Path) -> Iterator[str]:
+    """``http://127.0.0.1:<port>`` of a ``neffcache serve`` whose leases live
+    ``LEASE_TTL`` seconds (tests/herd.py's server)."""
+    from herd import _Server
+
+    root = tmp_path / "short-ttl-server"
+    root.mkdir()
+    server = _Server(root, LEASE_TTL)
+    yield server.url
+    server.stop()

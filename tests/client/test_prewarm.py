@@ -17,6 +17,15 @@ Readings of the brief these tests commit to:
 * An entry found by address but compiled under another environment is ``missing``
   (the hook would not serve it either).
 * A prewarm that fails leaves no blob, manifest or stock entry in L1.
+* A graph the server knows from another trace of the same program is put into L1
+  under this run's own keys and stock addresses too; keys are never linked through an
+  address alone (it does not cover the environment).
+* A graph named by stock address alone (the hook's lines) goes into its stock entry
+  only, not into the blob store.
+* Prewarm neither writes nor obeys the host's "server down" mark; a failed graph is
+  tried once more, and after 5 graphs in a row failed the rest count as failed.
+* Ctrl-C ends it with exit 130 within seconds and no ``.fetch-*`` file left; such
+  files more than an hour old (a killed download's) are removed when it starts.
 """
 
 from __future__ import annotations
@@ -24,7 +33,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +62,10 @@ from client.e2e_harness import (
 )
 from client.unit_support import no_server_down
 
+from neffcache.client import prewarm as prewarm_module
 from neffcache.client.cli import main
 from neffcache.client.local import LocalStore
-from neffcache.client.prewarm import Progress
+from neffcache.client.prewarm import GIVE_UP, Progress
 from neffcache.client.prewarm import read_run_manifest as read_graphs
 from neffcache.client.proxy import entry_lock_name
 
@@ -203,6 +216,11 @@ def test_hook_run_prewarmed_runs_again_from_l1_alone(
         entry = fresh / stock_address(name)
         assert (entry / "model.neff").read_bytes() == neff
         assert (entry / "model.done").read_bytes() == b""
+    # Straight into the stock entries: the NEFFs are not kept in the blob store too.
+    assert [f for f in stored_files(fresh) if f.startswith(".neffcache/blobs/")] == []
+    # Each entry's files once, a file two entries share (the flags) twice.
+    entries = [server.alias(sandbox.namespace, stock_address(name)) for name in names]
+    assert result["bytes"] == sum(distinct_bytes(entry) for entry in entries)
 
     second = sandbox.root / "run-2.jsonl"
     offline = cache_url(unused_port, sandbox.namespace)
@@ -336,8 +354,11 @@ def test_read_run_manifest_groups_and_orders_ids(tmp_path: Path) -> None:
 # --- prewarm beside a starting job -------------------------------------------------------
 
 
-def publish(server: Server, namespace: str, address: str) -> dict[str, Any]:
-    """An entry with a NEFF under ``address``, published by hand."""
+def publish(
+    server: Server, namespace: str, address: str | None = None, **fields: Any
+) -> dict[str, Any]:
+    """An entry with a NEFF under ``address`` (and ``fields``: a key, a direct key),
+    published by hand."""
     neff = os.urandom(4096)
     digest = blake3_hex(neff)
     put = httpx.put(f"{server.url}/v1/blobs/{digest}", content=neff, timeout=10, trust_env=False)
@@ -347,7 +368,10 @@ def publish(server: Server, namespace: str, address: str) -> dict[str, Any]:
         "neuron_address": address,
         "components": {"env": {}},
         "files": {"model.neff": {"digest": digest, "size": len(neff)}},
+        **fields,
     }
+    if address is None:
+        del manifest["neuron_address"]
     put = httpx.put(
         f"{server.url}/v1/ns/{namespace}/entries/{manifest['key']}",
         json=manifest,
@@ -361,16 +385,16 @@ def publish(server: Server, namespace: str, address: str) -> dict[str, Any]:
 def test_the_stock_entry_is_written_under_the_hooks_lock(server: Server, sandbox: Sandbox) -> None:
     address = f"neuronxcc-{STANDIN_VERSION}/MODULE_77+0acef03a"
     published = publish(server, sandbox.namespace, address)
-    digest = published["files"]["model.neff"]["digest"]
     manifest = write_lines(sandbox.root / "run.jsonl", {"neuron_address": address})
     l1 = sandbox.new_dir("l1")
     env = sandbox.env(l1=l1, url=server.cache_url(sandbox.namespace))
     argv = [*NEFFCACHE, "prewarm", "--manifest", str(manifest), "--json"]
     entry = l1 / address
+    by_key = l1 / ".neffcache" / "keys" / published["key"][:2] / f"{published['key']}.json"
     with LocalStore(l1).lock(entry_lock_name(address), "the test's rank"):
         running = sandbox.start(argv, env)
-        blob = LocalStore(l1).blob_path(digest)
-        wait_for(blob.exists, 30, "prewarm to fetch the blob")
+        # The manifest is recorded by key just before the stock entry is written.
+        wait_for(by_key.exists, 30, "prewarm to record the manifest")
         time.sleep(0.3)
         assert running.poll() is None, "prewarm did not wait for the entry lock"
         assert not entry.exists()
@@ -380,11 +404,244 @@ def test_the_stock_entry_is_written_under_the_hooks_lock(server: Server, sandbox
         (entry / "model.done").write_bytes(b"")
     done = running.wait(30)
     assert done.returncode == 0, done.describe()
-    assert summary(done)["fetched"] == 1
+    assert (summary(done)["fetched"], summary(done)["bytes"]) == (1, 0)
     assert (entry / "model.neff").read_bytes() == b"the rank's"
-    assert (
-        l1 / ".neffcache" / "keys" / published["key"][:2] / f"{published['key']}.json"
-    ).is_file()
+
+
+# --- another trace of the same program ---------------------------------------------------
+
+TRACE_A = f"neuronxcc-{STANDIN_VERSION}/MODULE_111+0123abcd"  # this run's trace
+TRACE_B = f"neuronxcc-{STANDIN_VERSION}/MODULE_222+0123abcd"  # the one that published
+
+
+def same_entry(found: dict[str, Any] | None, published: dict[str, Any]) -> bool:
+    """``found`` is the server's copy of ``published`` (which adds its own fields)."""
+    return found is not None and all(found.get(k) == v for k, v in published.items())
+
+
+def test_a_graph_found_under_another_trace_is_prewarmed_for_this_runs_keys(
+    server: Server, sandbox: Sandbox
+) -> None:
+    # The run named the graph by key K, its own direct key D_A and its own address A;
+    # the server's entry for K was published by another trace (D_B, B). The next run
+    # computes D_A (wrapper) and probes A (hook) again: both must be in L1.
+    key, direct_a, direct_b = fake_key(1), fake_key(2), fake_key(3)
+    published = publish(server, sandbox.namespace, TRACE_B, key=key, direct_key=direct_b)
+    manifest = write_lines(
+        sandbox.root / "run.jsonl",
+        {"via": "wrapper", "key": key, "direct_key": direct_a, "neuron_address": TRACE_A},
+    )
+    l1 = sandbox.new_dir("l1")
+    done = prewarm(sandbox, sandbox.env(l1=l1, url=server.cache_url(sandbox.namespace)), manifest)
+    assert done.returncode == 0, done.describe()
+    assert (summary(done)["fetched"], summary(done)["bytes"]) == (1, distinct_bytes(published))
+    local = LocalStore(l1)
+    for name in (key, direct_a, direct_b):
+        assert same_entry(local.manifest(name), published), name
+    neff = local.blob_path(published["files"]["model.neff"]["digest"]).read_bytes()
+    for address in (TRACE_A, TRACE_B):
+        assert (l1 / address / "model.done").is_file(), address
+        assert (l1 / address / "model.neff").read_bytes() == neff
+
+
+def test_keys_that_share_only_an_address_are_not_linked(server: Server, sandbox: Sandbox) -> None:
+    # Two compiles of one HLO under other XLA_FLAGS share the stock address but not
+    # the key: the entry of one must never be recorded under the other's key.
+    mine, other = fake_key(1), fake_key(2)
+    published = publish(server, sandbox.namespace, TRACE_A, key=mine)
+    manifest = write_lines(
+        sandbox.root / "run.jsonl",
+        {"key": mine, "neuron_address": TRACE_A},
+        {"key": other, "neuron_address": TRACE_A},
+    )
+    l1 = sandbox.new_dir("l1")
+    done = prewarm(sandbox, sandbox.env(l1=l1, url=server.cache_url(sandbox.namespace)), manifest)
+    assert done.returncode == 0, done.describe()
+    assert summary(done)["graphs"] == 1
+    assert same_entry(LocalStore(l1).manifest(mine), published)
+    assert LocalStore(l1).manifest(other) is None
+    assert (l1 / TRACE_A / "model.done").is_file()
+
+
+# --- server trouble and interruption -------------------------------------------------------
+
+
+class _FaultHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _FaultServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def do_GET(self) -> None:  # prewarm sends nothing but GETs
+        faults = self.server.faults
+        if "/entries/" in self.path:
+            faults.entry_lookups += 1
+            if faults.entry_lookups <= faults.fail_entries:
+                self.send_response(503)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+        headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+        upstream = faults.upstream.get(self.path, headers=headers)
+        data = upstream.content
+        self.send_response(upstream.status_code)
+        self.send_header("Content-Type", upstream.headers.get("content-type", "text/plain"))
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if faults.stall_blobs and self.path.startswith("/v1/blobs/"):
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            faults.released.wait(30)  # the rest never comes
+            self.close_connection = True
+            return
+        self.wfile.write(data)
+
+
+class _FaultServer(ThreadingHTTPServer):
+    daemon_threads = True
+    faults: FaultyProxy
+
+
+class FaultyProxy:
+    """A proxy to a real server that answers 503 to the first ``fail_entries`` entry
+    lookups and, with ``stall_blobs``, sends half of each blob and then nothing."""
+
+    def __init__(self, upstream: str, *, fail_entries: int = 0, stall_blobs: bool = False):
+        self.upstream = httpx.Client(base_url=upstream, timeout=30, trust_env=False)
+        self.fail_entries = fail_entries
+        self.stall_blobs = stall_blobs
+        self.entry_lookups = 0
+        self.released = threading.Event()
+        self._server = _FaultServer(("127.0.0.1", 0), _FaultHandler)
+        self._server.faults = self
+        self.port: int = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.released.set()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+        self.upstream.close()
+
+
+def publish_keys(server: Server, namespace: str, n: int) -> list[str]:
+    return [publish(server, namespace, key=fake_key(i))["key"] for i in range(n)]
+
+
+def down_mark(l1: Path, server: Server) -> Path:
+    """Where a client marks ``server`` down for the host (Remote._mark_path)."""
+    return l1 / ".neffcache" / "down" / blake3_hex(server.url.encode())[:16]
+
+
+def test_one_server_hiccup_fails_no_graph_and_marks_nothing_down(
+    server: Server, sandbox: Sandbox
+) -> None:
+    keys = publish_keys(server, sandbox.namespace, 4)
+    manifest = write_lines(sandbox.root / "run.jsonl", *({"key": k} for k in keys))
+    l1 = sandbox.new_dir("l1")
+    proxy = FaultyProxy(server.url, fail_entries=1)
+    try:
+        env = sandbox.env(l1=l1, url=cache_url(proxy.port, sandbox.namespace))
+        done = prewarm(sandbox, env, manifest, "--parallel", "1")
+    finally:
+        proxy.close()
+    assert done.returncode == 0, done.describe()
+    assert proxy.entry_lookups == 5  # the 503, its graph's second try, three more
+    result = summary(done)
+    assert (result["fetched"], result["failed"]) == (4, 0)
+    # The job that follows is not told to skip the server because of it.
+    assert not (l1 / ".neffcache" / "down").exists()
+
+
+def test_a_down_mark_left_by_a_job_does_not_stop_prewarm(server: Server, sandbox: Sandbox) -> None:
+    keys = publish_keys(server, sandbox.namespace, 1)
+    manifest = write_lines(sandbox.root / "run.jsonl", {"key": keys[0]})
+    l1 = sandbox.new_dir("l1")
+    mark = down_mark(l1, server)
+    mark.parent.mkdir(parents=True)
+    mark.write_text(repr(time.time() + 600))
+    done = prewarm(sandbox, sandbox.env(l1=l1, url=server.cache_url(sandbox.namespace)), manifest)
+    assert done.returncode == 0, done.describe()
+    assert summary(done)["fetched"] == 1
+
+
+def test_prewarm_gives_up_after_graphs_fail_in_a_row(
+    server: Server,
+    namespace: str,
+    no_neffcache_env: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    no_server_down(monkeypatch)
+    monkeypatch.setattr(prewarm_module, "RETRY_PAUSE", 0.01)
+    keys = publish_keys(server, namespace, 4 * GIVE_UP)
+    manifest = write_lines(no_neffcache_env, *({"key": k} for k in keys))
+    proxy = FaultyProxy(server.url, fail_entries=10**6)
+    try:
+        monkeypatch.setenv("NEFFCACHE_URL", cache_url(proxy.port, namespace))
+        code = main(["prewarm", "--manifest", str(manifest), "--parallel", "1", "--json"])
+    finally:
+        proxy.close()
+    assert code == 1
+    out, _ = capsys.readouterr()
+    assert json.loads(out)["failed"] == 4 * GIVE_UP
+    assert "prewarm gives up" in caplog.text
+    # Each graph before it gave up was tried twice; the one under way may be too.
+    assert 2 * GIVE_UP <= proxy.entry_lookups <= 2 * GIVE_UP + 2
+
+
+def test_ctrl_c_exits_130_at_once_and_leaves_no_partial_file(
+    server: Server, sandbox: Sandbox
+) -> None:
+    # One graph the wrapper used (into the blob store), one the hook did (straight
+    # into its stock entry): both downloads hang half way when Ctrl-C comes.
+    keyed = publish(server, sandbox.namespace, key=fake_key(1))
+    publish(server, sandbox.namespace, TRACE_A)
+    manifest = write_lines(
+        sandbox.root / "run.jsonl", {"key": keyed["key"]}, {"neuron_address": TRACE_A}
+    )
+    l1 = sandbox.new_dir("l1")
+    proxy = FaultyProxy(server.url, stall_blobs=True)
+    try:
+        extra = {"NEFFCACHE_TIMEOUT": "60"}  # the stall must not end by itself
+        env = sandbox.env(l1=l1, url=cache_url(proxy.port, sandbox.namespace), extra=extra)
+        running = sandbox.start([*NEFFCACHE, "prewarm", "--manifest", str(manifest)], env)
+        wait_for(lambda: len(list(l1.rglob(".fetch-*"))) == 2, 30, "both downloads to begin")
+        interrupted = time.monotonic()
+        os.kill(running.pid, signal.SIGINT)
+        done = running.wait(30)
+    finally:
+        proxy.close()
+    assert done.returncode == 130, done.describe()
+    assert time.monotonic() - interrupted < prewarm_module.STOP_WAIT / 2, done.describe()
+    assert "neffcache prewarm: interrupted" in done.stderr
+    assert list(l1.rglob(".fetch-*")) == []
+    assert not LocalStore(l1).blob_path(keyed["files"]["model.neff"]["digest"]).exists()
+    assert not (l1 / TRACE_A / "model.done").exists()
+
+
+def test_old_temporary_files_are_removed_when_prewarm_starts(
+    server: Server, sandbox: Sandbox
+) -> None:
+    l1 = sandbox.new_dir("l1")
+    blobs = l1 / ".neffcache" / "blobs" / "ab"
+    entry = l1 / TRACE_A
+    old = [blobs / ".fetch-1.aaaa", entry / ".fetch-2.bbbb"]
+    new = [blobs / ".fetch-3.cccc", entry / ".fetch-4.dddd"]
+    for path in old + new:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"partial")
+    two_hours_ago = time.time() - 7200
+    for path in old:
+        os.utime(path, (two_hours_ago, two_hours_ago))
+    manifest = write_lines(sandbox.root / "run.jsonl", {"key": fake_key(1)})
+    done = prewarm(sandbox, sandbox.env(l1=l1, url=server.cache_url(sandbox.namespace)), manifest)
+    assert done.returncode == 0, done.describe()
+    assert [p.exists() for p in old + new] == [False, False, True, True]
 
 
 # --- bad input: one line, exit 2 ---------------------------------------------------------

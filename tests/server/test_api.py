@@ -782,3 +782,78 @@ def test_a_lone_surrogate_in_a_failure_log_is_400(client: TestClient) -> None:
     assert response.status_code == 400
     assert "Unicode" in response.json()["detail"]
     assert client.get(FAILURES).status_code == 404
+
+
+# --- adding an alias to an existing entry -----------------------------------------------
+
+
+def published(client: TestClient, key: str = "a" * 64, **extra: Any) -> str:
+    neff = b"NEFF for " + key.encode()
+    put_blob(client, neff)
+    url = f"/v1/ns/team-a/entries/{key}"
+    assert client.put(url, json=manifest({"model.neff": neff}, key=key, **extra)).status_code == 201
+    return key
+
+
+def test_put_alias_adds_one_and_keeps_the_first_key(client: TestClient) -> None:
+    key = published(client)
+    other = published(client, "c" * 64, neuron_address=ADDRESS.replace("+3cc9a3cb", "+00000000"))
+    for alias in (ADDRESS, "b" * 64):
+        url = f"/v1/ns/team-a/aliases/{alias}"
+        assert client.put(url, json={"key": key}).status_code == 201
+        assert client.put(url, json={"key": key}).status_code == 200
+        conflict = client.put(url, json={"key": other})
+        assert conflict.status_code == 409
+        assert "another key" in conflict.json()["detail"]
+        found = client.get(url)
+        assert found.status_code == 200
+        assert found.json() == client.get(f"/v1/ns/team-a/entries/{key}").json()
+    # An address an entry was published with keeps its key too.
+    taken = f"/v1/ns/team-a/aliases/{ADDRESS.replace('+3cc9a3cb', '+00000000')}"
+    assert client.put(taken, json={"key": key}).status_code == 409
+    assert client.get(taken).json()["key"] == other
+
+
+def test_put_alias_of_a_key_without_an_entry_is_404(client: TestClient) -> None:
+    published(client)
+    missing = client.put(f"/v1/ns/team-a/aliases/{ADDRESS}", json={"key": "c" * 64})
+    assert missing.status_code == 404
+    assert missing.json()["reason"] == "absent"
+    other_ns = client.put(f"/v1/ns/team-b/aliases/{ADDRESS}", json={"key": "a" * 64})
+    assert other_ns.status_code == 404
+    assert client.get(f"/v1/ns/team-a/aliases/{ADDRESS}").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("alias", "body"),
+    [
+        ("resnet", {"key": "a" * 64}),  # neither a direct key nor an address
+        ("A" * 64, {"key": "a" * 64}),
+        (ADDRESS, {"key": "A" * 64}),
+        (ADDRESS, {"key": "a" * 63}),
+        (ADDRESS, {"key": "a" * 64, "extra": 1}),
+        (ADDRESS, {}),
+        (ADDRESS, ["a" * 64]),
+        (ADDRESS, "not json"),
+    ],
+)
+def test_put_alias_refuses_a_bad_alias_or_body(client: TestClient, alias: str, body: Any) -> None:
+    published(client)
+    url = f"/v1/ns/team-a/aliases/{alias}"
+    content = body if isinstance(body, str) else json.dumps(body)
+    response = client.put(url, content=content)
+    assert response.status_code == 400
+    assert response.json()["detail"]
+    assert client.get(f"/v1/ns/team-a/aliases/{ADDRESS}").status_code == 404
+
+
+def test_put_alias_needs_a_write_token_for_the_namespace(client: TestClient) -> None:
+    key = published(client)  # before any token exists
+    admin = admin_token(client)
+    reader = make_token(client, admin, "read", ["team-a"])
+    writer_b = make_token(client, admin, "write", ["team-b"])
+    writer_a = make_token(client, admin, "write", ["team-a"])
+    url = f"/v1/ns/team-a/aliases/{ADDRESS}"
+    for token, status in [(None, 401), (reader, 403), (writer_b, 403), (writer_a, 201)]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        assert client.put(url, json={"key": key}, headers=headers).status_code == status

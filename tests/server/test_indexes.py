@@ -747,3 +747,78 @@ def test_sqlite_sweeps_expired_leases_of_other_names(tmp_path: Path) -> None:
     with sqlite3.connect(tmp_path / "index.db") as conn:
         assert conn.execute("SELECT count(*) FROM leases").fetchall() == [(1,)]
     index.close()
+
+
+# --- adding aliases to an existing entry ------------------------------------------------
+
+
+def test_add_alias_names_an_existing_entry(index: Index) -> None:
+    index.put_entry(entry(KEY), ("resnet",))
+    assert index.add_alias("team-a", LEASE_ADDRESS, KEY) is PutResult.CREATED
+    assert index.resolve_alias("team-a", LEASE_ADDRESS) == KEY
+    assert index.add_alias("team-a", LEASE_ADDRESS, KEY) is PutResult.SAME
+    assert index.add_alias("team-a", "resnet", KEY) is PutResult.SAME  # from put_entry
+
+
+def test_add_alias_keeps_the_first_key(index: Index) -> None:
+    index.put_entry(entry(KEY), ("resnet",))
+    index.put_entry(entry(OTHER_KEY, '{"neff":"22"}'), ())
+    assert index.add_alias("team-a", "resnet", OTHER_KEY) is PutResult.CONFLICT
+    assert index.resolve_alias("team-a", "resnet") == KEY
+    # An alias added first is kept by a later put_entry too.
+    assert index.add_alias("team-a", "shared", OTHER_KEY) is PutResult.CREATED
+    index.put_entry(entry("ef" * 32, '{"neff":"33"}'), ("shared",))
+    assert index.resolve_alias("team-a", "shared") == OTHER_KEY
+
+
+def test_add_alias_needs_the_entry_in_that_namespace(index: Index) -> None:
+    assert index.add_alias("team-a", "resnet", KEY) is None
+    index.put_entry(entry(KEY, namespace="team-b"), ())
+    assert index.add_alias("team-a", "resnet", KEY) is None
+    assert index.resolve_alias("team-a", "resnet") is None
+    assert index.add_alias("team-b", "resnet", KEY) is PutResult.CREATED
+    assert index.resolve_alias("team-a", "resnet") is None
+    assert index.list_entries("team-a", None, 10) == []
+
+
+def test_racing_alias_adders_agree_on_one_key(store: Store) -> None:
+    handles = [store.open() for _ in range(8)]
+    keys = [f"{i:02x}" * 32 for i in range(8)]
+    for key in keys:
+        handles[0].put_entry(entry(key, f'{{"k":"{key[:4]}"}}'), ())
+    start = threading.Barrier(32)
+
+    def add(i: int) -> PutResult | None:
+        start.wait()
+        return handles[i % 8].add_alias("team-a", "contested", keys[i % 8])
+
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(add, range(32)))
+    assert results.count(PutResult.CREATED) == 1
+    winner = handles[0].resolve_alias("team-a", "contested")
+    assert winner == keys[results.index(PutResult.CREATED) % 8]
+    same = [r for i, r in enumerate(results) if keys[i % 8] == winner]
+    assert sorted(r.value for r in same if r is not None) == ["created", "same", "same", "same"]
+
+
+def test_redis_lists_an_entry_written_before_the_listing_once_put_again(
+    redis_server: str,
+) -> None:
+    # A server older than the listing wrote the entry without its member in
+    # neffcache:keys:{ns} (simulated by removing it): putting it again lists it.
+    client = redis.Redis.from_url(redis_server, decode_responses=True)
+    client.flushdb()
+    index = RedisIndex.from_url(redis_server)
+    try:
+        old, other = entry(KEY), entry(OTHER_KEY, '{"neff":"22"}')
+        assert index.put_entry(old, ()) is PutResult.CREATED
+        assert index.put_entry(other, ()) is PutResult.CREATED
+        client.delete("neffcache:keys:team-a")
+        assert index.list_entries("team-a", None, 100) == []
+        assert index.put_entry(entry(KEY, created_at=9.5), ()) is PutResult.SAME
+        assert index.list_entries("team-a", None, 100) == [old]
+        assert index.put_entry(entry(OTHER_KEY, '{"neff":"99"}'), ()) is PutResult.CONFLICT
+        assert index.list_entries("team-a", None, 100) == [old, other]
+    finally:
+        index.close()
+        client.close()

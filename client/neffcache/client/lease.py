@@ -19,7 +19,8 @@ import atexit
 import os
 import threading
 import time
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
@@ -32,12 +33,14 @@ _POLL = 30.0
 
 class Wait(NamedTuple):
     """What to do after asking: ``done`` (``entry`` is the published entry), ``granted``
-    (compile, then ``release``), ``failed`` (the holder's compile failed) or
-    ``compile`` (no lease: compile without one; ``reason`` says why)."""
+    (compile, then ``release``), ``failed`` (the holder's compile failed; ``failure``
+    is its record when the server has it), ``free`` (nobody holds it; asked without
+    taking) or ``compile`` (no lease: compile without one; ``reason`` says why)."""
 
     state: str
     entry: Manifest | None = None
     reason: str = ""
+    failure: dict[str, Any] | None = None  # the holder's failure record, when failed
 
 
 def holder_name() -> str:
@@ -45,20 +48,35 @@ def holder_name() -> str:
 
 
 class Leases:
-    def __init__(self, remote: Remote, config: ClientConfig) -> None:
+    def __init__(
+        self,
+        remote: Remote,
+        config: ClientConfig,
+        before_exit: Callable[[], object] | None = None,
+    ) -> None:
+        """``before_exit``: run at interpreter exit before the leases still held are
+        released (the hook's publish flush: a waiter woken by a release must find the
+        entry, whichever of the two exit handlers was registered first)."""
         self.remote = remote
         self.config = config
+        self._before_exit = before_exit
         self._held: dict[str, tuple[str, float]] = {}  # name -> (lease id, ttl)
         self._lock = threading.Lock()
         self._changed = threading.Event()
         self._renewer: threading.Thread | None = None
 
     def acquire_or_wait(
-        self, name: str, expected: float | None = None, began: float | None = None
+        self,
+        name: str,
+        expected: float | None = None,
+        began: float | None = None,
+        take: bool = True,
     ) -> Wait:
         """Hold the lease on ``name``, or wait for whoever holds it (see the module).
         ``began`` (``time.time()``): when the caller began waiting for this graph (on
-        a local lock, say), so that a failure since then is reported to it."""
+        a local lock, say), so that a failure since then is reported to it. With
+        ``take=False`` only wait: a free name answers ``free`` at once (the hook's
+        first probe, which may well not be followed by a compile)."""
         if not self.config.leases:
             return Wait("compile", reason="leases are off (NEFFCACHE_LEASES=0)")
         with self._lock:
@@ -73,12 +91,21 @@ class Leases:
         poll = 0.0  # the first question does not wait: its answer sets the bound
         dead: str | None = None
         while True:
-            waited = earlier + time.monotonic() - started
+            asked_at = time.monotonic()
+            waited = earlier + asked_at - started
             answer = self.remote.lease(
-                name, poll, holder_name(), expected=expected, waited=waited, dead_holder=dead
+                name,
+                poll,
+                holder_name(),
+                expected=expected,
+                waited=waited,
+                dead_holder=dead,
+                take=take,
             )
             if answer is None:
                 return Wait("compile", reason="the server gave no lease")
+            if answer.state == "free":
+                return Wait("free", reason="nobody compiles it")
             if answer.state == "done" and answer.entry is not None:
                 if give_up_at is not None:
                     STATS.count("lease_waits")
@@ -89,13 +116,20 @@ class Leases:
                 return Wait("granted")
             if answer.state == "failed":
                 STATS.count("lease_failures_seen")
-                return Wait("failed", reason=f"{answer.holder} failed to compile it")
+                reason = f"{answer.holder} failed to compile it"
+                return Wait("failed", reason=reason, failure=answer.failure)
             if answer.state != "held":
                 return Wait("compile", reason=f"the server answered {answer.state!r}")
-            if answer.holder != dead and _dead_here(answer.holder):
+            here = _on_this_host(answer.holder)
+            if here is False:
                 # Killed on this host: its lease would outlive it by up to a TTL.
-                dead, poll = answer.holder, 0.0
-                continue
+                if answer.holder != dead:
+                    dead, poll = answer.holder, 0.0
+                    continue
+            elif here:
+                # A live process on this host: ranks of one host already wait for
+                # each other on L1's locks, and it may be waiting on a lock we hold.
+                return Wait("compile", reason=f"{answer.holder} on this host compiles it")
             now = time.monotonic()
             bound = _bound(answer, self.config.lease_wait)
             if cap is None:
@@ -109,6 +143,11 @@ class Leases:
                 waited = now - started
                 return Wait("compile", reason=f"waited {waited:.0f} s for {answer.holder}")
             poll = min(_POLL, give_up_at - now)
+            quick = now - asked_at
+            if quick < poll / 2:
+                # The answer did not wait (a server that caps its long-polls at zero, a
+                # proxy that cuts them): pace the questions instead of spinning.
+                time.sleep(min(poll - quick, max(1.0, answer.ttl / 3)))
 
     def release(self, name: str, failed: bool = False) -> None:
         """End a held lease (after publishing, or after a failed compile)."""
@@ -123,6 +162,14 @@ class Leases:
         for name in names:
             self.release(name)
 
+    def _at_exit(self) -> None:
+        with self._lock:
+            if not self._held:
+                return
+        if self._before_exit is not None:
+            self._before_exit()
+        self.release_all()
+
     # -- renewing ---------------------------------------------------------------------
 
     def _hold(self, name: str, lease_id: str, ttl: float) -> None:
@@ -135,7 +182,7 @@ class Leases:
                     target=self._renew_loop, name="neffcache-lease", daemon=True
                 )
                 self._renewer.start()
-                atexit.register(self.release_all)
+                atexit.register(self._at_exit)
         self._changed.set()
 
     def _renew_loop(self) -> None:
@@ -147,7 +194,7 @@ class Leases:
                 self._changed.clear()
                 continue
             # A third of the shortest lifetime: two renewals may fail before it ends.
-            self._changed.wait(min(ttl for _, ttl in held.values()) / 3)
+            self._changed.wait(max(0.1, min(ttl for _, ttl in held.values()) / 3))
             self._changed.clear()
             for name, (lease_id, _) in held.items():
                 with self._lock:
@@ -161,21 +208,22 @@ class Leases:
                             del self._held[name]
 
 
-def _dead_here(holder: str) -> bool:
-    """Whether ``holder`` (``holder_name()`` of some process) was a process on this
-    host that no longer exists."""
+def _on_this_host(holder: str) -> bool | None:
+    """For ``holder`` (``holder_name()`` of some process): True when it is a live
+    process on this host, False when it was one and is gone, None when it is not
+    on this host (or not a name we made)."""
     host, sep, pid = holder.rpartition(" pid ")
-    if not sep or host != os.uname().nodename or not pid.isdigit():
-        return False
+    if not sep or host != os.uname().nodename or not pid.isdigit() or len(pid) > 9:
+        return None
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
-        return True
-    except OSError:  # exists, owned by someone else
         return False
-    return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
 
 
 def _bound(answer: LeaseAnswer, default: float) -> float:
     expected = answer.expected_seconds
-    return 2 * answer.ttl + (2 * expected if expected is not None else default)
+    return 2 * max(answer.ttl, 1.0) + (2 * expected if expected is not None else default)

@@ -11,18 +11,39 @@ address are one graph) and, on ``parallel`` threads (each with its own connectio
    for the hook (``proxy.same_environment``);
 2. fetches every blob the manifest names that L1 lacks into L1's blob store, under
    the per-blob lock the wrapper takes, so a rank starting meanwhile waits for this
-   download instead of doing its own (``Remote.fetch`` verifies, then renames);
-3. records the manifest in L1 under its canonical and direct keys: what the compiler
-   wrapper looks up;
-4. when the manifest has a stock address and was compiled under this environment,
-   writes the stock entry the hook serves, under the per-entry lock the hook takes,
-   with ``proxy.write_entry`` (every file verified, ``model.done`` last);
-   an entry whose ``model.done`` exists is left alone.
+   download instead of doing its own (``Remote.fetch`` verifies, then renames). Not
+   for a graph the run named by stock address alone (the hook's lines): the hook
+   never reads the blob store, so its files go straight into the stock entry (4.);
+3. records the manifest in L1 under its canonical and direct keys, and under every
+   key and direct key of the graph's lines linked to those (``names``): what the
+   wrapper looks up, for this run's trace too when the server's entry came from
+   another trace of the same program;
+4. when the manifest was compiled under this environment, writes the stock entry the
+   hook serves at every address of those lines, at the address it was found by and
+   at the manifest's own (not for a graph named by address alone: another trace's
+   address would cost a second download), under the per-entry lock the hook takes,
+   with ``proxy.write_entry`` (every file verified, ``model.done`` last); an entry
+   whose ``model.done`` exists is left alone.
 
-Nothing is ever half written, so a job may start while prewarm runs. Nothing here
-writes run-manifest lines or publishes. A graph ends as ``in_l1`` (nothing to do),
-``fetched``, ``missing`` (not on the server: the job will compile it) or ``failed``
-(server trouble, bytes that do not match their digest, an L1 that cannot be written).
+Lines are linked through keys only. A key covers the compile-affecting environment
+and an address does not, so two lines that share only an address may name two
+compiles (another ``XLA_FLAGS``): neither's manifest is recorded under the other's key.
+
+The server is never skipped on a timer and no host-wide "down" mark is read or
+written (``PrewarmRemote``): a job's back-off lets its graphs compile meanwhile, while
+prewarm has nothing to do but ask, and the job that follows must not skip the server
+because prewarm met a hiccup. A graph that fails is tried once more; after
+``GIVE_UP`` graphs in a row have failed the rest count as failed without being tried.
+Ctrl-C (``KeyboardInterrupt``) stops the threads, cuts their downloads (each removes
+its temporary file) and waits for them up to ``STOP_WAIT`` seconds. Temporary
+download files more than an hour old, which only a killed process leaves, are removed
+when prewarm starts.
+
+Every file is written under a temporary name and renamed, so a job may start while
+prewarm runs. Nothing here writes run-manifest lines or publishes. A graph ends as
+``in_l1`` (nothing to do), ``fetched``, ``missing`` (not on the server: the job will
+compile it) or ``failed`` (server trouble, bytes that do not match their digest, an L1
+that cannot be written).
 """
 
 from __future__ import annotations
@@ -32,6 +53,7 @@ import json
 import logging
 import queue
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterable
@@ -40,6 +62,7 @@ from typing import Any, NamedTuple, TextIO
 
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
+from neffcache.client.http import Connection
 from neffcache.client.local import LocalStore, atomic_write
 from neffcache.client.proxy import DONE, NEFF, entry_lock_name, same_environment, write_entry
 from neffcache.client.remote import Manifest, Remote
@@ -50,9 +73,16 @@ HEX64 = re.compile(r"[0-9a-f]{64}")
 # Which run-manifest fields name a graph, in the order they are looked up: the
 # canonical key (the most general), the direct key, the stock address.
 ID_FIELDS = ("key", "direct_key", "neuron_address")
+KEY_FIELDS = ID_FIELDS[:2]
 # Counters Remote raises when an answer of None was trouble rather than a miss.
 _TROUBLE = ("server_errors", "server_skipped", "auth_errors")
 STATUSES = ("in_l1", "fetched", "missing", "failed")
+RETRY_PAUSE = 1.0  # seconds before a failed graph's second try
+GIVE_UP = 5  # graphs failed in a row (each tried twice) before the rest are not tried
+STOP_WAIT = 10.0  # seconds an interrupted prewarm waits for its threads
+STALE_TEMP = 3600.0  # seconds after which a download's temporary file is a dead one's
+# Where Remote.fetch leaves its temporary files: L1's blob store and stock entries.
+_TEMPS = (".neffcache/blobs/*/.fetch-*", "neuronxcc-*/*/.fetch-*")
 
 Ident = tuple[str, str]  # (field, value), a field of ID_FIELDS
 
@@ -61,6 +91,13 @@ class Graph(NamedTuple):
     """One graph of a run: every identifier its run-manifest lines named."""
 
     ids: tuple[Ident, ...]  # in ID_FIELDS order, then first appearance
+    lines: tuple[tuple[Ident, ...], ...] = ()  # each distinct line's identifiers
+
+    @property
+    def by_address_only(self) -> bool:
+        """Named by stock addresses alone: the hook's lines, whose next run looks
+        nowhere but in the stock entries."""
+        return all(field == "neuron_address" for field, _ in self.ids)
 
 
 class RunManifest(NamedTuple):
@@ -155,6 +192,7 @@ def group(named: Iterable[list[Ident]]) -> list[Graph]:
     """Lines that share any identifier are one graph (union-find), in the order of
     their first appearance."""
     parent: dict[Ident, Ident] = {}
+    each = [tuple(ids) for ids in named]
 
     def root(node: Ident) -> Ident:
         while parent[node] != node:
@@ -162,7 +200,7 @@ def group(named: Iterable[list[Ident]]) -> list[Graph]:
             node = parent[node]
         return node
 
-    for ids in named:
+    for ids in each:
         for node in ids:
             parent.setdefault(node, node)
         for node in ids[1:]:
@@ -170,50 +208,161 @@ def group(named: Iterable[list[Ident]]) -> list[Graph]:
     members: dict[Ident, list[Ident]] = {}
     for node in parent:
         members.setdefault(root(node), []).append(node)
+    lines: dict[Ident, dict[tuple[Ident, ...], None]] = {top: {} for top in members}
+    for ids in each:
+        lines[root(ids[0])][ids] = None
     return [
-        Graph(tuple(sorted(nodes, key=lambda n: ID_FIELDS.index(n[0]))))
-        for nodes in members.values()
+        Graph(tuple(sorted(nodes, key=lambda n: ID_FIELDS.index(n[0]))), tuple(lines[top]))
+        for top, nodes in members.items()
     ]
+
+
+def names(graph: Graph, manifest: Manifest, found: Ident) -> tuple[list[str], list[str]]:
+    """The keys and stock addresses under which ``manifest`` (found by ``found``)
+    serves ``graph``: its own key and direct key, then those of every line that names
+    one of these keys (transitively), with those lines' addresses, the address it was
+    found by and its own (but for a graph named by address alone; see the module
+    docstring). Never through an address: it does not cover the environment."""
+    by_address = graph.by_address_only
+    keys: dict[str, None] = {}
+    addresses: dict[str, None] = {}
+    for f in ID_FIELDS:
+        v = manifest.get(f)
+        if isinstance(v, str) and valid_id(f, v) and (f in KEY_FIELDS or not by_address):
+            (keys if f in KEY_FIELDS else addresses)[v] = None
+    field, value = found
+    if field in KEY_FIELDS:
+        keys[value] = None
+    else:
+        addresses[value] = None
+    linked: set[tuple[Ident, ...]] = set()
+    while True:
+        new = [
+            line
+            for line in graph.lines
+            if line not in linked and any(f in KEY_FIELDS and v in keys for f, v in line)
+        ]
+        if not new:
+            break
+        linked.update(new)
+        for line in new:
+            for f, v in line:
+                (keys if f in KEY_FIELDS else addresses)[v] = None
+    return list(keys), list(addresses)
+
+
+# -- the server, as prewarm uses it ------------------------------------------------------
+
+
+class PrewarmRemote(Remote):
+    """``Remote`` as prewarm needs it. Never skipped after an error: no back-off and
+    no host-wide down mark, neither written nor obeyed (prewarm retries and gives up
+    by itself; see the module docstring). After ``stop`` is set every call returns at
+    once as trouble, and ``abort`` cuts the transfers under way, from any thread. The
+    bytes each thread downloaded are counted (``downloaded``)."""
+
+    def __init__(self, config: ClientConfig, stop: threading.Event) -> None:
+        super().__init__(config)
+        self.stop = stop
+        self._connections: set[Connection] = set()
+        self._connections_lock = threading.Lock()
+        self._counts = threading.local()
+
+    def available(self) -> bool:
+        return not self.stop.is_set()
+
+    def _mark_down(self, what: str, reason: object) -> None:
+        STATS.count("server_errors")
+        if not self.stop.is_set():  # a cut transfer is no news
+            log.warning("neffcache: %s failed (%s)", what, reason)
+
+    def _connection(self) -> Connection:
+        conn = super()._connection()
+        with self._connections_lock:
+            self._connections.add(conn)
+        return conn
+
+    def abort(self) -> None:
+        """Shut down every connection's socket: a thread blocked reading gets the end
+        of the stream at once, so its download fails and ``Remote.fetch`` removes its
+        temporary file. (Closing the socket would not wake the reader.)"""
+        with self._connections_lock:
+            connections = list(self._connections)
+        for conn in connections:
+            sock = conn._sock  # Connection has no abort of its own
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def fetch(self, digest: str, size: int, dest: Path) -> bool:
+        fetched = super().fetch(digest, size, dest)
+        if fetched:
+            self._counts.bytes = self.downloaded() + size
+        return fetched
+
+    def downloaded(self) -> int:
+        """Bytes this thread has downloaded so far."""
+        count: int = getattr(self._counts, "bytes", 0)
+        return count
 
 
 # -- one graph ---------------------------------------------------------------------------
 
 
 class Prewarmer:
-    """Puts graphs into L1; ``graph`` is safe to call from many threads at once."""
+    """Puts graphs into L1; ``warm`` is safe to call from many threads at once."""
 
     def __init__(self, config: ClientConfig) -> None:
         self.config = config
         self.root = Path(config.local_dir)
         self.local = LocalStore(config.local_dir)
-        self.remote = Remote(config)
+        self.stop = threading.Event()
+        self.remote = PrewarmRemote(config, self.stop)
 
-    def graph(self, graph: Graph) -> Outcome:
+    def warm(self, graph: Graph) -> Outcome:
+        """The graph, tried once more after a pause when it failed (a server hiccup,
+        a cut transfer), unless prewarm is stopping."""
+        outcome = self.attempt(graph)
+        if outcome.status == "failed" and not self.stop.wait(RETRY_PAUSE):
+            again = self.attempt(graph)
+            outcome = Outcome(again.status, outcome.bytes + again.bytes)
+        return outcome
+
+    def attempt(self, graph: Graph) -> Outcome:
+        if self.stop.is_set():
+            return Outcome("failed", 0)
+        start = self.remote.downloaded()
+        try:
+            status = self.graph(graph)
+        except Exception as exc:  # one graph's trouble is not the others'
+            log.warning("neffcache: prewarming %s failed: %s", graph.ids[0][1], exc)
+            status = "failed"
+        return Outcome(status, self.remote.downloaded() - start)
+
+    def graph(self, graph: Graph) -> str:
         """Every identifier of the graph not already covered by a manifest found for
-        another one is looked up; the worst outcome wins (failed, fetched, in L1,
+        another one is looked up; the worst status wins (failed, fetched, in L1,
         missing)."""
         covered: set[str] = set()
-        outcomes: list[Outcome] = []
+        statuses: list[str] = []
         for field, value in graph.ids:
             if value in covered:
                 continue
-            outcome, manifest = self._one(field, value)
-            outcomes.append(outcome)
+            status, served = self._one(graph, field, value)
+            statuses.append(status)
             covered.add(value)
-            if manifest is not None:
-                covered.update(v for f in ID_FIELDS if isinstance(v := manifest.get(f), str))
-        return combine(outcomes)
+            covered.update(served)
+        return worst(statuses)
 
-    def _one(self, field: str, value: str) -> tuple[Outcome, Manifest | None]:
+    def _one(self, graph: Graph, field: str, value: str) -> tuple[str, list[str]]:
+        """The status of one identifier and the names its manifest now serves."""
         if field == "neuron_address":
             if (self.root / value / DONE).exists():
-                return Outcome("in_l1", 0), None  # the hook serves it as it is
-            address: str | None = value
+                return "in_l1", []  # the hook serves it as it is
         else:
-            address = None
             local = self.local.manifest(value)
             if local is not None and blob_refs(local) is not None:
-                return self._complete(local, None), local
+                return self._complete(graph, local, (field, value))
         before = trouble()
         if field == "key":
             manifest = self.remote.entry(value)
@@ -223,48 +372,42 @@ class Prewarmer:
             manifest = same_environment(self.remote.alias(value))
         if manifest is None:
             failed = trouble() > before or not self.remote.available()
-            return Outcome("failed" if failed else "missing", 0), None
-        return self._complete(manifest, address), manifest
+            return "failed" if failed else "missing", []
+        return self._complete(graph, manifest, (field, value))
 
-    def _complete(self, manifest: Manifest, address: str | None) -> Outcome:
-        """Blobs, then the manifest by key, then the stock entry; ``in_l1`` when all
+    def _complete(self, graph: Graph, manifest: Manifest, found: Ident) -> tuple[str, list[str]]:
+        """Blobs, then the manifest by key, then the stock entries; ``in_l1`` when all
         of it was there already."""
         refs = blob_refs(manifest)
         if refs is None:
             log.warning("neffcache: the manifest of %s is unusable", manifest.get("key"))
-            return Outcome("failed", 0)
-        fetched = 0
-        for digest, size in refs:
-            got = self._blob(digest, size)
-            if got is None:
-                return Outcome("failed", fetched)
-            fetched += got
-        remembered = self._remember(manifest)
+            return "failed", []
+        keys, addresses = names(graph, manifest, found)
+        fetched = False
+        if not graph.by_address_only:
+            for digest, size in refs:
+                source = self.remote.fetch_into(self.local, digest, size)
+                if source is None:
+                    return "failed", []
+                fetched = fetched or source == "server"
+        remembered = self._remember(keys, manifest)
         if remembered is None:
-            return Outcome("failed", fetched)
-        address = address or manifest.get("neuron_address")
-        written: bool | None = False
-        if isinstance(address, str) and valid_id("neuron_address", address):
-            written = self._stock_entry(address, manifest)
-            if written is None:
-                return Outcome("failed", fetched)
-        wrote = fetched > 0 or remembered or written
-        return Outcome("fetched" if wrote else "in_l1", fetched)
+            return "failed", []
+        written = False
+        if addresses and same_environment(manifest) is not None:
+            for address in addresses:
+                wrote = self._stock_entry(address, manifest)
+                if wrote is None:
+                    return "failed", []
+                written = written or wrote
+        status = "fetched" if fetched or remembered or written else "in_l1"
+        return status, keys + addresses
 
-    def _blob(self, digest: str, size: int) -> int | None:
-        """Bytes downloaded (0: L1 has it), None when it could not be had. One
-        download per blob per host: the wrapper's ranks take the same lock."""
-        source = self.remote.fetch_into(self.local, digest, size)
-        return None if source is None else size if source == "server" else 0
-
-    def _remember(self, manifest: Manifest) -> bool | None:
-        """The manifest in L1 under its canonical and direct keys, where the wrapper
-        looks; True when written, False when there already, None when it could not be."""
+    def _remember(self, keys: list[str], manifest: Manifest) -> bool | None:
+        """The manifest in L1 under ``keys``, where the wrapper looks; True when
+        written, False when there already, None when it could not be."""
         wrote = False
-        for field in ("key", "direct_key"):
-            key = manifest.get(field)
-            if not isinstance(key, str) or not HEX64.fullmatch(key):
-                continue
+        for key in keys:
             if self.local.manifest(key) == manifest:
                 continue
             if not self.local.put_manifest(key, manifest):
@@ -273,10 +416,9 @@ class Prewarmer:
         return wrote
 
     def _stock_entry(self, address: str, manifest: Manifest) -> bool | None:
-        """Write ``<L1>/<address>/`` for the hook; True when written, False when
-        there was nothing to do (another environment's, or present), None on failure."""
-        if same_environment(manifest) is None:
-            return False  # the hook would not serve it here (facts §4.4)
+        """Write ``<L1>/<address>/`` for the hook (the caller checked the manifest's
+        environment: facts §4.4); True when written, False when present, None on
+        failure. Files L1's blob store lacks are fetched straight into the entry."""
         entry = self.root / address
         with self.local.lock(entry_lock_name(address), f"entry {address}"):
             if (entry / DONE).exists():
@@ -313,21 +455,36 @@ def blob_refs(manifest: Manifest) -> list[tuple[str, int]] | None:
     return sorted(refs.items())
 
 
-def combine(outcomes: list[Outcome]) -> Outcome:
-    total = sum(o.bytes for o in outcomes)
+def worst(statuses: list[str]) -> str:
     for status in ("failed", "fetched", "in_l1"):
-        if any(o.status == status for o in outcomes):
-            return Outcome(status, total)
-    return Outcome("missing", total)
+        if status in statuses:
+            return status
+    return "missing"
 
 
 def trouble() -> int:
     """How often Remote met trouble so far in this process. A None that comes with a
     rise is counted as a failure, not a miss; the count is process-wide, so a miss
-    that coincides with another thread's trouble counts as failed too (the run
-    fails either way)."""
+    that coincides with another thread's trouble counts as failed too (its second try
+    then finds it missing)."""
     counts = STATS.snapshot()
     return sum(counts.get(name, 0) for name in _TROUBLE)
+
+
+def remove_temps(root: Path, older_than: float = STALE_TEMP) -> int:
+    """Remove the download temporaries (``.fetch-*``) in L1's blob store and stock
+    entries last written more than ``older_than`` seconds ago: a live download writes
+    its file at least every ``NEFFCACHE_TIMEOUT``, so only a killed process leaves
+    one that old. How many were removed."""
+    now = time.time()
+    removed = 0
+    for pattern in _TEMPS:
+        for path in root.glob(pattern):
+            with contextlib.suppress(OSError):
+                if now - path.stat().st_mtime > older_than:
+                    path.unlink()
+                    removed += 1
+    return removed
 
 
 # -- all graphs --------------------------------------------------------------------------
@@ -340,22 +497,30 @@ def prewarm(
     progress: TextIO | None = None,
 ) -> Summary:
     """Put every graph of ``run`` into L1 on ``parallel`` threads; ``progress`` gets a
-    progress bar when it is a terminal."""
+    progress bar when it is a terminal. A KeyboardInterrupt is raised again once the
+    threads have stopped (or ``STOP_WAIT`` has passed)."""
     start = time.monotonic()
     worker = Prewarmer(config)
+    removed = remove_temps(worker.root)
+    if removed:
+        log.info("neffcache: removed %d temporary files left by killed downloads", removed)
     todo: queue.SimpleQueue[Graph | None] = queue.SimpleQueue()
     done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
     for graph in run.graphs:
         todo.put(graph)
-    threads = min(parallel, len(run.graphs))
-    for _ in range(threads):
-        todo.put(None)
-        # Daemons: an interrupted prewarm exits at once; every write is atomic.
-        threading.Thread(target=_work, args=(worker, todo, done), daemon=True).start()
+    # Daemons: a thread still stuck at STOP_WAIT (in a lock wait, say) does not keep
+    # an interrupted prewarm from exiting.
+    threads = [
+        threading.Thread(target=_work, args=(worker, todo, done), daemon=True)
+        for _ in range(min(parallel, len(run.graphs)))
+    ]
     counts = dict.fromkeys(STATUSES, 0)
-    fetched = 0
+    fetched = in_a_row = 0
     bar = Progress(progress, len(run.graphs), start)
     try:
+        for thread in threads:
+            todo.put(None)
+            thread.start()
         for finished in range(len(run.graphs)):
             outcome = None
             while outcome is None:
@@ -364,6 +529,18 @@ def prewarm(
                     outcome = done.get(timeout=0.1)
             counts[outcome.status] += 1
             fetched += outcome.bytes
+            in_a_row = in_a_row + 1 if outcome.status == "failed" else 0
+            if in_a_row == GIVE_UP:
+                log.warning(
+                    "neffcache: %d graphs in a row could not be fetched; "
+                    "prewarm gives up (the rest count as failed)",
+                    in_a_row,
+                )
+                worker.stop.set()
+    except KeyboardInterrupt:
+        bar.close()
+        stop_threads(worker, threads)
+        raise
     finally:
         bar.close()  # an interrupt, too, leaves the terminal's line clean
     return Summary(
@@ -376,17 +553,29 @@ def prewarm(
     )
 
 
+def stop_threads(worker: Prewarmer, threads: list[threading.Thread]) -> None:
+    """No new request, every transfer cut (``Remote.fetch`` removes its temporary
+    file), and the threads waited for, at most ``STOP_WAIT`` seconds. The transfers
+    are cut again while waiting: a thread may have opened a connection meanwhile."""
+    worker.stop.set()
+    deadline = time.monotonic() + STOP_WAIT
+    while True:
+        worker.remote.abort()
+        alive = [thread for thread in threads if thread.is_alive()]
+        if not alive or time.monotonic() >= deadline:
+            break
+        alive[0].join(timeout=0.1)
+    if alive:
+        log.warning("neffcache: %d prewarm threads did not stop in time", len(alive))
+
+
 def _work(
     worker: Prewarmer, todo: queue.SimpleQueue[Graph | None], done: queue.SimpleQueue[Outcome]
 ) -> None:
+    """Once ``worker.stop`` is set, every graph left is reported failed untried."""
     try:
         while (graph := todo.get()) is not None:
-            try:
-                outcome = worker.graph(graph)
-            except Exception as exc:  # one graph's trouble is not the others'
-                log.warning("neffcache: prewarming %s failed: %s", graph.ids[0][1], exc)
-                outcome = Outcome("failed", 0)
-            done.put(outcome)
+            done.put(worker.warm(graph))
     finally:
         worker.remote.close()  # this thread's connection
 

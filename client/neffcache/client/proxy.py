@@ -153,6 +153,7 @@ class Core:
         self.remote = Remote(config)
         self._hlo_seen: dict[str, float] = {}  # entry dir -> when its HLO was written
         self._entry_locks: dict[str, int] = {}  # HLO path -> held flock descriptor
+        self._locked_entries: set[str] = set()  # entry dirs whose SDK lock we hold
         self._waited_from: dict[str, float] = {}  # entry dir -> when this rank began to wait
         self._leases: Leases | None = None  # made on the first miss
         self._holding: dict[str, str] = {}  # entry dir -> the address this process leases
@@ -187,6 +188,7 @@ class Core:
             pass
 
     def mark_entry(self, hlo_path: str) -> None:
+        self._locked_entries.add(os.path.dirname(hlo_path))
         if hlo_path in self._entry_locks:
             with contextlib.suppress(OSError):
                 Path(hlo_path + ".lock").write_text(f"neffcache pid {os.getpid()}\n")
@@ -197,6 +199,7 @@ class Core:
         # A compile that ended with neither model.done nor model.log (an exception
         # in the SDK) leaves nothing to wait for: let the others go.
         self._release(self._holding.pop(os.path.dirname(hlo_path), None), failed=False)
+        self._locked_entries.discard(os.path.dirname(hlo_path))
         self._waited_from.pop(os.path.dirname(hlo_path), None)
         fd = self._entry_locks.pop(hlo_path, None)
         if fd is not None:
@@ -366,13 +369,20 @@ class Core:
         if address in self._no_lease:
             return None
         if self._leases is None:
-            self._leases = Leases(self.remote, self.config)
-        wait = self._leases.acquire_or_wait(address, began=began)
+            self._leases = Leases(self.remote, self.config, before_exit=_flush_publishes)
+        # Take the lease only under the SDK's entry lock, that is just before a
+        # compile: the first probe (before the lock) may be followed by none at all
+        # (graph extraction for neuron_parallel_compile, an error in the SDK), and a
+        # lease nobody compiles under would keep every other host waiting.
+        take = str(entry) in self._locked_entries
+        wait = self._leases.acquire_or_wait(address, began=began, take=take)
         if wait.state == "granted":
             self._holding[str(entry)] = address
             return None
         if wait.state == "done":
             return same_environment(wait.entry)
+        if wait.state == "free":
+            return None  # asked again, taking it, under the entry lock
         # A failed or abandoned wait: compile without asking again in this process.
         self._no_lease.add(address)
         if wait.reason:
@@ -550,6 +560,13 @@ def _read_text(path: str) -> str:
 
 _the_publisher: list[Any] = []  # one per process, made on the first publish
 _publisher_lock = threading.Lock()
+
+
+def _flush_publishes() -> None:
+    with _publisher_lock:
+        publisher = _the_publisher[0] if _the_publisher else None
+    if publisher is not None:
+        publisher.flush()
 
 
 def _publisher(config: ClientConfig) -> Any:

@@ -106,10 +106,14 @@ class Remote:
         if conn is not None:
             conn.close()
 
-    def _call(self, what: str, method: str, path: str, **kwargs: Any) -> Response | None:
+    def _call(
+        self, what: str, method: str, path: str, *, gated: bool = True, **kwargs: Any
+    ) -> Response | None:
         """One request; None (counted, server marked down) when it did not complete or
-        the server failed (5xx)."""
-        if not self.available():
+        the server failed (5xx). ``gated=False`` sends it even while the server is
+        marked down (lease renewals: a holder must not lose its lease to a back-off
+        longer than the lease's life)."""
+        if gated and not self.available():
             STATS.count("server_skipped")
             return None
         headers = dict(self._headers)
@@ -122,7 +126,9 @@ class Remote:
         if response.status >= 500:
             self._mark_down(what, f"HTTP {response.status}")
             return None
-        if response.status in (401, 403):
+        if response.status in (401, 403) and not (
+            what.startswith("lease") and response.status == 403
+        ):
             STATS.count("auth_errors")
             log.warning(
                 "neffcache: %s refused (HTTP %d): check NEFFCACHE_TOKEN and the namespace",
@@ -273,12 +279,6 @@ class Remote:
         )
         return response is not None and response.status in (200, 201)
 
-    def failures(self, key: str) -> list[dict[str, Any]]:
-        """The key's recent failure records, newest first; [] when none or on trouble."""
-        found = self._json("failure lookup", f"{self._ns}/failures/{key}")
-        records = [] if found is None else found.get("failures")
-        return [r for r in records if isinstance(r, dict)] if isinstance(records, list) else []
-
     # -- leases -----------------------------------------------------------------------
 
     def lease(
@@ -290,11 +290,17 @@ class Remote:
         expected: float | None = None,
         waited: float = 0.0,
         dead_holder: str | None = None,
+        take: bool = True,
     ) -> LeaseAnswer | None:
         """Ask for the lease on ``name``, waiting up to ``wait`` seconds for the entry
-        or the lease (docs/protocol.md); None on trouble, or from a server without
-        leases."""
-        body: dict[str, Any] = {"holder": holder, "wait": wait, "waited": round(waited, 3)}
+        or the lease (docs/protocol.md); None on trouble, from a server without leases,
+        or for a token that may not take them (read scope: not counted as an error)."""
+        body: dict[str, Any] = {
+            "holder": holder,
+            "wait": wait,
+            "waited": round(waited, 3),
+            "take": take,
+        }
         if expected is not None:
             body["expected_seconds"] = expected
         if dead_holder is not None:
@@ -313,6 +319,7 @@ class Remote:
             answer = json.loads(response.body)
             state = answer["state"]
             entry = answer.get("entry")
+            failure = answer.get("failure")
             return LeaseAnswer(
                 state=state,
                 lease=str(answer.get("lease") or ""),
@@ -321,6 +328,7 @@ class Remote:
                 held_for=float(answer.get("held_for") or 0.0),
                 expected_seconds=_number(answer.get("expected_seconds")),
                 entry=entry if isinstance(entry, dict) else None,
+                failure=failure if isinstance(failure, dict) else None,
             )
         except (ValueError, KeyError, TypeError, AttributeError):
             self._mark_down("lease request", "a malformed answer")
@@ -329,7 +337,10 @@ class Remote:
     def renew(self, name: str, lease_id: str) -> bool | None:
         """True: renewed; False: the lease is lost; None: trouble."""
         response = self._call(
-            "lease renewal", "PUT", f"{self._ns}/leases/{quote(name, safe='/')}?lease={lease_id}"
+            "lease renewal",
+            "PUT",
+            f"{self._ns}/leases/{quote(name, safe='/')}?lease={lease_id}",
+            gated=False,
         )
         if response is None:
             return None
@@ -338,18 +349,19 @@ class Remote:
     def release(self, name: str, lease_id: str, failed: bool) -> bool:
         outcome = "failed" if failed else "done"
         path = f"{self._ns}/leases/{quote(name, safe='/')}?lease={lease_id}&outcome={outcome}"
-        response = self._call("lease release", "DELETE", path)
+        response = self._call("lease release", "DELETE", path, gated=False)
         return response is not None and response.status == 204
 
 
 class LeaseAnswer(NamedTuple):
-    state: str  # "done", "granted", "held" or "failed"
+    state: str  # "done", "granted", "held", "failed" or "free" (asked without taking)
     lease: str  # the lease id, when granted
     ttl: float  # the server's lease lifetime: renew well within it
     holder: str  # who holds it, when held or failed
     held_for: float  # how long the holder has held it
     expected_seconds: float | None  # how long its compile should take, when known
     entry: Manifest | None  # the entry, when done
+    failure: dict[str, Any] | None = None  # the holder's failure record, when failed
 
 
 def _number(value: object) -> float | None:

@@ -85,6 +85,7 @@ class Session:
         self.report["key"] = canonical.key
         waited_from = time.time()
         code = 1
+        compiled = False  # the compiler ran here, holding the lease
         try:
             with self.local.lock(canonical.key, f"graph {canonical.key[:12]}") as _held:
                 # Another rank may have fetched or compiled it while we waited.
@@ -98,13 +99,15 @@ class Session:
                 if served is not None:
                     return self._done(served)
                 code, seconds = self._compile(canonical, direct)
+                compiled = True
                 kept = code == 0 and self._keep(module, canonical, direct, seconds)
             if kept:
                 self._publish()
         finally:
             if self._leases is not None:
                 # After the publish, so waiters woken by the release find the entry.
-                self._leases.release(canonical.key, failed=code != 0)
+                # Failed only when the compiler failed: our own trouble is no notice.
+                self._leases.release(canonical.key, failed=compiled and code != 0)
         return code
 
     def _done(self, code: int) -> int:
@@ -179,20 +182,20 @@ class Session:
             return None
         if wait.state == "done" and self._hit(key, alias=False, also=direct, found=wait.entry):
             return 0
-        if wait.state == "failed":
-            return self._replay_remote_failure(key, wait.reason)
+        if wait.state == "failed" and wait.failure is not None:
+            return self._replay_remote_failure(wait.failure, wait.reason)
         if wait.reason:
             log.info("neffcache: %s; compiling", wait.reason)
         return None
 
-    def _replay_remote_failure(self, key: str, reason: str) -> int | None:
-        """The failure another host's compile of this graph just reported, replayed
-        (its exit code, its log on stderr); None when no record says how it failed."""
-        records = self.remote.failures(key)
-        code = records[0].get("exit_code") if records else None
+    def _replay_remote_failure(self, record: dict[str, Any], reason: str) -> int | None:
+        """The failure another host's compile of this graph just reported (its record,
+        as the server attached it to the lease's answer), replayed: its exit code, its
+        log on stderr; None when the record does not say how it failed."""
+        code = record.get("exit_code")
         if not isinstance(code, int) or code == 0:
             return None
-        text = records[0].get("log")
+        text = record.get("log")
         if isinstance(text, str):
             sys.stderr.write(text)
         STATS.count("failures_replayed")

@@ -4,7 +4,8 @@ Fetches every graph a previous run used (its run manifest, ``NEFFCACHE_RUN_MANIF
 into L1 before a job starts, so the job pays no fetch latency: see
 ``neffcache.client.prewarm``. The server and L1 come from the environment a training
 job uses. Exit 0 when every graph is in L1 or missing on the server (the job will
-compile those), 1 when some could not be fetched, 2 on bad input.
+compile those), 1 when some could not be fetched, 2 on bad input, 130 when
+interrupted.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     try:
         summary = prewarm(config, graphs, parallel, progress=sys.stderr)
     except KeyboardInterrupt:
-        # Every file is written under a temporary name: nothing half written is left.
+        # prewarm() has stopped its threads and cut their downloads, whose temporary
+        # files are removed (those a killed prewarm leaves go at the next start).
         print("neffcache prewarm: interrupted", file=sys.stderr)
         return 130
     print(f"neffcache prewarm: {summary.line()}", file=sys.stderr)

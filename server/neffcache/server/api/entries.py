@@ -26,6 +26,8 @@ Key = Annotated[str, PathParam(pattern=f"^{HEX64}$")]
 # A direct key, or a stock Neuron address neuronxcc-<ver>/MODULE_<key>+<flags8>.
 ALIAS = rf"{HEX64}|neuronxcc-[0-9][0-9A-Za-z.+]*/MODULE_[0-9A-Za-z]{{1,128}}\+[0-9a-f]{{8}}"
 _MANIFEST_MAX = 1 << 20
+# {"key": "<64 hex>"} and a little room for whitespace.
+_ALIAS_BODY_MAX = 1024
 
 
 class MissingBlobs(BadRequest):
@@ -95,6 +97,43 @@ async def get_alias(
     if not re.fullmatch(ALIAS, alias):
         raise BadRequest(f"{alias!r} is neither a direct key nor a Neuron cache address")
     return await backends.run(_alias_response, backends, namespace, alias)
+
+
+@router.put("/v1/ns/{namespace}/aliases/{alias:path}", status_code=201)
+async def put_alias(
+    namespace: Namespace, alias: str, request: Request, caller: CallerDep, backends: BackendsDep
+) -> Response:
+    """Add an alias to an existing entry (``{"key": KEY}``): a Neuron address or a
+    direct key under which a stock cache or another trace found the same program."""
+    caller.require("write", namespace)
+    if not re.fullmatch(ALIAS, alias):
+        raise BadRequest(f"{alias!r} is neither a direct key nor a Neuron cache address")
+    key = _alias_target(await read_body(request, _ALIAS_BODY_MAX))
+    # A thread even for local stores: a write may wait for another process's lock.
+    result = await run_in_threadpool(backends.index.add_alias, namespace, alias, key)
+    if result is None:
+        return absent(f"no entry {key} in namespace {namespace}")
+    if result is PutResult.CONFLICT:
+        raise Conflict(f"alias {alias} already names another key; aliases keep their first key")
+    if result is PutResult.CREATED:
+        backends.wakeups.notify(namespace, (alias,))  # lease waiters on that name
+    return Response(status_code=201 if result is PutResult.CREATED else 200)
+
+
+def _alias_target(body: bytes) -> str:
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        raise BadRequest('the body must be JSON: {"key": "<64 hex>"}') from None
+    if (
+        not isinstance(parsed, dict)
+        or set(parsed) != {"key"}
+        or not isinstance(parsed["key"], str)
+        or not re.fullmatch(HEX64, parsed["key"])
+    ):
+        raise BadRequest('the body must be {"key": "<64 hex>"} and nothing else')
+    key: str = parsed["key"]
+    return key
 
 
 def _alias_response(backends: Backends, namespace: str, alias: str) -> Response:

@@ -17,7 +17,7 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi import Path as PathParam
@@ -29,7 +29,7 @@ from neffcache.server.api.body import read_body
 from neffcache.server.api.entries import ALIAS, Namespace, stamped
 from neffcache.server.deps import Backends, BackendsDep, CallerDep
 from neffcache.server.errors import BadRequest, Conflict
-from neffcache.server.index import Lease
+from neffcache.server.index import Failure, Lease
 from neffcache.server.manifest import HEX64, load_json, validated
 
 router = APIRouter()
@@ -53,11 +53,14 @@ class LeaseRequest(BaseModel):
     dead_holder: str | None = Field(
         None, max_length=200, description="a holder the asker knows is dead (same host)"
     )
+    take: bool = Field(
+        True, description="false: only wait for a holder; never be granted the lease"
+    )
 
 
 @dataclass(frozen=True)
 class _Answer:
-    state: Literal["done", "granted", "held", "failed"]
+    state: Literal["done", "granted", "held", "failed", "free"]
     entry: str | None = None  # the entry's JSON, when done
     lease: Lease | None = None  # ours when granted, else the live one
 
@@ -92,16 +95,19 @@ async def ask_lease(
     # who waited while the compile failed hear of it; a later asker compiles again.
     since = time.time() - asked.waited
     while True:
-        answer = await backends.run(_try, backends, namespace, name, holder, asked, since)
-        remaining = deadline - time.monotonic()
-        if answer.state != "held" or remaining <= 0:
-            return await _respond(backends, namespace, name, answer)
-        assert answer.lease is not None
-        # Wake on a publish or release here, when the holder's lease runs out (then
-        # this waiter may take over), or to look again for another replica's events.
-        expiry = answer.lease.expires_at - time.time() + 0.01
-        timeout = min(remaining, max(expiry, 0.01), settings.lease_recheck_seconds)
-        await backends.wakeups.wait(namespace, name, timeout)
+        with backends.wakeups.watch(namespace, name) as woken:
+            # A worker thread even for local stores: granting is a write, which may
+            # wait for another process's lock on a shared SQLite file.
+            answer = await run_in_threadpool(_try, backends, namespace, name, holder, asked, since)
+            remaining = deadline - time.monotonic()
+            if answer.state != "held" or remaining <= 0:
+                return await _respond(backends, namespace, name, answer)
+            assert answer.lease is not None
+            # Wake on a publish or release here, when the holder's lease runs out (then
+            # this waiter may take over), or to look again for another replica's events.
+            expiry = answer.lease.expires_at - time.time() + 0.01
+            timeout = min(remaining, max(expiry, 0.01), settings.lease_recheck_seconds)
+            await backends.wakeups.sleep(woken, timeout)
 
 
 def _try(
@@ -114,12 +120,9 @@ def _try(
 ) -> _Answer:
     """One look: the entry if it exists, else the lease (ours if it was free)."""
     index = backends.index
-    key = name if re.fullmatch(HEX64, name) and index.get_entry(namespace, name) else None
-    key = key or index.resolve_alias(namespace, name)
-    if key is not None:
-        found = index.get_entry(namespace, key)
-        if found is not None:
-            return _Answer("done", entry=stamped(found))
+    found = _entry(backends, namespace, name)
+    if found is not None:
+        return _Answer("done", entry=found)
     now = time.time()
     # A read first: a lease that is held (the common answer while waiting) costs no
     # write transaction.
@@ -130,13 +133,30 @@ def _try(
         replacing = live.lease_id  # failed before this asker began to wait
     elif live is not None and not live.failed and live.holder == asked.dead_holder:
         replacing = live.lease_id
+    if (live is None or replacing is not None) and not asked.take:
+        return _Answer("free")
     if live is None or replacing is not None:
         expected = asked.expected_seconds
         mine = Lease(namespace, name, secrets.token_hex(16), holder, now, now + ttl, expected)
         live = index.acquire_lease(mine, replacing)
         if live.lease_id == mine.lease_id:
+            # The entry may have been published, and its lease released, between the
+            # look at the entry and this grant: then there is nothing to compile.
+            found = _entry(backends, namespace, name)
+            if found is not None:
+                index.release_lease(namespace, name, mine.lease_id, None)
+                return _Answer("done", entry=found)
             return _Answer("granted", lease=live)
     return _Answer("failed" if live.failed else "held", lease=live)
+
+
+def _entry(backends: Backends, namespace: str, name: str) -> str | None:
+    """The entry a lease name stands for (its key, or an alias), as the API returns it."""
+    index = backends.index
+    key = name if re.fullmatch(HEX64, name) and index.get_entry(namespace, name) else None
+    key = key or index.resolve_alias(namespace, name)
+    found = None if key is None else index.get_entry(namespace, key)
+    return None if found is None else stamped(found)
 
 
 async def _respond(backends: Backends, namespace: str, name: str, answer: _Answer) -> Response:
@@ -144,6 +164,8 @@ async def _respond(backends: Backends, namespace: str, name: str, answer: _Answe
         assert answer.entry is not None
         body = '{"state":"done","entry":' + answer.entry + "}"
         return Response(body.encode(), media_type="application/json")
+    if answer.state == "free":
+        return JSONResponse({"state": "free"})
     lease = answer.lease
     assert lease is not None
     now = time.time()
@@ -151,25 +173,30 @@ async def _respond(backends: Backends, namespace: str, name: str, answer: _Answe
     if answer.state == "granted":
         granted = {"state": "granted", "lease": lease.lease_id, "ttl": ttl, "expires_in": ttl}
         return JSONResponse(granted, status_code=201)
-    expected = lease.expected_seconds
-    if expected is None and re.fullmatch(HEX64, name):
-        expected = await run_in_threadpool(_history, backends, namespace, name, now)
-    return JSONResponse(
-        {
-            "state": answer.state,
-            "holder": lease.holder,
-            "held_for": round(max(0.0, now - lease.acquired_at), 3),
-            "expires_in": round(max(0.0, lease.expires_at - now), 3),
-            "expected_seconds": expected,
-            "ttl": ttl,
-        },
-        status_code=202 if answer.state == "held" else 200,
-    )
+    failures: list[Failure] = []
+    if re.fullmatch(HEX64, name):
+        failures = await run_in_threadpool(backends.index.failures, namespace, name, now)
+    fields: dict[str, Any] = {
+        "state": answer.state,
+        "holder": lease.holder,
+        "held_for": round(max(0.0, now - lease.acquired_at), 3),
+        "expires_in": round(max(0.0, lease.expires_at - now), 3),
+        "expected_seconds": lease.expected_seconds
+        if lease.expected_seconds is not None
+        else _history(failures),
+        "ttl": ttl,
+    }
+    if answer.state == "failed":
+        # The record of this failure, never an older one: the holder reports it
+        # after its compile, which began when it took the lease.
+        mine = [f for f in failures if f.created_at >= lease.acquired_at]
+        fields["failure"] = json.loads(mine[0].record) if mine else None
+    return JSONResponse(fields, status_code=202 if answer.state == "held" else 200)
 
 
-def _history(backends: Backends, namespace: str, key: str, now: float) -> float | None:
+def _history(failures: list[Failure]) -> float | None:
     """How long this graph's compile took before, from its recent failure records."""
-    for failure in backends.index.failures(namespace, key, now):
+    for failure in failures:
         try:
             seconds = json.loads(failure.record).get("compile_seconds")
         except ValueError:

@@ -54,9 +54,10 @@ _TRANSFER = TransferConfig(
 
 
 @contextmanager
-def _s3_errors(action: str) -> Iterator[None]:
+def s3_errors(action: str) -> Iterator[None]:
     """Translate boto3 and botocore failures into StoreError, naming only the error
-    class or S3 code: botocore messages can quote request details."""
+    class or S3 code: botocore messages can quote request details (the bridge's S3
+    source uses it too)."""
     try:
         yield
     except ClientError as exc:
@@ -86,7 +87,9 @@ def _parse_url(url: str) -> tuple[str, str]:
     return parts.netloc, parts.path.strip("/")
 
 
-def _make_client() -> Any:
+def make_client() -> Any:
+    """An S3 client for the endpoint the environment names (shared with the bridge's
+    S3 source); ConfigError when boto3 cannot make one."""
     # Read here rather than left to boto3 so that path-style addressing goes with a
     # custom endpoint: MinIO or moto behind a plain host name has no bucket subdomains.
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
@@ -146,7 +149,7 @@ class S3BlobStore:
     @classmethod
     def from_url(cls, url: str) -> S3BlobStore:
         bucket, prefix = _parse_url(url)
-        return cls(_make_client(), bucket, prefix)
+        return cls(make_client(), bucket, prefix)
 
     def _blob_key(self, digest: str) -> str:
         return f"{self._base}blobs/{digest[:2]}/{digest}"
@@ -160,7 +163,7 @@ class S3BlobStore:
             with self._digest_lock(digest):
                 if self._head(key) is not None:
                     return False
-                with _s3_errors("upload"):
+                with s3_errors("upload"):
                     self._client.upload_file(str(staged), self._bucket, key, Config=_TRANSFER)
                 return True
         finally:
@@ -180,7 +183,7 @@ class S3BlobStore:
         return self._head(self._blob_key(digest))
 
     def _head(self, key: str) -> int | None:
-        with _s3_errors("HEAD"):
+        with s3_errors("HEAD"):
             try:
                 response = self._client.head_object(Bucket=self._bucket, Key=key)
             except ClientError as exc:
@@ -210,7 +213,7 @@ class S3BlobStore:
             return
         try:
             yield b""
-            with _s3_errors("GET body"):
+            with s3_errors("GET body"):
                 yield from body.iter_chunks(_CHUNK)
         finally:
             body.close()
@@ -219,7 +222,7 @@ class S3BlobStore:
         request: dict[str, Any] = {"Bucket": self._bucket, "Key": key}
         if start or end is not None:
             request["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
-        with _s3_errors("GET"):
+        with s3_errors("GET"):
             try:
                 return self._client.get_object(**request)["Body"]
             except ClientError as exc:
@@ -236,7 +239,7 @@ class S3BlobStore:
     def quarantine(self, digest: str) -> None:
         key = self._blob_key(digest)
         target = f"{self._base}quarantine/{digest}.{quarantine_stamp()}"
-        with _s3_errors("quarantine"):
+        with s3_errors("quarantine"):
             try:
                 # The managed copy, unlike copy_object, handles objects over 5 GB.
                 self._client.copy(
@@ -253,12 +256,12 @@ class S3BlobStore:
         # DELETE succeeds whether or not the key exists; HEAD tells which it was.
         if self._head(key) is None:
             return False
-        with _s3_errors("DELETE"):
+        with s3_errors("DELETE"):
             self._client.delete_object(Bucket=self._bucket, Key=key)
         return True
 
     def check(self) -> None:
-        with _s3_errors("HEAD bucket"):
+        with s3_errors("HEAD bucket"):
             self._client.head_bucket(Bucket=self._bucket)
 
     def close(self) -> None:

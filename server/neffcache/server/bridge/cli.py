@@ -4,7 +4,8 @@ through the ``neffcache.cli`` entry point (docs/bridge.md).
 Importing this module is cheap: httpx, boto3 and keying's protobuf load inside the
 commands (keying itself, which the host CLI imports anyway, costs little). A bad
 input, an unreadable source and an unreachable server are each one line on stderr and
-exit code 2; a run that finished with per-entry errors exits 1.
+exit code 2; a run that finished with per-entry errors exits 1; an interrupted one
+(Ctrl-C) says so in one line and exits 130, leaving only whole entries behind.
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ def register(sub: Any, error_type: type[Exception]) -> None:
         choices=TARGETS,
         help="the target of entries whose compile_flags.json has no --target=",
     )
+    imp.add_argument(
+        "--follow-symlinks",
+        action="store_true",
+        help="read files and folders that symlinks in SRC lead to outside it (such as "
+        "Hugging Face blobs optimum-neuron links in); without it such entries are errors",
+    )
     _server_arguments(imp)
     imp.set_defaults(run=run_import)
 
@@ -76,7 +83,9 @@ _IMPORT_DOC = (
     "Publish every successful entry of a stock Neuron cache (neuronxcc-*/MODULE_*/ with "
     "model.neff and model.done) to a neffcache server, keyed from its HLO and "
     "compile_flags.json, with its Neuron address as an alias. Failed, locked, empty and "
-    "unkeyable entries are skipped and counted; entries the server holds count as present."
+    "unkeyable entries are skipped and counted; entries the server holds count as present "
+    "and get the folder's address as an alias. A symlink leading out of SRC makes its "
+    "entry an error unless --follow-symlinks is given."
 )
 _EXPORT_DOC = (
     "Write every entry of a namespace that has a Neuron address into DEST in the stock "
@@ -146,17 +155,21 @@ def run_import(args: argparse.Namespace, extra: list[str]) -> int:
 
     progress = Progress("neffcache import", sys.stderr)
     try:
-        source = open_source(args.src)
+        source = open_source(args.src, follow_symlinks=args.follow_symlinks)
     except SourceError as exc:
         raise CommandError(str(exc)) from None
     try:
-        with _connected(server, namespace, args.token) as remote:
-            report = import_cache(source, remote, target=args.target, progress=progress)
+        try:
+            with _connected(server, namespace, args.token) as remote:
+                report = import_cache(source, remote, target=args.target, progress=progress)
+        finally:
+            progress.close()
+            source.close()
     except SourceError as exc:
         raise CommandError(str(exc)) from None
-    finally:
-        progress.close()
-        source.close()
+    except KeyboardInterrupt:
+        # A manifest goes last and is published atomically: no entry is half there.
+        return _interrupted("import", "entries published so far are complete")
     context = {"source": args.src, "server": server, "namespace": namespace}
     return _finish(report, args.json, context)
 
@@ -187,12 +200,17 @@ def run_export(args: argparse.Namespace, extra: list[str]) -> int:
         raise CommandError(f"{dest} exists and is not a directory")
     progress = Progress("neffcache export", sys.stderr)
     try:
-        with _connected(server, namespace, args.token) as remote:
-            report = export_cache(remote, dest, filters=Filters(version, since), progress=progress)
+        try:
+            with _connected(server, namespace, args.token) as remote:
+                filters = Filters(version, since)
+                report = export_cache(remote, dest, filters=filters, progress=progress)
+        finally:
+            progress.close()
     except OSError as exc:
         raise CommandError(f"cannot write {dest}: {exc}") from None
-    finally:
-        progress.close()
+    except KeyboardInterrupt:
+        # Each entry is renamed into place whole; the one being written is removed.
+        return _interrupted("export", "entries written so far are complete")
     context = {"dest": str(dest), "server": server, "namespace": namespace}
     return _finish(report, args.json, context)
 
@@ -209,6 +227,11 @@ def _connected(server: str, namespace: str, token: str | None) -> Iterator[Remot
         raise CommandError(str(exc)) from None
     finally:
         remote.close()
+
+
+def _interrupted(command: str, state: str) -> int:
+    print(f"neffcache {command}: interrupted; {state}, run it again to go on", file=sys.stderr)
+    return 130
 
 
 def _finish(report: Report, as_json: bool, context: dict[str, str]) -> int:

@@ -5,7 +5,13 @@ manifest, each verified against its BLAKE3 digest, and an empty ``model.done`` w
 last (facts §3.1, §3.3): the unmodified SDK reads it as a cache hit. An entry is
 written into a hidden folder beside its place and renamed into it, so an interrupted
 export leaves no half entry (only a hidden ``.MODULE_…partial`` folder, which the SDK
-never looks at). A complete entry already in DEST is left alone.
+never looks at, and an interrupted process removes even that). A complete entry
+already in DEST is left alone. An entry without ``model.neff`` is an error: written
+out, the SDK would take it for a hit and fail to load it.
+
+DEST also gets the cache-wide ``lock`` (empty, mode 0666): the SDK opens it for
+writing even to look up (facts §6.1), so a user who cannot create files in DEST can
+still use it, if not a read-only mount.
 
 Skipped, and counted by reason:
 
@@ -19,6 +25,7 @@ Skipped, and counted by reason:
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import secrets
@@ -31,13 +38,13 @@ from typing import Any
 from neffcache.keying import KeyingError, parse_neuron_address
 from neffcache.server.bridge.remote import Refused, Remote
 from neffcache.server.bridge.report import Progress, Report
-from neffcache.server.bridge.stock import DONE, is_artifact
+from neffcache.server.bridge.stock import DONE, NEFF, is_artifact
+from neffcache.server.manifest import FILE_NAME, HEX64
 
 DONE_OUTCOMES = ("exported", "present")
 SKIPPED = ("filtered", "no_address", "env", "occupied")
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-# The server's pattern for a file name in a manifest: never a path (docs/protocol.md).
-_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+# The SDK's cache-wide lock file (facts §6.1).
+LOCK = "lock"
 
 
 @dataclass(frozen=True)
@@ -49,7 +56,12 @@ class Filters:
     since: float | None = None
 
     def keep(self, manifest: dict[str, Any]) -> bool:
-        if self.since is not None and float(manifest.get("created_at", 0.0)) < self.since:
+        """Whether to export ``manifest``; ValueError for a ``created_at`` that is not
+        a time."""
+        created_at = manifest.get("created_at", 0.0)
+        if not isinstance(created_at, (int, float)) or not math.isfinite(created_at):
+            raise ValueError(f"created_at {str(created_at)[:40]!r}")
+        if self.since is not None and created_at < self.since:
             return False
         wanted = self.compiler_version
         if wanted is None:
@@ -78,6 +90,7 @@ def export_cache(remote: Remote, dest: Path, *, filters: Filters, progress: Prog
     unusable server raises ``Unusable`` and an unwritable DEST ``OSError``."""
     report = Report("export", DONE_OUTCOMES, SKIPPED)
     dest.mkdir(parents=True, exist_ok=True)
+    write_lock(dest)
     for page in remote.pages():
         for manifest in page:
             address = str(manifest.get("neuron_address") or manifest.get("key"))
@@ -91,19 +104,21 @@ def export_entry(
     remote: Remote, dest: Path, manifest: dict[str, Any], filters: Filters
 ) -> tuple[str, str | None]:
     """The outcome of exporting one entry, and why when it is noteworthy."""
-    if not filters.keep(manifest):
-        return "filtered", None
-    address = manifest.get("neuron_address")
-    if not isinstance(address, str):
-        return "no_address", None
-    components = manifest.get("components")
-    if isinstance(components, dict) and components.get("env"):
-        return "env", None
     try:
+        if not filters.keep(manifest):
+            return "filtered", None
+        address = manifest.get("neuron_address")
+        if not isinstance(address, str):
+            return "no_address", None
+        components = manifest.get("components")
+        if isinstance(components, dict) and components.get("env"):
+            return "env", None
         place = dest / str(parse_neuron_address(address))
         files = stock_files(manifest)
     except (KeyingError, ValueError) as exc:
         return "error", f"the server sent an entry that cannot be exported: {exc}"
+    if NEFF not in files:
+        return "error", f"no {NEFF}: the SDK would take the folder for a hit it cannot load"
     if (place / DONE).exists():
         return "present", None
     if place.exists():
@@ -128,13 +143,27 @@ def stock_files(manifest: dict[str, Any]) -> dict[str, tuple[str, int]]:
     for name, ref in files.items():
         digest = ref.get("digest") if isinstance(ref, dict) else None
         size = ref.get("size") if isinstance(ref, dict) else None
-        if not _FILE_NAME.fullmatch(name) or not isinstance(digest, str):
+        if not re.fullmatch(FILE_NAME, name) or not isinstance(digest, str):
             raise ValueError(f"file {name!r}")
-        if not _HEX64.fullmatch(digest) or not isinstance(size, int) or size < 0:
+        if not re.fullmatch(HEX64, digest) or not isinstance(size, int) or size < 0:
             raise ValueError(f"file {name!r}: digest or size")
         if is_artifact(name):
             kept[name] = (digest, size)
     return kept
+
+
+def write_lock(dest: Path) -> None:
+    """``DEST/lock``, empty and writable by every user (facts §6.1): the SDK opens it
+    for writing on every call, lookups included, and would otherwise need to create
+    it, which a user who cannot write DEST cannot. An existing one is kept, widened
+    if this user owns it; never through a symlink (DEST may sit in /var/tmp)."""
+    flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(dest / LOCK, flags, 0o666)
+    try:
+        with contextlib.suppress(PermissionError):
+            os.fchmod(fd, 0o666)  # the umask narrowed a new one
+    finally:
+        os.close(fd)
 
 
 def write_entry(remote: Remote, place: Path, files: dict[str, tuple[str, int]]) -> None:

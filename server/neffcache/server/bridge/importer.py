@@ -9,7 +9,8 @@ direct key become aliases.
 Nothing is half-imported: the blobs the server lacks go first, then the manifest,
 which the server publishes atomically only when every blob is there. An entry the
 server already holds is counted ``present`` before anything is read beyond its HLO and
-flags, so a second run uploads nothing.
+flags, so a second run uploads nothing; its address and direct key are still added as
+aliases of that entry (another trace of the same program has its own address).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from __future__ import annotations
 import json
 import re
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, NamedTuple
 
 import blake3
 
@@ -44,11 +46,13 @@ from neffcache.server.bridge.stock import (
     StockEntry,
     StockSource,
 )
+from neffcache.server.manifest import FILE_NAME
 
 DONE_OUTCOMES = ("imported", "present", "conflict")
 SKIPPED = ("failed", "locked", "empty", "incomplete", "unkeyable")
-# The server's pattern for a file name in a manifest (docs/protocol.md).
-_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+# Counted beside the outcomes: aliases added to entries the server already held.
+ALIASES_ADDED = "aliases_added"
+_CHUNK = 1 << 20
 
 
 class Unkeyable(Exception):
@@ -62,43 +66,61 @@ class Keyed:
     direct: CacheKey
 
 
+class Outcome(NamedTuple):
+    """What importing one entry came to, why when noteworthy, and how many of its
+    aliases were added to an entry the server already held."""
+
+    name: str
+    reason: str | None = None
+    aliases: int = 0
+
+
 def import_cache(
     source: StockSource, remote: Remote, *, target: str | None, progress: Progress
 ) -> Report:
     """Import every entry of ``source``; per-entry trouble is counted, while an
     unusable server or source raises (``Unusable``, ``SourceError``)."""
-    report = Report("import", DONE_OUTCOMES, SKIPPED)
+    report = Report("import", DONE_OUTCOMES, SKIPPED, tallies=(ALIASES_ADDED,))
     entries = source.entries()
     progress.total = len(entries)
     for entry in entries:
-        outcome, reason = import_entry(source, remote, entry, target)
-        report.add(outcome, entry.address, reason)
-        progress.advance(f"{outcome} {entry.address}")
+        outcome = import_entry(source, remote, entry, target)
+        report.add(outcome.name, entry.address, outcome.reason)
+        report.tally(ALIASES_ADDED, outcome.aliases)
+        progress.advance(f"{outcome.name} {entry.address}")
     return report
 
 
 def import_entry(
     source: StockSource, remote: Remote, entry: StockEntry, target: str | None
-) -> tuple[str, str | None]:
-    """The outcome of importing one entry, and why when it is noteworthy."""
+) -> Outcome:
+    """The outcome of importing one entry."""
+    if entry.problem is not None:
+        return Outcome("error", entry.problem)
     if entry.state is not State.SUCCESS:
-        return entry.state.value, None
-    with tempfile.TemporaryDirectory(prefix="neffcache-import-") as scratch:
+        return Outcome(entry.state.value)
+    with tempfile.TemporaryDirectory(prefix="neffcache-import-") as tmp:
+        scratch = Path(tmp)
         try:
-            keyed = key_entry(source, entry, target, Path(scratch))
+            keyed = key_entry(source, entry, target, scratch)
             if remote.entry(keyed.canonical.key) is not None:
-                return "present", None
-            files = {
-                name: source.local_file(entry, name, Path(scratch)) for name in entry.artifacts()
-            }
-            manifest, paths = make_manifest(keyed, files)
-            return publish(remote, manifest, paths)
+                outcome = Outcome("present")
+            else:
+                files = {n: digest_of(source, entry, n, scratch) for n in entry.artifacts()}
+                manifest = make_manifest(keyed, files)
+                outcome = publish(
+                    remote, manifest, lambda name: source.open_file(entry, name, scratch)
+                )
+            if outcome.name in ("present", "conflict"):
+                # The server's entry came from elsewhere: this folder's names find it too.
+                outcome = outcome._replace(aliases=add_aliases(remote, keyed))
+            return outcome
         except Unkeyable as exc:
-            return "unkeyable", str(exc)
+            return Outcome("unkeyable", str(exc))
         except (ReadError, OSError) as exc:
-            return "error", f"cannot read the entry: {exc}"
+            return Outcome("error", f"cannot read the entry: {exc}")
         except Refused as exc:
-            return "error", str(exc)
+            return Outcome("error", str(exc))
 
 
 def key_entry(source: StockSource, entry: StockEntry, target: str | None, scratch: Path) -> Keyed:
@@ -107,7 +129,7 @@ def key_entry(source: StockSource, entry: StockEntry, target: str | None, scratc
         address = str(parse_neuron_address(entry.address))
     except KeyingError as exc:
         raise Unkeyable(str(exc)) from None
-    bad = [name for name in entry.artifacts() if not _FILE_NAME.fullmatch(name)]
+    bad = [name for name in entry.artifacts() if not re.fullmatch(FILE_NAME, name)]
     if bad:
         raise Unkeyable(f"file name {bad[0]!r} cannot be stored (letters, digits, ._+- only)")
     if FLAGS not in entry.sizes:
@@ -115,8 +137,10 @@ def key_entry(source: StockSource, entry: StockEntry, target: str | None, scratc
     hlo = next((name for name in HLO_NAMES if name in entry.sizes), None)
     if hlo is None:
         raise Unkeyable(f"no {' or '.join(HLO_NAMES)}")
-    flags = read_flags(source.local_file(entry, FLAGS, scratch).read_bytes())
-    module = source.local_file(entry, hlo, scratch).read_bytes()
+    with source.open_file(entry, FLAGS, scratch) as f:
+        flags = read_flags(f.read())
+    with source.open_file(entry, hlo, scratch) as f:
+        module = f.read()
     version = address.split("/")[0].removeprefix("neuronxcc-")
     return Keyed(address, *keys(module, version, flags, target))
 
@@ -147,42 +171,44 @@ def keys(
         raise Unkeyable(str(exc)) from None
 
 
-def make_manifest(keyed: Keyed, files: dict[str, Path]) -> tuple[dict[str, Any], dict[str, Path]]:
+def digest_of(source: StockSource, entry: StockEntry, name: str, scratch: Path) -> tuple[str, int]:
+    """The BLAKE3 digest and size of one file of an entry."""
+    hasher = blake3.blake3()
+    size = 0
+    with source.open_file(entry, name, scratch) as f:
+        while chunk := f.read(_CHUNK):
+            hasher.update(chunk)
+            size += len(chunk)
+    return hasher.hexdigest(), size
+
+
+def make_manifest(keyed: Keyed, files: dict[str, tuple[str, int]]) -> dict[str, Any]:
     """The manifest, shaped as the client's (``publish.make_manifest``) without the
-    compile time nobody measured, and the local file behind each digest."""
-    refs: dict[str, dict[str, Any]] = {}
-    paths: dict[str, Path] = {}
-    for name, path in sorted(files.items()):
-        digest = file_digest(path)
-        refs[name] = {"digest": digest, "size": path.stat().st_size}
-        paths[digest] = path
-    manifest = {
+    compile time nobody measured; ``files`` maps a name to its digest and size."""
+    return {
         "key": keyed.canonical.key,
         "direct_key": keyed.direct.key,
         "neuron_address": keyed.address,
         "components": keyed.canonical.as_json(),
-        "files": refs,
+        "files": {
+            name: {"digest": digest, "size": size} for name, (digest, size) in sorted(files.items())
+        },
     }
-    return manifest, paths
-
-
-def file_digest(path: Path) -> str:
-    hasher = blake3.blake3()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            hasher.update(chunk)
-    return hasher.hexdigest()
 
 
 def publish(
-    remote: Remote, manifest: dict[str, Any], paths: dict[str, Path]
-) -> tuple[str, str | None]:
-    """Blobs the server lacks, then the manifest; once more if a blob vanished in
-    between (eviction). Refused when the server does not take them."""
+    remote: Remote, manifest: dict[str, Any], open_file: Callable[[str], BinaryIO]
+) -> Outcome:
+    """Blobs the server lacks (each read through ``open_file`` by its name), then the
+    manifest; once more if a blob vanished in between (eviction). Refused when the
+    server does not take them."""
     key = manifest["key"]
+    by_digest = {ref["digest"]: (name, ref["size"]) for name, ref in manifest["files"].items()}
     for _attempt in (0, 1):
-        for digest in remote.missing(sorted(paths)):
-            remote.put_blob(digest, paths[digest], paths[digest].stat().st_size)
+        for digest in remote.missing(sorted(by_digest)):
+            name, size = by_digest[digest]
+            with open_file(name) as f:
+                remote.put_blob(digest, f, size)
         try:
             status = remote.put_entry(key, manifest)
         except Refused as exc:
@@ -190,6 +216,13 @@ def publish(
                 continue
             raise
         if status == 409:
-            return "conflict", f"the server holds another manifest under key {key}"
-        return ("imported" if status == 201 else "present"), None
-    return "error", f"the server lost blobs of {key} twice while it was published"
+            return Outcome("conflict", f"the server holds another manifest under key {key}")
+        return Outcome("imported" if status == 201 else "present")
+    return Outcome("error", f"the server lost blobs of {key} twice while it was published")
+
+
+def add_aliases(remote: Remote, keyed: Keyed) -> int:
+    """Add the entry's Neuron address and direct key as aliases of the server's entry
+    under its key; how many were new (an alias naming another key keeps it)."""
+    key = keyed.canonical.key
+    return sum(remote.add_alias(alias, key) for alias in (keyed.address, keyed.direct.key))

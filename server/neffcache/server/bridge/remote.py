@@ -11,12 +11,15 @@ Two kinds of trouble, as two exceptions:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import blake3
 import httpx
+
+from neffcache.server.manifest import HEX64
 
 _CHUNK = 1 << 20
 # The server's own limit on one POST /v1/blobs/missing.
@@ -85,9 +88,25 @@ class Remote:
             raise Refused(f"entry {key}: unexpected HTTP {response.status_code}")
         return response.status_code
 
+    def add_alias(self, alias: str, key: str) -> bool:
+        """Make ``alias`` (a Neuron address or a direct key) name the entry ``key``:
+        True when added now, False when it already named it or names another key.
+        Refused otherwise; a server without the route is Unusable."""
+        response = self._send("PUT", f"/v1/ns/{self.namespace}/aliases/{alias}", json={"key": key})
+        if response.status_code == 405:
+            raise Unusable(
+                f"{self.server} cannot add aliases (HTTP 405); it may predate "
+                "PUT /v1/ns/{ns}/aliases/{alias}: upgrade it"
+            )
+        if response.status_code == 409:
+            return False
+        self._ok(response, f"alias {alias}")
+        return response.status_code == 201
+
     def pages(self, limit: int = 1000) -> Iterator[list[dict[str, Any]]]:
         """Every entry of the namespace, a page at a time, in key order. A server
-        without the listing route is Unusable."""
+        without the listing route, or whose answer is not a page that moves on, is
+        Unusable."""
         after: str | None = None
         while True:
             params: dict[str, str | int] = {"limit": limit}
@@ -97,16 +116,36 @@ class Remote:
             if response.status_code in (404, 405):
                 raise Unusable(
                     f"{self.server} cannot list entries (HTTP {response.status_code}); "
-                    "it may predate GET /v1/ns/{{ns}}/entries: upgrade it"
+                    "it may predate GET /v1/ns/{ns}/entries: upgrade it"
                 )
             try:
                 page = self._json(self._ok(response, "the entry listing"))
             except Refused as exc:
                 raise Unusable(str(exc)) from None
-            yield page["entries"]
-            after = page["next"]
+            entries, after = self._checked_page(page, after)
+            yield entries
             if after is None:
                 return
+
+    def _checked_page(
+        self, page: Any, after: str | None
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """A page's entries and ``next``, when it has the listing's shape and ``next``
+        moves past ``after`` (else a broken server would be asked forever)."""
+        entries = page.get("entries") if isinstance(page, dict) else None
+        following = page.get("next", "") if isinstance(page, dict) else ""
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise Unusable(f"{self.server} answered the entry listing with something else")
+        if following is not None and not (
+            isinstance(following, str)
+            and re.fullmatch(HEX64, following)
+            and (after is None or following > after)
+        ):
+            raise Unusable(
+                f"{self.server} answered the entry listing with a next key "
+                f"{str(following)[:80]!r} that does not follow {after or 'the start'}"
+            )
+        return entries, following
 
     # --- blobs ------------------------------------------------------------------------
 
@@ -119,13 +158,12 @@ class Remote:
             lacking += self._json(self._ok(response, "the blob check"))["missing"]
         return lacking
 
-    def put_blob(self, digest: str, path: Path, size: int) -> None:
-        """Upload a file, streamed; Refused if the server does not take it."""
+    def put_blob(self, digest: str, file: BinaryIO, size: int) -> None:
+        """Upload an open file, streamed; Refused if the server does not take it."""
 
         def chunks() -> Iterator[bytes]:
-            with path.open("rb") as f:
-                while chunk := f.read(_CHUNK):
-                    yield chunk
+            while chunk := file.read(_CHUNK):
+                yield chunk
 
         headers = {"Content-Length": str(size), "Content-Type": "application/octet-stream"}
         response = self._send("PUT", f"/v1/blobs/{digest}", content=chunks(), headers=headers)
@@ -133,7 +171,8 @@ class Remote:
 
     def fetch_blob(self, digest: str, size: int, dest: Path) -> None:
         """Download a blob into ``dest``, checking its size and BLAKE3 digest; Refused
-        when it is absent, short or not what it should be (``dest`` may hold a part)."""
+        when it is absent, short, longer (it stops at ``size``: a broken server must
+        not fill the disk) or not what it should be (``dest`` may hold a part)."""
         hasher = blake3.blake3()
         received = 0
         try:
@@ -143,6 +182,8 @@ class Remote:
             ):
                 self._ok(response, f"blob {digest}")
                 for chunk in response.iter_bytes(_CHUNK):
+                    if received + len(chunk) > size:
+                        raise Refused(f"blob {digest}: more than the {size} bytes expected")
                     hasher.update(chunk)
                     out.write(chunk)
                     received += len(chunk)

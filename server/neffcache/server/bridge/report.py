@@ -18,34 +18,42 @@ NOTEWORTHY = frozenset({"unkeyable", "conflict", "error"})
 class Report:
     """Counts of every outcome (zeros included, in a fixed order) and the noteworthy
     entries. ``done`` outcomes are what the run did or found already done; the others
-    are skips, except ``error``."""
+    are skips, except ``error``. ``tallies`` are counted beside the outcomes (one
+    entry may add to them or not), such as ``aliases_added``."""
 
     command: str
     done: Sequence[str]
     skipped: Sequence[str]
+    tallies: Sequence[str] = ()
     counts: dict[str, int] = field(default_factory=dict)
     details: list[dict[str, str]] = field(default_factory=list)
+    totals: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.counts = dict.fromkeys([*self.done, *self.skipped, "error"], 0)
+        self.totals = dict.fromkeys(self.tallies, 0)
 
     def add(self, outcome: str, address: str, reason: str | None = None) -> None:
         self.counts[outcome] += 1
         if outcome in NOTEWORTHY:
             self.details.append({"address": address, "outcome": outcome, "reason": reason or ""})
 
+    def tally(self, name: str, n: int) -> None:
+        self.totals[name] += n
+
     @property
     def errors(self) -> int:
         return self.counts["error"]
 
     def line(self) -> str:
-        """The one-line summary: ``neffcache import: 3 imported, 1 present; skipped 1
-        failed, 2 empty; 1 error``; outcomes that did not happen are left out."""
+        """The one-line summary: ``neffcache import: 3 imported, 1 present; aliases
+        added: 2; skipped 1 failed, 2 empty; 1 error``; what did not happen is left out."""
 
         def listed(outcomes: Sequence[str]) -> str:
             return ", ".join(f"{self.counts[o]} {o}" for o in outcomes if self.counts[o])
 
         parts = [listed(self.done) or "nothing new"]
+        parts += [f"{name.replace('_', ' ')}: {n}" for name, n in self.totals.items() if n]
         if listed(self.skipped):
             parts.append("skipped " + listed(self.skipped))
         if self.errors:
@@ -53,7 +61,13 @@ class Report:
         return f"neffcache {self.command}: " + "; ".join(parts)
 
     def as_json(self, **context: Any) -> dict[str, Any]:
-        return {"command": self.command, **context, "counts": self.counts, "details": self.details}
+        return {
+            "command": self.command,
+            **context,
+            "counts": self.counts,
+            **self.totals,
+            "details": self.details,
+        }
 
 
 class Progress:

@@ -1,8 +1,9 @@
 """A stock Neuron cache read as entries, from a directory or ``s3://bucket/prefix``.
 
 The layout (facts §3.1, §7) is ``<root>/neuronxcc-<version>/MODULE_<key>+<flags8>/``
-with one file (or, on S3, one object) per artifact. Each entry is classified as
-optimum-neuron's cleanup does (facts §3.2):
+with one file (or, on S3, one object) per artifact; only ``MODULE_`` folders are
+entries (not optimum-neuron's ``0_REGISTRY``, facts §10.3). Each entry is classified
+as optimum-neuron's cleanup does (facts §3.2):
 
 ============  =====================================================
 success       ``model.neff`` and ``model.done``
@@ -12,9 +13,17 @@ incomplete    ``model.neff`` or ``model.done`` alone (an interrupted write)
 empty         neither: HLO and flags only, never compiled
 ============  =====================================================
 
-Only a success is ever imported. Errors: ``SourceError`` when the source cannot be
-listed at all (the command stops), ``ReadError`` when one file cannot be read (that
-entry is counted as an error and the rest go on).
+Only a success is ever imported. A directory is read as its own user, while the
+SDK's default cache sits in the world-writable ``/var/tmp``: a symlink there (a file,
+an entry folder or a version folder) that resolves outside the source could make the
+import publish a file of the importing user's, so such an entry carries a
+``problem`` and is never read, unless symlinks are followed on purpose
+(optimum-neuron links Hugging Face blobs into caches). Each file is checked again
+when it is opened, on what was opened.
+
+Errors: ``SourceError`` when the source cannot be listed at all (the command stops),
+``ReadError`` when one file cannot be read (that entry is counted as an error and
+the rest go on); an entry folder that cannot be listed has a ``problem``.
 """
 
 from __future__ import annotations
@@ -22,10 +31,12 @@ from __future__ import annotations
 import contextlib
 import enum
 import os
+import stat
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from types import ModuleType
+from typing import BinaryIO, Protocol
 from urllib.parse import urlsplit
 
 NEFF = "model.neff"
@@ -36,6 +47,7 @@ FLAGS = "compile_flags.json"
 HLO_NAMES = ("model.hlo_module.pb", "model.hlo.pb")
 LOCK_SUFFIX = ".lock"
 VERSION_PREFIX = "neuronxcc-"
+MODULE_PREFIX = "MODULE_"
 # Markers of an entry's state, never artifacts of a compile.
 MARKERS = frozenset({DONE, LOG})
 
@@ -77,11 +89,13 @@ def is_artifact(name: str) -> bool:
 
 @dataclass(frozen=True)
 class StockEntry:
-    """One ``MODULE_`` folder: its address as found (validated only when keyed) and
-    the size of every file directly in it."""
+    """One ``MODULE_`` folder: its address as found (validated only when keyed), the
+    size of every file directly in it, and why it may not be read at all, if so (a
+    symlink out of the source, a folder that cannot be listed): an error."""
 
     address: str
     sizes: Mapping[str, int]
+    problem: str | None = None
 
     @property
     def state(self) -> State:
@@ -97,24 +111,26 @@ class StockSource(Protocol):
     where: str  # for messages
 
     def entries(self) -> list[StockEntry]:
-        """Every entry folder, sorted by address; SourceError if the source cannot be
-        listed or has no ``neuronxcc-*`` folder."""
+        """Every ``MODULE_`` folder of every ``neuronxcc-*`` folder, sorted by address;
+        SourceError if the source cannot be listed or has no ``neuronxcc-*`` folder."""
 
-    def local_file(self, entry: StockEntry, name: str, scratch: Path) -> Path:
-        """A local file with the bytes of ``name`` in ``entry``: the file itself for a
-        directory, a download into ``scratch`` otherwise. ReadError if unreadable."""
+    def open_file(self, entry: StockEntry, name: str, scratch: Path) -> BinaryIO:
+        """The bytes of ``name`` in ``entry``, open for reading: the file itself for a
+        directory (checked again on what was opened), a download into ``scratch``
+        otherwise. ReadError if it cannot be read."""
 
     def close(self) -> None:
         """Release connections."""
 
 
-def open_source(src: str) -> StockSource:
-    """A directory path or an ``s3://bucket/prefix`` URL; SourceError for anything else."""
+def open_source(src: str, *, follow_symlinks: bool = False) -> StockSource:
+    """A directory path or an ``s3://bucket/prefix`` URL; SourceError for anything
+    else. ``follow_symlinks`` lets a directory's symlinks lead out of it."""
     if src.startswith("s3://"):
         return S3Source(src)
     if "://" in src:
         raise SourceError(f"{src!r} is neither a directory nor an s3://bucket/prefix URL")
-    return DirectorySource(Path(src))
+    return DirectorySource(Path(src), follow_symlinks=follow_symlinks)
 
 
 def _no_entries(where: str) -> SourceError:
@@ -124,12 +140,18 @@ def _no_entries(where: str) -> SourceError:
     )
 
 
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
 class DirectorySource:
     """A stock cache in a local directory (or a mounted one)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, follow_symlinks: bool = False) -> None:
         self.root = root
         self.where = str(root)
+        self.follow_symlinks = follow_symlinks
+        self._real_root = os.path.realpath(root)
 
     def entries(self) -> list[StockEntry]:
         if not self.root.is_dir():
@@ -138,43 +160,113 @@ class DirectorySource:
             versions = sorted(
                 p for p in self.root.iterdir() if p.name.startswith(VERSION_PREFIX) and p.is_dir()
             )
-            if not versions:
-                raise _no_entries(self.where)
-            return [
-                StockEntry(f"{version.name}/{folder.name}", _sizes(folder))
-                for version in versions
-                for folder in sorted(version.iterdir())
-                if not folder.name.startswith(".") and folder.is_dir()
-            ]
         except OSError as exc:
-            raise SourceError(f"cannot read {self.root}: {exc}") from None
+            raise SourceError(f"cannot read {self.root}: {_why(exc)}") from None
+        if not versions:
+            raise _no_entries(self.where)
+        return [entry for version in versions for entry in self._version_entries(version)]
 
-    def local_file(self, entry: StockEntry, name: str, scratch: Path) -> Path:
+    def _version_entries(self, version: Path) -> list[StockEntry]:
+        """The entries of one version folder; one that cannot be listed is one error."""
+        try:
+            folders = sorted(p for p in version.iterdir() if p.name.startswith(MODULE_PREFIX))
+        except OSError as exc:
+            return [StockEntry(version.name, {}, f"cannot list {version}: {_why(exc)}")]
+        outside = self._outside(version)
+        entries = []
+        for folder in folders:
+            address = f"{version.name}/{folder.name}"
+            try:
+                if not folder.is_dir():
+                    continue  # a stray file, not an entry
+                problem = outside or self._outside(folder)
+                sizes, problem = ({}, problem) if problem else self._sizes(folder)
+            except OSError as exc:
+                sizes, problem = {}, f"cannot read {folder}: {_why(exc)}"
+            entries.append(StockEntry(address, sizes, problem))
+        return entries
+
+    def _sizes(self, folder: Path) -> tuple[dict[str, int], str | None]:
+        """The size of every regular file in ``folder`` (through symlinks that stay in
+        the source), and the first symlink that leads out, if any."""
+        sizes = {}
+        for path in folder.iterdir():
+            try:
+                info = path.lstat()
+                if stat.S_ISLNK(info.st_mode):
+                    problem = self._outside(path)
+                    if problem:
+                        return {}, problem
+                    info = path.stat()
+            except FileNotFoundError:
+                continue  # removed while we looked (a lock released, say)
+            if stat.S_ISREG(info.st_mode):
+                sizes[path.name] = info.st_size
+        return sizes, None
+
+    def _outside(self, path: Path) -> str | None:
+        """Why ``path`` may not be read: a symlink that resolves outside the source."""
+        if self.follow_symlinks or not path.is_symlink():
+            return None
+        real = os.path.realpath(path)
+        if _inside(real, self._real_root):
+            return None
+        return (
+            f"{path.relative_to(self.root)} is a symlink to {real}, outside {self.root} "
+            "(--follow-symlinks reads it)"
+        )
+
+    def open_file(self, entry: StockEntry, name: str, scratch: Path) -> BinaryIO:
         path = self.root / entry.address / name
-        if not path.is_file():
-            raise ReadError(f"{path} is gone")
-        return path
+        try:
+            # O_NONBLOCK: a FIFO swapped in since the listing must not hang the import.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise ReadError(f"{path} is gone") from None
+        except OSError as exc:
+            raise ReadError(f"cannot read {path}: {_why(exc)}") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ReadError(f"{path} is not a regular file")
+            # Checked again on the file opened: a symlink planted since the listing
+            # must not be read.
+            real = _opened_path(fd, path)
+            if not self.follow_symlinks and not _inside(real, self._real_root):
+                raise ReadError(f"{path} resolves to {real}, outside {self.root}")
+            return os.fdopen(fd, "rb")
+        except OSError as exc:
+            os.close(fd)
+            raise ReadError(f"cannot read {path}: {_why(exc)}") from None
+        except BaseException:
+            os.close(fd)
+            raise
 
     def close(self) -> None:
         return None
 
 
-def _sizes(folder: Path) -> dict[str, int]:
-    sizes = {}
-    for path in folder.iterdir():
-        try:
-            if path.is_file():
-                sizes[path.name] = path.stat().st_size
-        except FileNotFoundError:
-            continue  # removed while we looked (a lock released, say)
-    return sizes
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _opened_path(fd: int, path: Path) -> str:
+    """Where the open file ``fd`` is: Linux names it in /proc, with no race against a
+    rename or a new symlink; elsewhere the resolved path, if it is still that file."""
+    with contextlib.suppress(OSError):
+        return os.readlink(f"/proc/self/fd/{fd}")
+    real = os.path.realpath(path)
+    opened, found = os.fstat(fd), os.stat(real)
+    if (opened.st_dev, opened.st_ino) != (found.st_dev, found.st_ino):
+        return f"<{path} changed while it was opened>"
+    return real
 
 
 class S3Source:
     """A stock cache under ``s3://bucket/prefix``, one object per file (facts §7).
 
-    The endpoint comes from ``AWS_ENDPOINT_URL_S3``, else ``AWS_ENDPOINT_URL``, as for
-    the server's S3 blob store; credentials from boto3's usual chain."""
+    The client is the S3 blob store's (``blobs/s3.py``): the endpoint comes from
+    ``AWS_ENDPOINT_URL_S3``, else ``AWS_ENDPOINT_URL``, credentials from boto3's
+    usual chain, and its errors name only the S3 error code."""
 
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
@@ -187,7 +279,13 @@ class S3Source:
         prefix = parts.path.strip("/")
         self.base = f"{prefix}/" if prefix else ""  # every key starts with this
         self.where = f"s3://{self.bucket}/{prefix}"
-        self._client = _s3_client()
+        self._s3 = _s3_module()
+        from neffcache.server.config_errors import ConfigError
+
+        try:
+            self._client = self._s3.make_client()
+        except ConfigError as exc:
+            raise SourceError(str(exc)) from None
 
     def entries(self) -> list[StockEntry]:
         groups: dict[str, dict[str, int]] = {}
@@ -202,66 +300,45 @@ class S3Source:
                     if not parts[0].startswith(VERSION_PREFIX) or len(parts) < 2:
                         continue
                     seen_version = True
-                    if len(parts) == 3 and parts[2] and not parts[1].startswith("."):
+                    if len(parts) == 3 and parts[2] and parts[1].startswith(MODULE_PREFIX):
                         groups.setdefault(f"{parts[0]}/{parts[1]}", {})[parts[2]] = item["Size"]
         if not seen_version:
             raise _no_entries(self.where)
         return [StockEntry(address, sizes) for address, sizes in sorted(groups.items())]
 
-    def local_file(self, entry: StockEntry, name: str, scratch: Path) -> Path:
+    def open_file(self, entry: StockEntry, name: str, scratch: Path) -> BinaryIO:
         dest = scratch / name
-        if dest.is_file():
-            return dest  # read for the key already; boto3 renames a download into place
-        key = f"{self.base}{entry.address}/{name}"
-        try:
-            with self._errors(f"read {key}"):
-                self._client.download_file(self.bucket, key, str(dest))
-        except SourceError as exc:
-            raise ReadError(str(exc)) from None
-        return dest
+        if not dest.is_file():  # else read for the key already (boto3 renames into place)
+            key = f"{self.base}{entry.address}/{name}"
+            try:
+                with self._errors(f"read {key}"):
+                    self._client.download_file(self.bucket, key, str(dest))
+            except SourceError as exc:
+                raise ReadError(str(exc)) from None
+        return dest.open("rb")
 
     def close(self) -> None:
         self._client.close()
 
-    def _errors(self, action: str) -> contextlib.AbstractContextManager[None]:
-        return _s3_errors(f"{self.where}: {action}")
+    @contextlib.contextmanager
+    def _errors(self, action: str) -> Iterator[None]:
+        """The blob store's one-line S3 errors, as SourceErrors naming the source."""
+        from neffcache.server.errors import StoreError
+
+        try:
+            with self._s3.s3_errors(action):
+                yield
+        except StoreError as exc:
+            raise SourceError(f"{self.where}: {exc}") from None
 
 
-def _s3_client() -> Any:
+def _s3_module() -> ModuleType:
     try:
-        import boto3  # type: ignore[import-untyped]
-        from botocore.config import Config  # type: ignore[import-untyped]
-        from botocore.exceptions import BotoCoreError  # type: ignore[import-untyped]
+        # boto3 first: the blob store's module may be loaded already while boto3 is not
+        # importable here.
+        import boto3  # type: ignore[import-untyped]  # noqa: F401
+
+        from neffcache.server.blobs import s3
     except ImportError:
         raise SourceError("reading s3:// needs boto3: pip install 'neffcache[s3]'") from None
-    # Path-style addressing with a custom endpoint, as the S3 blob store does: MinIO or
-    # moto behind a plain host name has no bucket subdomains.
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    config = Config(
-        connect_timeout=5,
-        read_timeout=60,
-        retries={"max_attempts": 5, "mode": "standard"},
-        s3={"addressing_style": "path"} if endpoint else {},
-    )
-    try:
-        return boto3.session.Session().client("s3", endpoint_url=endpoint or None, config=config)
-    except (ValueError, BotoCoreError) as exc:
-        raise SourceError(
-            f"cannot create the S3 client ({exc}); check AWS_ENDPOINT_URL_S3, "
-            "AWS_ENDPOINT_URL and the AWS region settings"
-        ) from None
-
-
-@contextlib.contextmanager
-def _s3_errors(what: str) -> Iterator[None]:
-    """botocore and boto3 failures as one-line SourceErrors."""
-    from boto3.exceptions import Boto3Error  # type: ignore[import-untyped]
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    try:
-        yield
-    except ClientError as exc:
-        error = exc.response.get("Error", {})
-        raise SourceError(f"{what} failed: {error.get('Code') or error}") from None
-    except (BotoCoreError, Boto3Error, OSError) as exc:
-        raise SourceError(f"{what} failed: {exc}") from None
+    return s3

@@ -88,6 +88,12 @@ class Index(Protocol):
     def resolve_alias(self, namespace: str, alias: str) -> str | None:
         """The key an alias names in a namespace, or None."""
 
+    def add_alias(self, namespace: str, alias: str, key: str) -> PutResult | None:
+        """Atomically: make ``alias`` name ``key`` if the entry (namespace, key) exists
+        and the alias names nothing yet (CREATED); SAME when it names ``key``
+        already, CONFLICT when it names another key (which it keeps). None, and
+        nothing stored, when there is no entry under ``key``."""
+
     def put_failure(self, failure: Failure, keep: int) -> None:
         """Add a failure record, then drop the records of its (namespace, key) that
         expired by ``failure.created_at`` and all but the ``keep`` newest. Atomic:

@@ -47,6 +47,16 @@ class MemoryIndex:
         with self._lock:
             return self._aliases.get((namespace, alias))
 
+    def add_alias(self, namespace: str, alias: str, key: str) -> PutResult | None:
+        with self._lock:
+            if (namespace, key) not in self._entries:
+                return None
+            named = self._aliases.get((namespace, alias))
+            if named is None:
+                self._aliases[(namespace, alias)] = key
+                return PutResult.CREATED
+            return PutResult.SAME if named == key else PutResult.CONFLICT
+
     def put_failure(self, failure: Failure, keep: int) -> None:
         where = (failure.namespace, failure.key)
         with self._lock:

@@ -15,12 +15,13 @@ Every key starts with ``neffcache:``::
     neffcache:lease:{ns}:{name}         "<lease_id> <failed 0|1> <JSON of the rest>",
                                         expiring with the lease (Redis's clock)
 
-``put_entry`` runs as one Lua script, so it is atomic across replicas. The script
-touches several keys, which a standalone Redis (or one primary) allows and Redis
-Cluster does not. ``put_failure`` is one script on one key; the key expires when its
-newest record does, so Redis itself reclaims keys nobody writes again. A lease is one
-key with Redis's own expiry, so a lease's life is measured on one clock however many
-replicas ask; its ``expires_at`` is that remaining life added to the caller's clock.
+``put_entry`` and ``add_alias`` each run as one Lua script, so they are atomic across
+replicas. The scripts touch several keys, which a standalone Redis (or one primary)
+allows and Redis Cluster does not. ``put_failure`` is one script on one key; the key
+expires when its newest record does, so Redis itself reclaims keys nobody writes
+again. A lease is one key with Redis's own expiry, so a lease's life is measured on
+one clock however many replicas ask; its ``expires_at`` is that remaining life added
+to the caller's clock.
 """
 
 from __future__ import annotations
@@ -64,7 +65,25 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
   end
   return 'created'
 end
+-- Listed whenever found too: an entry a server older than the listing wrote is
+-- listed from its next put on (ZADD of a member already there changes nothing).
+redis.call('ZADD', KEYS[2], 0, ARGV[3])
 if cjson.decode(redis.call('GET', KEYS[1]))['manifest'] == ARGV[2] then
+  return 'same'
+end
+return 'conflict'
+"""
+
+# KEYS[1] the entry, KEYS[2] the alias; ARGV[1] the key. Returns 'absent' when there
+# is no entry to name.
+_ADD_ALIAS = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 'absent'
+end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX') then
+  return 'created'
+end
+if redis.call('GET', KEYS[2]) == ARGV[1] then
   return 'same'
 end
 return 'conflict'
@@ -158,8 +177,10 @@ def _lease_value(lease: Lease) -> str:
 def _lease_from(
     namespace: str, name: str, value: str | None, ttl_ms: int, now: float
 ) -> Lease | None:
-    if value is None or ttl_ms <= 0:  # absent, or (-1) somehow without expiry: not live
+    if value is None:
         return None
+    # Present is live: PTTL is 0 in a lease's last millisecond, and -1 (no expiry)
+    # cannot happen to a key only ever written with PX; both count as live now.
     lease_id, failed, rest = value.split(" ", 2)
     fields = json.loads(rest)
     return Lease(
@@ -168,7 +189,7 @@ def _lease_from(
         lease_id=lease_id,
         holder=fields["holder"],
         acquired_at=fields["acquired_at"],
-        expires_at=now + ttl_ms / 1000,
+        expires_at=now + max(ttl_ms, 1) / 1000,
         expected_seconds=fields["expected_seconds"],
         failed=failed == "1",
     )
@@ -198,6 +219,7 @@ class RedisIndex:
         self._redis = client
         self._where = where
         self._put_entry = client.register_script(_PUT_ENTRY)
+        self._add_alias = client.register_script(_ADD_ALIAS)
         self._put_failure = client.register_script(_PUT_FAILURE)
         self._acquire_lease = client.register_script(_ACQUIRE_LEASE)
         self._renew_lease = client.register_script(_RENEW_LEASE)
@@ -254,6 +276,12 @@ class RedisIndex:
         with self._mapped():
             return _opt_str(self._redis.get(_alias_key(namespace, alias)))
 
+    def add_alias(self, namespace: str, alias: str, key: str) -> PutResult | None:
+        keys = [_entry_key(namespace, key), _alias_key(namespace, alias)]
+        with self._mapped():
+            result = _str(self._add_alias(keys=keys, args=[key]))
+        return None if result == "absent" else PutResult(result)
+
     # --- failures ---------------------------------------------------------------------
 
     def put_failure(self, failure: Failure, keep: int) -> None:
@@ -300,9 +328,9 @@ class RedisIndex:
         with self._mapped():
             value, ttl_ms = self._acquire_lease(keys=keys, args=args)
         held = _lease_from(lease.namespace, lease.name, value, ttl_ms, lease.acquired_at)
-        if held is None or held.lease_id == lease.lease_id:
-            return lease
-        return held
+        if held is None:  # the script SETs, then GETs, atomically: there is a value
+            raise StoreError(f"redis index {self._where}: lease {keys[0]} vanished")
+        return lease if held.lease_id == lease.lease_id else held
 
     def renew_lease(self, namespace: str, name: str, lease_id: str, expires_at: float) -> bool:
         args: list[EncodableT] = [f"{lease_id} 0 ", _ms(expires_at - time.time())]

@@ -253,6 +253,25 @@ class SqliteIndex:
         )
         return str(rows[0][0]) if rows else None
 
+    def add_alias(self, namespace: str, alias: str, key: str) -> PutResult | None:
+        with self._write() as conn:
+            found = conn.execute(
+                "SELECT 1 FROM entries WHERE namespace = ? AND key = ?", (namespace, key)
+            ).fetchone()
+            if found is None:
+                return None
+            inserted = conn.execute(
+                "INSERT INTO aliases (namespace, alias, key) VALUES (?, ?, ?)"
+                " ON CONFLICT DO NOTHING",
+                (namespace, alias, key),
+            ).rowcount
+            if inserted:
+                return PutResult.CREATED
+            (named,) = conn.execute(
+                "SELECT key FROM aliases WHERE namespace = ? AND alias = ?", (namespace, alias)
+            ).fetchone()
+            return PutResult.SAME if named == key else PutResult.CONFLICT
+
     # --- failures ---------------------------------------------------------------------
 
     def put_failure(self, failure: Failure, keep: int) -> None:

@@ -1,4 +1,6 @@
-"""Server-side lease problems found in review: each test fails on the reviewed code."""
+"""Compile leases on the server: races and edge cases (a lease's last millisecond on
+Redis, wake-ups that land while a waiter reads, a publish between a look and a
+grant, the event loop while SQLite waits, Python 3.10's TimeoutError)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,18 @@ from neffcache.server.index import Lease, open_index
 from neffcache.server.index.memory import MemoryIndex
 
 SERVER_SRC = Path(__file__).resolve().parents[2] / "server"
-PY310 = Path("/root/.pyenv/versions/3.10.13/bin/python")
+# requires-python is >=3.10: wakeups.py must work there too (its TimeoutError differs).
+PY310 = next(
+    (
+        path
+        for path in [
+            Path("/usr/bin/python3.10"),
+            *Path.home().glob(".pyenv/versions/3.10*/bin/python"),
+        ]
+        if path.exists()
+    ),
+    Path("/nonexistent/python3.10"),
+)
 
 
 def test_redis_never_reports_a_grant_it_did_not_store(redis_server: str) -> None:
@@ -43,9 +56,10 @@ def test_a_long_poll_times_out_quietly_on_python_310() -> None:
     """requires-python is >=3.10; there asyncio.wait_for raises asyncio.TimeoutError,
     which is not the builtin TimeoutError that wakeups.py suppresses: every long-poll
     that is not woken ends in a 500 (and the client marks the server down)."""
+    wakeups = SERVER_SRC / "neffcache" / "server" / "wakeups.py"
     script = (
         "import asyncio, importlib.util\n"
-        f"spec = importlib.util.spec_from_file_location('w', r'{SERVER_SRC}/neffcache/server/wakeups.py')\n"
+        f"spec = importlib.util.spec_from_file_location('w', r'{wakeups}')\n"
         "w = importlib.util.module_from_spec(spec); spec.loader.exec_module(w)\n"
         "print(asyncio.run(w.Wakeups().wait('ns', 'name', 0.05)))\n"
     )
@@ -119,3 +133,32 @@ def test_a_graph_published_before_its_lease_was_released_is_never_granted(
         index.hook = holder_finishes
         answer = ask(client, waited=1.0)
     assert answer["state"] == "done"
+
+
+def test_a_lease_acquisition_does_not_block_the_event_loop(tmp_path: Path) -> None:
+    """SQLite is ``local``, so ``_try`` runs on the event loop, and with it
+    ``acquire_lease``'s BEGIN IMMEDIATE, which waits up to 5 s while another process
+    sharing the file writes. Every other write (entries, failures, renew, release)
+    takes a worker thread for exactly this reason; the lease grant does not, and the
+    whole server (wake-ups, lookups, health) stalls meanwhile."""
+    import sqlite3
+    import threading
+
+    index = open_index(f"sqlite://{tmp_path / 'index.db'}")
+    with make_client(index, tmp_path) as client:
+        other_process = sqlite3.connect(tmp_path / "index.db", isolation_level=None)
+        other_process.execute("BEGIN IMMEDIATE")  # another server process writes
+        asking = threading.Thread(
+            target=client.post, args=(f"{LEASES}/{KEY}",), kwargs={"json": {}}, daemon=True
+        )
+        asking.start()
+        time.sleep(0.3)  # the lease request is now waiting for the write lock
+        started = time.monotonic()
+        health = client.get("/healthz")
+        stalled = time.monotonic() - started
+        other_process.execute("COMMIT")
+        asking.join(10)
+        other_process.close()
+    index.close()
+    assert health.status_code == 200
+    assert stalled < 1.0, f"/healthz waited {stalled:.1f} s behind a lease grant"
