@@ -106,6 +106,34 @@ def test_a_waiter_does_not_spin_when_the_server_answers_at_once(tmp_path: Path) 
     assert remote.calls < 50, f"{remote.calls} lease requests in 2 s: a busy loop"
 
 
+class HeldThenDone:
+    """A long-polling server: ``held`` to the first question (asked without waiting),
+    then the entry to the next, which waits."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    def lease(self, name: str, wait: float, holder: str, **_: Any) -> LeaseAnswer:
+        self.waits.append(wait)
+        if len(self.waits) == 1:
+            return LeaseAnswer("held", "", 30.0, "other-host pid 1", 5.0, None, None)
+        return LeaseAnswer("done", "", 30.0, "", 0.0, None, {"key": KEY})
+
+
+def test_a_waiter_long_polls_at_once_after_its_first_question(tmp_path: Path) -> None:
+    """The first question does not wait (its answer sets the bound); the second must
+    follow at once as a long-poll, not after a pause meant for servers that do not
+    hold requests (the herd would then hear of the entry up to TTL / 3 late)."""
+    remote = HeldThenDone()
+    made = config("http://127.0.0.1:9", tmp_path)
+    started = time.monotonic()
+    wait = Leases(remote, made).acquire_or_wait(KEY)  # type: ignore[arg-type]
+    assert wait.state == "done"
+    assert remote.waits[0] == 0.0
+    assert remote.waits[1] > 0.0
+    assert time.monotonic() - started < 5.0  # the pacing pause would be 10 s
+
+
 # --- the holder ---------------------------------------------------------------------------
 
 

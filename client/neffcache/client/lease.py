@@ -142,12 +142,13 @@ class Leases:
                 STATS.count("lease_waits_abandoned")
                 waited = now - started
                 return Wait("compile", reason=f"waited {waited:.0f} s for {answer.holder}")
-            poll = min(_POLL, give_up_at - now)
-            quick = now - asked_at
-            if quick < poll / 2:
-                # The answer did not wait (a server that caps its long-polls at zero, a
-                # proxy that cuts them): pace the questions instead of spinning.
-                time.sleep(min(poll - quick, max(1.0, answer.ttl / 3)))
+            took = now - asked_at
+            if poll > 0 and took < poll / 2:
+                # Asked to wait, answered at once (a server that caps its long-polls at
+                # zero, a proxy that cuts them): pace the questions instead of spinning.
+                time.sleep(min(poll - took, max(1.0, answer.ttl / 3), give_up_at - now))
+                now = time.monotonic()
+            poll = max(0.0, min(_POLL, give_up_at - now))
 
     def release(self, name: str, failed: bool = False) -> None:
         """End a held lease (after publishing, or after a failed compile)."""
