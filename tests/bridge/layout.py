@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import blake3
 
 from neffcache.keying import (
     CompileContext,
@@ -135,3 +138,13 @@ def standard_cache(root: Path) -> StockCache:
 
 
 STANDARD_COUNTS = {"imported": 4, "failed": 1, "locked": 1, "empty": 1, "unkeyable": 2}
+
+
+def digest(data: bytes) -> str:
+    value: str = blake3.blake3(data).hexdigest()
+    return value
+
+
+def counts(stdout: str) -> dict[str, int]:
+    summary: dict[str, Any] = json.loads(stdout)
+    return {kind: n for kind, n in summary["counts"].items() if n}

@@ -9,26 +9,15 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-import blake3
 import httpx
 import pytest
 from bridge.conftest import Run, Server
-from bridge.layout import V1, V2, StockCache, standard_cache
+from bridge.layout import V1, V2, StockCache, counts, digest, standard_cache
 
 from neffcache.server.bridge.exporter import Filters, export_entry
 from neffcache.server.bridge.remote import Refused, Remote
 
 STAMPS = ("created_at", "namespace", "writer")
-
-
-def digest(data: bytes) -> str:
-    value: str = blake3.blake3(data).hexdigest()
-    return value
-
-
-def counts(stdout: str) -> dict[str, int]:
-    summary: dict[str, Any] = json.loads(stdout)
-    return {kind: n for kind, n in summary["counts"].items() if n}
 
 
 def imported(tmp_path: Path, server: Server, namespace: str, neffcache: Run) -> StockCache:

@@ -6,25 +6,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-import blake3
 import pytest
 from bridge.conftest import Run, Server, StartServer
-from bridge.layout import STANDARD_COUNTS, V1, StockCache, standard_cache
+from bridge.layout import STANDARD_COUNTS, V1, StockCache, counts, digest, standard_cache
 
 from neffcache.server.blobs.memory import MemoryBlobStore
 from neffcache.server.errors import StoreFull
 from neffcache.server.index import Entry, PutResult
 from neffcache.server.index.memory import MemoryIndex
-
-
-def digest(data: bytes) -> str:
-    value: str = blake3.blake3(data).hexdigest()
-    return value
-
-
-def counts(stdout: str) -> dict[str, int]:
-    summary: dict[str, Any] = json.loads(stdout)
-    return {kind: n for kind, n in summary["counts"].items() if n}
 
 
 def check_imported(server: Server, namespace: str, cache: StockCache) -> None:
