@@ -82,3 +82,12 @@ def short_ttl_server(tmp_path: Path) -> Iterator[str]:
     server = _Server(root, LEASE_TTL)
     yield server.url
     server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _no_shared_leases() -> Iterator[None]:
+    """Leases are shared per process (lease.shared_leases): none outlives its test."""
+    yield
+    from neffcache.client.lease import reset_shared_leases
+
+    reset_shared_leases()

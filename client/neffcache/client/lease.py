@@ -20,6 +20,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from neffcache.client._log import log
@@ -35,7 +36,8 @@ class Wait(NamedTuple):
     """What to do after asking: ``done`` (``entry`` is the published entry), ``granted``
     (compile, then ``release``), ``failed`` (the holder's compile failed; ``failure``
     is its record when the server has it), ``free`` (nobody holds it; asked without
-    taking) or ``compile`` (no lease: compile without one; ``reason`` says why)."""
+    taking), ``local`` (a live process on this host holds it) or ``compile`` (no
+    lease: compile without one; ``reason`` says why)."""
 
     state: str
     entry: Manifest | None = None
@@ -44,7 +46,48 @@ class Wait(NamedTuple):
 
 
 def holder_name() -> str:
-    return f"{os.uname().nodename} pid {os.getpid()}"
+    """``<host> pid <pid>``, where ``<host>`` is the node name plus what tells this
+    machine's boot and pid namespace apart: containers that share a host name (host
+    networking) each have their own pids, and must not judge each other's dead."""
+    return f"{_this_host()} pid {os.getpid()}"
+
+
+def _this_host() -> str:
+    parts = [os.uname().nodename]
+    try:
+        parts.append(Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8])
+        parts.append(str(os.stat("/proc/self/ns/pid").st_ino))
+    except OSError:
+        pass  # not Linux: the node name alone
+    return "/".join(parts)
+
+
+_shared: dict[tuple[str, str, str | None], Leases] = {}
+_shared_lock = threading.Lock()
+
+
+def reset_shared_leases() -> None:
+    """Release and forget every shared ``Leases`` and close its connections (tests; a
+    forked child, which must not renew its parent's leases)."""
+    with _shared_lock:
+        found = list(_shared.values())
+        _shared.clear()
+    for leases in found:
+        leases.release_all()
+        leases.remote.close()
+
+
+def shared_leases(config: ClientConfig, before_exit: Callable[[], object] | None = None) -> Leases:
+    """This process's leases for a server and namespace: one renewal thread, one exit
+    handler, however many cache objects the SDK makes."""
+    from neffcache.client.remote import Remote
+
+    where = (config.server, config.namespace, config.token)
+    with _shared_lock:
+        leases = _shared.get(where)
+        if leases is None:
+            leases = _shared[where] = Leases(Remote(config), config, before_exit)
+        return leases
 
 
 class Leases:
@@ -129,7 +172,7 @@ class Leases:
             elif here:
                 # A live process on this host: ranks of one host already wait for
                 # each other on L1's locks, and it may be waiting on a lock we hold.
-                return Wait("compile", reason=f"{answer.holder} on this host compiles it")
+                return Wait("local", reason=f"{answer.holder} on this host compiles it")
             now = time.monotonic()
             bound = _bound(answer, self.config.lease_wait)
             if cap is None:
@@ -143,10 +186,11 @@ class Leases:
                 waited = now - started
                 return Wait("compile", reason=f"waited {waited:.0f} s for {answer.holder}")
             took = now - asked_at
-            if poll > 0 and took < poll / 2:
+            if poll > 0 and took < min(0.25, poll / 2):
                 # Asked to wait, answered at once (a server that caps its long-polls at
                 # zero, a proxy that cuts them): pace the questions instead of spinning.
-                time.sleep(min(poll - took, max(1.0, answer.ttl / 3), give_up_at - now))
+                # A server that holds requests for less than asked is not paced.
+                time.sleep(max(0.0, min(1.0, poll - took, give_up_at - now)))
                 now = time.monotonic()
             poll = max(0.0, min(_POLL, give_up_at - now))
 
@@ -214,7 +258,7 @@ def _on_this_host(holder: str) -> bool | None:
     process on this host, False when it was one and is gone, None when it is not
     on this host (or not a name we made)."""
     host, sep, pid = holder.rpartition(" pid ")
-    if not sep or host != os.uname().nodename or not pid.isdigit() or len(pid) > 9:
+    if not sep or host != _this_host() or not pid.isdigit() or len(pid) > 9:
         return None
     try:
         os.kill(int(pid), 0)

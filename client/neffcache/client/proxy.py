@@ -173,7 +173,7 @@ class Core:
 
         name = "hlo-" + blake3.blake3(hlo_path.encode()).hexdigest()[:32]
         # Kept if set earlier: a rank that waited for another host's lease began then.
-        self._waited_from.setdefault(os.path.dirname(hlo_path), time.time())
+        self._waited_from.setdefault(_dir_of(hlo_path), time.time())
         fd = self.local.acquire(name, f"the compile lock of {hlo_path}", wait=timeout or 0.0)
         if fd is None:
             return  # no flock possible here: the SDK's own lock still serializes
@@ -188,19 +188,43 @@ class Core:
             pass
 
     def mark_entry(self, hlo_path: str) -> None:
-        self._locked_entries.add(os.path.dirname(hlo_path))
+        entry = _dir_of(hlo_path)
+        self._locked_entries.add(entry)
         if hlo_path in self._entry_locks:
             with contextlib.suppress(OSError):
                 Path(hlo_path + ".lock").write_text(f"neffcache pid {os.getpid()}\n")
+        try:
+            self._lease_under_lock(Path(entry))
+        except Exception:  # the cache's trouble is never the job's
+            STATS.count("hook_errors")
+            log.exception("neffcache: the compile lease of %s failed; compiling", entry)
+
+    def _lease_under_lock(self, entry: Path) -> None:
+        """Just before the SDK compiles (it holds its entry lock now): hold the fleet's
+        lease on the graph, or wait for the host that holds it and put its entry into
+        L1, where an SDK that probes again under the lock finds it. Here, not in a
+        probe: whether the SDK probes again after taking the lock is not public (facts
+        §3.3), and a probe may be followed by no compile at all."""
+        if (entry / DONE).exists() or not self.config.leases:
+            return
+        address = self._address(entry)
+        if address is None or not self.remote.available():
+            return
+        began = self._waited_from.get(_spelled(entry), time.time())
+        t0 = time.monotonic()
+        manifest = self._fleet(entry, address, began, take=True)
+        if manifest is not None and self._materialize(entry, manifest):
+            self._record(entry, "hit", "server", None, manifest, time.monotonic() - t0)
 
     def release_entry(self, hlo_path: str) -> None:
         from neffcache.client.local import release
 
         # A compile that ended with neither model.done nor model.log (an exception
         # in the SDK) leaves nothing to wait for: let the others go.
-        self._release(self._holding.pop(os.path.dirname(hlo_path), None), failed=False)
-        self._locked_entries.discard(os.path.dirname(hlo_path))
-        self._waited_from.pop(os.path.dirname(hlo_path), None)
+        entry = _dir_of(hlo_path)
+        self._release(self._holding.pop(entry, None), failed=False)
+        self._locked_entries.discard(entry)
+        self._waited_from.pop(entry, None)
         fd = self._entry_locks.pop(hlo_path, None)
         if fd is not None:
             release(fd)
@@ -226,7 +250,7 @@ class Core:
         """A failure is recorded, never replayed to a later run; but a rank that was
         waiting on the compile lock while the holder failed gets the holder's answer
         instead of compiling the same failing graph once more after it."""
-        waited_from = self._waited_from.get(os.path.dirname(log_path))
+        waited_from = self._waited_from.get(_dir_of(log_path))
         if waited_from is None:
             return False
         try:
@@ -251,7 +275,7 @@ class Core:
     def uploaded(self, cache_path: str, data: Any = None) -> None:
         try:
             name = os.path.basename(cache_path)
-            entry = str(Path(cache_path).parent)
+            entry = _dir_of(cache_path)
             if name in HLO_NAMES:
                 self._hlo_seen.setdefault(entry, time.monotonic())
             elif name == DONE:
@@ -261,18 +285,22 @@ class Core:
                 seconds = None if started is None else time.monotonic() - started
                 self._record(Path(entry), "miss", "compiler", seconds)
                 environ = dict(os.environ)  # as the compile saw it, not as publishing will
-                _publisher(self.config).submit(
+                queued = _publisher(self.config).submit(
                     lambda: self._publish(Path(entry), seconds, environ, lease)
                 )
+                if not queued:  # dropped: nothing will be published for the waiters
+                    self._release(lease, failed=True)
             elif name == LOG:
                 lease = self._holding.pop(entry, None)
                 started = self._hlo_seen.pop(entry, None)
                 seconds = None if started is None else time.monotonic() - started
                 text = data if isinstance(data, str) else _read_text(cache_path)
                 environ = dict(os.environ)
-                _publisher(self.config).submit(
+                queued = _publisher(self.config).submit(
                     lambda: self._report(Path(entry), text, seconds, environ, lease)
                 )
+                if not queued:
+                    self._release(lease, failed=True)
         except Exception:
             STATS.count("hook_errors")
             log.exception("neffcache: could not handle the upload of %s", cache_path)
@@ -334,7 +362,7 @@ class Core:
         address = self._address(entry)
         if address is None or not self.remote.available():
             return False
-        if str(entry) in self._holding:
+        if _spelled(entry) in self._holding:
             # This process holds the lease: it compiles. (The SDK probes again after
             # taking its entry lock; ranks waiting for us hold the lock below.)
             return False
@@ -351,38 +379,38 @@ class Core:
                     manifest = self.remote.alias(direct.key)
                     if manifest is None:
                         manifest = self.remote.entry(canonical().key)
-            if manifest is None:
-                manifest = self._fleet(entry, address, began)
+            if manifest is None and _spelled(entry) not in self._locked_entries:
+                # Before the SDK's entry lock: wait for a host that compiles it, never
+                # take the lease (that happens under the lock, in mark_entry).
+                manifest = self._fleet(entry, address, began, take=False)
                 if manifest is None:
                     # A failure written while this rank waited is replayed to it.
-                    self._waited_from.setdefault(str(entry), began)
+                    self._waited_from.setdefault(_spelled(entry), began)
             if manifest is None or not self._materialize(entry, manifest):
                 return False
         self._record(entry, "hit", "server", None, manifest, time.monotonic() - t0)
         return True
 
-    def _fleet(self, entry: Path, address: str, began: float) -> dict[str, Any] | None:
+    def _fleet(self, entry: Path, address: str, began: float, take: bool) -> dict[str, Any] | None:
         """Another host's entry for this graph once its compile ends, or None: the
-        SDK compiles here, holding the lease if this process got it."""
-        from neffcache.client.lease import Leases
+        SDK compiles here, holding the lease if ``take`` and this process got it."""
+        from neffcache.client.lease import shared_leases
 
         if address in self._no_lease:
             return None
         if self._leases is None:
-            self._leases = Leases(self.remote, self.config, before_exit=_flush_publishes)
-        # Take the lease only under the SDK's entry lock, that is just before a
-        # compile: the first probe (before the lock) may be followed by none at all
-        # (graph extraction for neuron_parallel_compile, an error in the SDK), and a
-        # lease nobody compiles under would keep every other host waiting.
-        take = str(entry) in self._locked_entries
+            # One per process: the SDK makes a new cache object per compile.
+            self._leases = shared_leases(self.config, before_exit=_flush_publishes)
         wait = self._leases.acquire_or_wait(address, began=began, take=take)
         if wait.state == "granted":
-            self._holding[str(entry)] = address
+            self._holding[_spelled(entry)] = address
             return None
         if wait.state == "done":
             return same_environment(wait.entry)
-        if wait.state == "free":
-            return None  # asked again, taking it, under the entry lock
+        if wait.state in ("free", "local"):
+            # Nobody holds it (the lock step takes it), or a live rank of this host
+            # does: it may die, so ask again next time.
+            return None
         # A failed or abandoned wait: compile without asking again in this process.
         self._no_lease.add(address)
         if wait.reason:
@@ -428,22 +456,29 @@ class Core:
     def _publish(
         self, entry: Path, seconds: float | None, environ: dict[str, str], lease: str | None = None
     ) -> None:
+        published = False
         try:
-            self._publish_entry(entry, seconds, environ)
+            published = self._publish_entry(entry, seconds, environ)
         finally:
-            # After the publish: the waiters the release wakes find the entry.
-            self._release(lease, failed=False)
+            # After the publish: the waiters the release wakes find the entry. With
+            # nothing published they would wait for each other's compiles one after
+            # another: the failure notice sends them all to compile now instead.
+            self._release(lease, failed=not published)
+            # This Core's connection on the publisher's thread: the SDK makes a new
+            # cache object (and Core) per compile, so none would be used again.
+            self.remote.close()
 
-    def _publish_entry(self, entry: Path, seconds: float | None, environ: dict[str, str]) -> None:
+    def _publish_entry(self, entry: Path, seconds: float | None, environ: dict[str, str]) -> bool:
+        """True when the server holds the entry under this entry's address."""
         from neffcache.client.publish import make_manifest, publish
 
         address = self._address(entry)
         if address is None or not (entry / NEFF).is_file():
-            return
+            return False
         keys = self._keys(entry, address, environ)
         if keys is None:
             STATS.count("unkeyable")  # no --target in the flags (facts §4.3 item 6): the
-            return  # wrapper keys such graphs from the compiler's own command line
+            return False  # wrapper keys such graphs from the compiler's own command line
         direct, canonical = keys
         files = {
             p.name: p
@@ -454,7 +489,7 @@ class Core:
             and not p.name.endswith(".lock")
         }
         manifest, paths = make_manifest(canonical(), direct, address, files, seconds)
-        publish(self.remote, manifest, paths)
+        return publish(self.remote, manifest, paths)
 
     def _report(
         self,
@@ -468,6 +503,7 @@ class Core:
             self._report_failure(entry, text, seconds, environ)
         finally:
             self._release(lease, failed=True)
+            self.remote.close()
 
     def _report_failure(
         self, entry: Path, text: str, seconds: float | None, environ: dict[str, str]
@@ -560,6 +596,16 @@ def _read_text(path: str) -> str:
 
 _the_publisher: list[Any] = []  # one per process, made on the first publish
 _publisher_lock = threading.Lock()
+
+
+def _dir_of(path: str) -> str:
+    """The entry directory of a file in it, spelled one way for every map keyed by it
+    (``./l1//x`` and ``l1/x`` are one entry)."""
+    return os.path.normpath(os.path.dirname(path))
+
+
+def _spelled(entry: Path) -> str:
+    return os.path.normpath(str(entry))
 
 
 def _flush_publishes() -> None:

@@ -100,9 +100,16 @@ def publish(remote: Remote, manifest: Manifest, paths: dict[str, Path]) -> bool:
             STATS.count("publishes")
             return True
         if response.status == 409:
-            # Another host published this key first, with other stamps: its NEFF serves.
+            # Another host published this key first (the same program, traced with
+            # other metadata or stamps): its NEFF serves. This trace's own names must
+            # still lead to it, or every later lookup by them misses.
             STATS.count("publish_conflicts")
-            return True
+            key = manifest["key"]
+            return all(
+                remote.put_alias(alias, key)
+                for alias in (manifest.get("neuron_address"), manifest.get("direct_key"))
+                if isinstance(alias, str)
+            )
         if response.status == 400 and b"missing" in response.body:
             continue  # a blob vanished between the check and the manifest: once more
         STATS.count("publish_failures")
@@ -124,11 +131,14 @@ class Publisher:
         self._thread.start()
         atexit.register(self.flush)
 
-    def submit(self, job: Callable[[], None]) -> None:
+    def submit(self, job: Callable[[], None]) -> bool:
+        """Queue a job; False when the queue is full and the job was dropped."""
         try:
             self._queue.put_nowait(job)
         except queue.Full:
             STATS.count("publishes_dropped")
+            return False
+        return True
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every submitted job ran; False if ``timeout`` (default: the

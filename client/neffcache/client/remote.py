@@ -269,6 +269,19 @@ class Remote:
             headers={"Content-Type": "application/json"},
         )
 
+    def put_alias(self, alias: str, key: str) -> bool:
+        """Make ``alias`` (a direct key or a Neuron address) name the entry ``key``;
+        True when it does now (or already did), False when it names another key or
+        on trouble."""
+        response = self._call(
+            "alias publish",
+            "PUT",
+            f"{self._ns}/aliases/{quote(alias, safe='/')}",
+            body=json.dumps({"key": key}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        return response is not None and response.status in (200, 201)
+
     def put_failure(self, key: str, record: dict[str, Any]) -> bool:
         response = self._call(
             "failure report",

@@ -86,6 +86,7 @@ class Session:
         waited_from = time.time()
         code = 1
         compiled = False  # the compiler ran here, holding the lease
+        published = False
         try:
             with self.local.lock(canonical.key, f"graph {canonical.key[:12]}") as _held:
                 # Another rank may have fetched or compiled it while we waited.
@@ -102,12 +103,17 @@ class Session:
                 compiled = True
                 kept = code == 0 and self._keep(module, canonical, direct, seconds)
             if kept:
-                self._publish()
+                published = self._publish()
         finally:
             if self._leases is not None:
                 # After the publish, so waiters woken by the release find the entry.
-                # Failed only when the compiler failed: our own trouble is no notice.
-                self._leases.release(canonical.key, failed=compiled and code != 0)
+                # A failure notice tells them to stop waiting: the graph failed to
+                # compile (they replay it), or it compiled and nothing could be
+                # published (they compile at once rather than one after another).
+                # A failure of this host (a signal, a compiler that cannot start) is
+                # no notice: one of them takes over, as from a dead holder.
+                failed = (code == 0 and not published) or replayable(code)
+                self._leases.release(canonical.key, failed=compiled and failed)
         return code
 
     def _done(self, code: int) -> int:
@@ -193,7 +199,7 @@ class Session:
         as the server attached it to the lease's answer), replayed: its exit code, its
         log on stderr; None when the record does not say how it failed."""
         code = record.get("exit_code")
-        if not isinstance(code, int) or code == 0:
+        if not isinstance(code, int) or not replayable(code):
             return None
         text = record.get("log")
         if isinstance(text, str):
@@ -254,11 +260,11 @@ class Session:
             return False
         return True
 
-    def _publish(self) -> None:
+    def _publish(self) -> bool:
         from neffcache.client.publish import publish
 
         try:
-            publish(self.remote, self._manifest, self._paths)
+            return publish(self.remote, self._manifest, self._paths)
         finally:
             self._staged.cleanup()
 
@@ -331,3 +337,10 @@ class Session:
             "exit_code": self.report.get("exit_code", 0),
         }
         record(self.config.run_manifest, **fields)
+
+
+def replayable(code: int) -> bool:
+    """Whether a compiler's exit code is the graph's failure, which another host would
+    meet too, rather than this host's: killed by a signal (negative: the OOM killer,
+    say), or not runnable (126, 127)."""
+    return code > 0 and code not in (126, 127)

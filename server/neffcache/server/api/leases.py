@@ -94,7 +94,13 @@ async def ask_lease(
     # Failure notices older than the asker's wait are not its business: only those
     # who waited while the compile failed hear of it; a later asker compiles again.
     since = time.time() - asked.waited
+    first = True
     while True:
+        if not first and await request.is_disconnected():
+            # Gone mid-wait (killed, or cut off by a proxy): a lease granted now would
+            # be held by no one, and every other waiter would sit out its TTL.
+            return Response(status_code=204)
+        first = False
         with backends.wakeups.watch(namespace, name) as woken:
             # A worker thread even for local stores: granting is a write, which may
             # wait for another process's lock on a shared SQLite file.

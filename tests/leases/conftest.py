@@ -1,0 +1,61 @@
+"""Compile leases through the hook and the wrapper, against a real ``neffcache serve``
+with short leases. Fixtures: the server
+(tests/herd.py's server), a client config pointing at it, and hook Cores that play
+one host each (their own L1, their own holder name)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from neffcache.client import remote as remote_module
+from neffcache.client.config import ClientConfig
+from neffcache.client.lease import reset_shared_leases
+from neffcache.client.remote import Remote
+
+NS = "leases"
+# Seconds: lease_ttl_seconds of ``server``.
+TTL = 1.5
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[str]:
+    from herd import _Server
+
+    root = tmp_path / "server"
+    root.mkdir()
+    running = _Server(root, TTL)
+    yield running.url
+    running.stop()
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No server marked down at the start; every Remote's connection closed at the end."""
+    monkeypatch.setattr(remote_module, "_down_until", {})
+    made: list[Remote] = []
+    init = Remote.__init__
+
+    def tracked(self: Remote, config: ClientConfig) -> None:
+        init(self, config)
+        made.append(self)
+
+    monkeypatch.setattr(Remote, "__init__", tracked)
+    yield
+    reset_shared_leases()
+    for remote in made:
+        remote.close()
+
+
+def make_config(url: str, l1: Path | str, **extra: str) -> ClientConfig:
+    env = {
+        "NEFFCACHE_URL": f"neffcache+{url}/{NS}",
+        "NEFFCACHE_LOCAL_DIR": str(l1),
+        "NEFFCACHE_TIMEOUT": "5",
+        **extra,
+    }
+    made = ClientConfig.from_env(env)
+    assert made is not None
+    return made

@@ -1,0 +1,43 @@
+"""The hook asks for the lease (``take``) only from an ``exists(model.done)`` probe made
+while this process holds the SDK's entry lock. The stand-in SDK probes again after
+taking its lock; whether the real one does is not public (facts 3.3, 6.2: only
+``neuron_parallel_compile``'s re-check is seen). An SDK that probes once, then locks
+and compiles, never gets a lease through the hook: every host compiles the graph
+(only the compiler wrapper, when it is enabled too, still de-duplicates, by key).
+Taking the lease in ``hlo_acquire_lock`` itself (and releasing it in
+``hlo_release_lock`` when no model.done/model.log followed) does not depend on a
+second probe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+from leases.conftest import NS, make_config
+from leases.test_hook_lease_chain import A1, FakeStock
+
+from neffcache.client.proxy import Core
+
+
+def test_the_lease_is_held_once_the_sdk_holds_its_entry_lock(server: str, tmp_path: Path) -> None:
+    root = tmp_path / "l1"
+    entry = root / A1
+    entry.mkdir(parents=True)
+    core = Core(FakeStock(root), make_config(server, root))
+    hlo = str(entry / "model.hlo_module.pb")
+    assert core.exists(str(entry / "model.done")) is False  # the only probe
+    core.acquire_entry(hlo)  # what the proxy's hlo_acquire_lock does
+    core.mark_entry(hlo)
+    try:
+        # ... the SDK now writes the HLO and compiles, without probing again.
+        seen = httpx.post(
+            f"{server}/v1/ns/{NS}/leases/{A1}",
+            json={"holder": "other-host pid 1", "take": False},
+            timeout=10,
+            trust_env=False,
+        ).json()
+    finally:
+        core.release_entry(hlo)
+        if core._leases is not None:
+            core._leases.release_all()
+    assert seen["state"] == "held", f"another host would compile too: {seen}"
