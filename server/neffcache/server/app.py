@@ -24,6 +24,7 @@ from neffcache.server.errors import ServerError
 from neffcache.server.fastpath import FastPath
 from neffcache.server.index import Index, open_index
 from neffcache.server.settings import ServerSettings, redact
+from neffcache.server.verified import VerifiedMemo
 
 log = logging.getLogger("neffcache.server")
 
@@ -57,7 +58,13 @@ def create_app(
             store.close()
 
     app = FastAPI(title="neffcache", version=__version__, lifespan=lifespan)
-    app.state.backends = Backends(settings, blob_store, index, TokenPresence(index))
+    app.state.backends = Backends(
+        settings,
+        blob_store,
+        index,
+        TokenPresence(index),
+        verified=VerifiedMemo(settings.reverify_seconds),
+    )
     for module in (health, blobs, entries, failures, leases, admin):
         app.include_router(module.router)
     app.add_exception_handler(ServerError, _server_error)

@@ -13,6 +13,7 @@ from neffcache.server.auth import Caller, TokenPresence, authenticate
 from neffcache.server.blobs import BlobStore
 from neffcache.server.index import Index
 from neffcache.server.settings import ServerSettings
+from neffcache.server.verified import VerifiedMemo
 from neffcache.server.wakeups import Wakeups
 
 T = TypeVar("T")
@@ -25,6 +26,7 @@ class Backends:
     index: Index
     tokens: TokenPresence
     wakeups: Wakeups = field(default_factory=Wakeups)
+    verified: VerifiedMemo = field(default_factory=lambda: VerifiedMemo(3600.0))
 
     @property
     def inline(self) -> bool:

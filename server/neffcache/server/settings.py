@@ -59,6 +59,14 @@ class ServerSettings(BaseSettings):
     failures_per_key: int = Field(
         5, ge=1, le=100, description="failure records kept per key, newest first"
     )
+    reverify_seconds: float = Field(
+        3600.0,
+        ge=0,
+        le=366 * 86400,
+        allow_inf_nan=False,
+        description="how long a blob verified on read is served without hashing it "
+        "again while its file is unchanged (0: hash on every read)",
+    )
     lease_ttl_seconds: float = Field(
         30.0,
         ge=1,

@@ -150,21 +150,37 @@ async def answer_blob(
 
 def _blob_response(backends: Backends, digest: str, range_header: str | None) -> Response:
     blobs = backends.blobs
+    memo = backends.verified
+    stamped = blobs.stamp(digest)
     size = blobs.size(digest)
     if size is None:
         raise NotFound(f"no blob {digest}")
     span = _parse_range(range_header, size)
+    stamp, changed_at = stamped if stamped is not None else (None, None)
+    if memo.trusted(digest, stamp):
+        return _trusted_response(backends, digest, size, span)
     try:
         if span is not None or size <= _VERIFY_FIRST:
-            return _verified_response(blobs, digest, size, span)
+            response = _verified_response(blobs, digest, size, span)
+            memo.remember(digest, stamp, changed_at)
+            return response
     except CorruptBlob:
+        memo.forget(digest)
         blobs.quarantine(digest)
         log.error("blob %s failed verification; quarantined", digest)
         raise NotFound(f"no blob {digest}") from None
     chunks = blobs.read(digest)
     if chunks is None:
         raise NotFound(f"no blob {digest}")
-    checked = _held_back(chunks, digest, lambda: blobs.quarantine(digest))
+
+    def corrupt() -> None:
+        memo.forget(digest)
+        blobs.quarantine(digest)
+
+    def verified() -> None:
+        memo.remember(digest, stamp, changed_at)
+
+    checked = _held_back(chunks, digest, corrupt, verified)
     return StreamingResponse(
         # A plain iterator makes Starlette move every step to the thread pool: right
         # for a remote store, a needless hop for a local file in the page cache.
@@ -204,8 +220,34 @@ def _verified_response(
     )
 
 
+def _trusted_response(
+    backends: Backends, digest: str, size: int, span: tuple[int, int] | None
+) -> Response:
+    """A blob whose file was verified and has not changed since (verified.py)."""
+    start, end = span if span is not None else (0, size)
+    chunks = backends.blobs.read(digest, start, end)
+    if chunks is None:
+        raise NotFound(f"no blob {digest}")
+    headers = _headers(digest, end - start)
+    if span is not None:
+        headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+    if span is None and size <= _VERIFY_FIRST:
+        body = b"".join(chunks)  # small: one write, as a verified small blob is sent
+        return Response(body, headers=headers, media_type="application/octet-stream")
+    return StreamingResponse(
+        # As for a verified stream: no thread-pool hop per chunk of a local file.
+        _async(chunks) if backends.inline else chunks,
+        status_code=206 if span is not None else 200,
+        headers=headers,
+        media_type="application/octet-stream",
+    )
+
+
 def _held_back(
-    chunks: Iterator[bytes], digest: str, on_corrupt: Callable[[], None]
+    chunks: Iterator[bytes],
+    digest: str,
+    on_corrupt: Callable[[], None],
+    on_verified: Callable[[], None] = lambda: None,
 ) -> Iterator[bytes]:
     hasher = blake3.blake3()
     pending: bytes | None = None
@@ -218,6 +260,7 @@ def _held_back(
         on_corrupt()
         log.error("blob %s failed verification while streaming; quarantined", digest)
         raise CorruptBlob(digest)
+    on_verified()
     if pending is not None:
         yield pending
 

@@ -7,7 +7,7 @@ killed upload leaves only a staging file, which ``open_blob_store`` removes at s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -37,6 +37,11 @@ class BlobStore(Protocol):
     def read(self, digest: str, start: int = 0, end: int | None = None) -> Iterator[bytes] | None:
         """Chunks of bytes [start, end) of the blob, or None if it is absent. The
         iterator may raise StoreError if the backend fails midway."""
+
+    def stamp(self, digest: str) -> tuple[Hashable, float] | None:
+        """What the stored blob's file is now (a value that changes whenever its bytes
+        may have) and when it last changed (epoch seconds); None when the store cannot
+        tell, and then every read is verified in full (verified.py)."""
 
     def local_path(self, digest: str) -> Path | None:
         """A local file holding the blob, for zero-copy serving; None when the store

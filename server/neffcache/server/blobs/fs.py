@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
 from pathlib import Path
@@ -229,6 +229,16 @@ class FsBlobStore:
         if next(chunks, None) is None:
             return None
         return chunks
+
+    def stamp(self, digest: str) -> tuple[Hashable, float] | None:
+        with os_errors(f"stat blob {digest}"):
+            try:
+                st = os.stat(self._blob_path(digest))
+            except FileNotFoundError:
+                return None
+        # ctime: set by the kernel on every change to the inode, never by a user.
+        found = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        return found, max(st.st_mtime_ns, st.st_ctime_ns) / 1e9
 
     def local_path(self, digest: str) -> Path | None:
         return self._blob_path(digest) if self.size(digest) is not None else None
