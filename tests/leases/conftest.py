@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,3 +60,16 @@ def make_config(url: str, l1: Path | str, **extra: str) -> ClientConfig:
     made = ClientConfig.from_env(env)
     assert made is not None
     return made
+
+
+def peek(url: str, name: str) -> dict[str, Any]:
+    """What another host sees of a lease, without taking it."""
+    import httpx
+
+    seen: dict[str, Any] = httpx.post(
+        f"{url}/v1/ns/{NS}/leases/{name}",
+        json={"holder": "other-host pid 1", "take": False},
+        timeout=10,
+        trust_env=False,
+    ).json()
+    return seen

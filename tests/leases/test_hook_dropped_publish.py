@@ -11,9 +11,8 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import pytest
-from leases.conftest import NS, TTL, make_config
+from leases.conftest import TTL, make_config, peek
 from leases.test_hook_lease_chain import A1, HLO, FakeStock
 
 from neffcache.client import proxy, publish
@@ -51,12 +50,7 @@ def test_a_dropped_publish_still_releases_the_lease(
     busy.set()
     _flush_publishes()
     time.sleep(2 * TTL)  # a lease nobody renews would have run out by now
-    seen = httpx.post(
-        f"{server}/v1/ns/{NS}/leases/{A1}",
-        json={"holder": "other-host pid 1", "take": False},
-        timeout=10,
-        trust_env=False,
-    ).json()
+    seen = peek(server, A1)
     assert core._leases is not None
     core._leases.release_all()
     assert seen["state"] != "held", f"other hosts wait for a publish that never comes: {seen}"

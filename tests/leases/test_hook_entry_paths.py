@@ -11,9 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import httpx
 import pytest
-from leases.conftest import NS, make_config
+from leases.conftest import make_config, peek
 from leases.test_hook_lease_chain import A1, FakeStock
 
 from neffcache.client.proxy import Core
@@ -34,12 +33,7 @@ def test_a_relative_l1_still_takes_the_lease_under_the_entry_lock(
     core.mark_entry(hlo)
     try:
         assert core.exists(done) is False  # second probe, under the entry lock
-        seen = httpx.post(
-            f"{server}/v1/ns/{NS}/leases/{A1}",
-            json={"holder": "other-host pid 1", "take": False},
-            timeout=10,
-            trust_env=False,
-        ).json()
+        seen = peek(server, A1)
     finally:
         core.release_entry(hlo)
     assert seen["state"] == "held", f"the compiling host holds no lease: {seen}"

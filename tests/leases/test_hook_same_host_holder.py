@@ -14,8 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
-from leases.conftest import NS, make_config
+from leases.conftest import NS, make_config, peek
 from leases.test_hook_lease_chain import A1, FakeStock
 
 from neffcache.client.lease import holder_name
@@ -54,12 +53,7 @@ def test_a_rank_takes_over_from_a_same_host_holder_that_died(server: str, tmp_pa
         rank1.mark_entry(hlo)
         try:
             assert rank1.exists(done) is False  # second probe, under the entry lock
-            seen = httpx.post(
-                f"{server}/v1/ns/{NS}/leases/{A1}",
-                json={"holder": "other-host pid 1", "take": False},
-                timeout=10,
-                trust_env=False,
-            ).json()
+            seen = peek(server, A1)
         finally:
             rank1.release_entry(hlo)
             if rank1._leases is not None:

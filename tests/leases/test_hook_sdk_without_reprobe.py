@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
-from leases.conftest import NS, make_config
+from leases.conftest import make_config, peek
 from leases.test_hook_lease_chain import A1, FakeStock
 
 from neffcache.client.proxy import Core
@@ -30,12 +29,7 @@ def test_the_lease_is_held_once_the_sdk_holds_its_entry_lock(server: str, tmp_pa
     core.mark_entry(hlo)
     try:
         # ... the SDK now writes the HLO and compiles, without probing again.
-        seen = httpx.post(
-            f"{server}/v1/ns/{NS}/leases/{A1}",
-            json={"holder": "other-host pid 1", "take": False},
-            timeout=10,
-            trust_env=False,
-        ).json()
+        seen = peek(server, A1)
     finally:
         core.release_entry(hlo)
         if core._leases is not None:
