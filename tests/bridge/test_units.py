@@ -16,6 +16,7 @@ import httpx
 import pytest
 from bridge.layout import StockCache, standard_cache
 
+from neffcache.keying import is_stock_artifact as is_artifact
 from neffcache.server.bridge.cli import resolve_server
 from neffcache.server.bridge.exporter import Filters, parse_since
 from neffcache.server.bridge.importer import Outcome, import_cache, key_entry, publish
@@ -26,7 +27,6 @@ from neffcache.server.bridge.stock import (
     ReadError,
     State,
     classify,
-    is_artifact,
 )
 
 Handler = Callable[[httpx.Request], httpx.Response]

@@ -524,3 +524,25 @@ def test_an_in_place_write_elsewhere_does_not_change_a_served_entry(tmp_path: Pa
         f.write(b"other graph")
     assert (entry / "model.neff").read_bytes() == neff
     assert core.local.blob_path(digest(neff)).read_bytes() == neff
+
+
+@pytest.mark.parametrize("name", ["model.hlo_module.pb.lock", ".hidden", "model.done", "model.log"])
+def test_a_manifest_cannot_plant_a_lock_or_marker_in_an_l1_entry(name: str, tmp_path: Path) -> None:
+    """A lock file named in a manifest would make the SDK wait for a compile nobody
+    runs; markers are the writer's to set. Only artifacts are written."""
+    from neffcache.client.local import LocalStore
+    from neffcache.client.proxy import write_entry
+
+    local = LocalStore(tmp_path / "l1")
+    payload = tmp_path / "payload"
+    payload.write_bytes(b"bytes of a file")
+    ref = {"digest": digest(payload.read_bytes()), "size": payload.stat().st_size}
+    local.add_blob(payload, ref["digest"])
+    entry = tmp_path / "l1" / "neuronxcc-2.20.9961.0+0acef03a" / "MODULE_1+3cc9a3cb"
+    entry.mkdir(parents=True)
+    manifest = {"files": {"model.neff": ref, name: ref}}
+    marked: list[Path] = []
+    assert write_entry(local, None, entry, manifest, marked.append)  # type: ignore[arg-type]
+    assert (entry / "model.neff").read_bytes() == b"bytes of a file"
+    assert not (entry / name).exists()
+    assert marked == [entry / "model.done"]

@@ -35,19 +35,25 @@ from typing import TYPE_CHECKING, Any
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
 from neffcache.client.stats import STATS
+from neffcache.keying import (
+    STOCK_DONE,
+    STOCK_FLAGS,
+    STOCK_HLO_NAMES,
+    STOCK_LOG,
+    STOCK_NEFF,
+    is_stock_artifact,
+)
 
 if TYPE_CHECKING:
     from neffcache.client.lease import Leases
     from neffcache.client.local import LocalStore
     from neffcache.client.remote import Remote
 
-DONE = "model.done"
-NEFF = "model.neff"
-LOG = "model.log"
-FLAGS = "compile_flags.json"
-HLO_NAMES = ("model.hlo_module.pb", "model.hlo.pb")
-# Files the SDK keeps in an entry that are not artifacts to publish.
-_NOT_ARTIFACTS = frozenset({DONE, LOG})
+DONE = STOCK_DONE
+NEFF = STOCK_NEFF
+LOG = STOCK_LOG
+FLAGS = STOCK_FLAGS
+HLO_NAMES = STOCK_HLO_NAMES
 
 
 def make_proxy_class(base: type) -> type:
@@ -480,14 +486,7 @@ class Core:
             STATS.count("unkeyable")  # no --target in the flags (facts §4.3 item 6): the
             return False  # wrapper keys such graphs from the compiler's own command line
         direct, canonical = keys
-        files = {
-            p.name: p
-            for p in entry.iterdir()
-            if p.is_file()
-            and p.name not in _NOT_ARTIFACTS
-            and not p.name.startswith(".")
-            and not p.name.endswith(".lock")
-        }
+        files = {p.name: p for p in entry.iterdir() if p.is_file() and is_stock_artifact(p.name)}
         manifest, paths = make_manifest(canonical(), direct, address, files, seconds)
         return publish(self.remote, manifest, paths)
 
@@ -537,8 +536,8 @@ def write_entry(
     if not isinstance(files, dict) or not isinstance(files.get(NEFF), dict):
         return False
     for name, ref in sorted(files.items()):
-        if not isinstance(ref, dict) or name in _NOT_ARTIFACTS or "/" in name:
-            continue
+        if not isinstance(ref, dict) or not isinstance(name, str) or not is_stock_artifact(name):
+            continue  # a lock named in a manifest would make the SDK wait for no one
         target = entry / name
         if name != NEFF and target.exists():
             continue

@@ -26,6 +26,15 @@ from ._flags import (
 )
 from ._inputs import TARGETS, CompileContext, KeyInputs
 from ._key import CacheKey, compute_key, direct_key
+from ._layout import (
+    STOCK_DONE,
+    STOCK_FLAGS,
+    STOCK_HLO_NAMES,
+    STOCK_LOCK_SUFFIX,
+    STOCK_LOG,
+    STOCK_NEFF,
+    is_stock_artifact,
+)
 from ._neuron import NeuronAddress, neuron_address, parse_neuron_address
 from ._version import KEY_VERSION
 
@@ -57,6 +66,12 @@ __all__ = [
     "FRAMEWORK_ALLOWLIST",
     "KEY_VERSION",
     "OUTPUT_NEUTRAL_FLAGS",
+    "STOCK_DONE",
+    "STOCK_FLAGS",
+    "STOCK_HLO_NAMES",
+    "STOCK_LOCK_SUFFIX",
+    "STOCK_LOG",
+    "STOCK_NEFF",
     "TARGETS",
     "WRAPPER_ONLY_FLAGS",
     "CacheKey",
@@ -72,6 +87,7 @@ __all__ = [
     "compute_key",
     "direct_key",
     "fingerprint_hlo",
+    "is_stock_artifact",
     "neuron_address",
     "neuron_cache_flags",
     "neuron_flags_hash",

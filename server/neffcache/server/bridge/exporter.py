@@ -35,10 +35,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from neffcache.keying import KeyingError, parse_neuron_address
+from neffcache.keying import (
+    STOCK_DONE,
+    STOCK_NEFF,
+    KeyingError,
+    is_stock_artifact,
+    parse_neuron_address,
+)
 from neffcache.server.bridge.remote import Refused, Remote
 from neffcache.server.bridge.report import Progress, Report
-from neffcache.server.bridge.stock import DONE, NEFF, is_artifact
 from neffcache.server.manifest import FILE_NAME, HEX64
 
 DONE_OUTCOMES = ("exported", "present")
@@ -117,9 +122,9 @@ def export_entry(
         files = stock_files(manifest)
     except (KeyingError, ValueError) as exc:
         return "error", f"the server sent an entry that cannot be exported: {exc}"
-    if NEFF not in files:
-        return "error", f"no {NEFF}: the SDK would take the folder for a hit it cannot load"
-    if (place / DONE).exists():
+    if STOCK_NEFF not in files:
+        return "error", f"no {STOCK_NEFF}: the SDK would take the folder for a hit it cannot load"
+    if (place / STOCK_DONE).exists():
         return "present", None
     if place.exists():
         # Not ours to replace: a stock entry of another state, or a compile running.
@@ -147,7 +152,7 @@ def stock_files(manifest: dict[str, Any]) -> dict[str, tuple[str, int]]:
             raise ValueError(f"file {name!r}")
         if not re.fullmatch(HEX64, digest) or not isinstance(size, int) or size < 0:
             raise ValueError(f"file {name!r}: digest or size")
-        if is_artifact(name):
+        if is_stock_artifact(name):
             kept[name] = (digest, size)
     return kept
 
@@ -175,7 +180,7 @@ def write_entry(remote: Remote, place: Path, files: dict[str, tuple[str, int]]) 
     try:
         for name, (digest, size) in sorted(files.items()):
             remote.fetch_blob(digest, size, staging / name)
-        (staging / DONE).touch()
+        (staging / STOCK_DONE).touch()
         try:
             os.rename(staging, place)
         except OSError as exc:

@@ -26,6 +26,8 @@ from typing import Any, BinaryIO, NamedTuple
 import blake3
 
 from neffcache.keying import (
+    STOCK_FLAGS,
+    STOCK_HLO_NAMES,
     CacheKey,
     CompileContext,
     KeyingError,
@@ -39,8 +41,6 @@ from neffcache.keying import (
 from neffcache.server.bridge.remote import Refused, Remote
 from neffcache.server.bridge.report import Progress, Report
 from neffcache.server.bridge.stock import (
-    FLAGS,
-    HLO_NAMES,
     ReadError,
     State,
     StockEntry,
@@ -132,12 +132,12 @@ def key_entry(source: StockSource, entry: StockEntry, target: str | None, scratc
     bad = [name for name in entry.artifacts() if not re.fullmatch(FILE_NAME, name)]
     if bad:
         raise Unkeyable(f"file name {bad[0]!r} cannot be stored (letters, digits, ._+- only)")
-    if FLAGS not in entry.sizes:
-        raise Unkeyable(f"no {FLAGS}")
-    hlo = next((name for name in HLO_NAMES if name in entry.sizes), None)
+    if STOCK_FLAGS not in entry.sizes:
+        raise Unkeyable(f"no {STOCK_FLAGS}")
+    hlo = next((name for name in STOCK_HLO_NAMES if name in entry.sizes), None)
     if hlo is None:
-        raise Unkeyable(f"no {' or '.join(HLO_NAMES)}")
-    with source.open_file(entry, FLAGS, scratch) as f:
+        raise Unkeyable(f"no {' or '.join(STOCK_HLO_NAMES)}")
+    with source.open_file(entry, STOCK_FLAGS, scratch) as f:
         flags = read_flags(f.read())
     with source.open_file(entry, hlo, scratch) as f:
         module = f.read()
@@ -150,9 +150,9 @@ def read_flags(raw: bytes) -> list[str]:
     try:
         flags = json.loads(raw)
     except ValueError:
-        raise Unkeyable(f"{FLAGS} is not JSON") from None
+        raise Unkeyable(f"{STOCK_FLAGS} is not JSON") from None
     if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
-        raise Unkeyable(f"{FLAGS} is not a JSON list of strings")
+        raise Unkeyable(f"{STOCK_FLAGS} is not a JSON list of strings")
     return flags
 
 
@@ -164,7 +164,7 @@ def keys(
         named = [f.partition("=")[2] for f in normalize_flags(flags) if f.startswith("--target=")]
         chosen = named[-1] if named else target
         if not chosen:
-            raise Unkeyable(f"no --target in {FLAGS}; pass --target to say which")
+            raise Unkeyable(f"no --target in {STOCK_FLAGS}; pass --target to say which")
         ctx = CompileContext.create(compiler_version=version, target=chosen, flags=flags, env={})
         return compute_key(KeyInputs(fingerprint_hlo(module), ctx)), direct_key(module, ctx)
     except KeyingError as exc:

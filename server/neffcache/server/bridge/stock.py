@@ -39,17 +39,16 @@ from types import ModuleType
 from typing import BinaryIO, Protocol
 from urllib.parse import urlsplit
 
-NEFF = "model.neff"
-DONE = "model.done"
-LOG = "model.log"
-FLAGS = "compile_flags.json"
-# The HLO's name changed across SDK versions (facts §3.1): the newer name first.
-HLO_NAMES = ("model.hlo_module.pb", "model.hlo.pb")
-LOCK_SUFFIX = ".lock"
+from neffcache.keying import (
+    STOCK_DONE,
+    STOCK_LOCK_SUFFIX,
+    STOCK_LOG,
+    STOCK_NEFF,
+    is_stock_artifact,
+)
+
 VERSION_PREFIX = "neuronxcc-"
 MODULE_PREFIX = "MODULE_"
-# Markers of an entry's state, never artifacts of a compile.
-MARKERS = frozenset({DONE, LOG})
 
 
 class SourceError(Exception):
@@ -70,21 +69,15 @@ class State(enum.Enum):
 
 def classify(names: Collection[str]) -> State:
     """The state of an entry from the names of its files (the table above)."""
-    if NEFF in names and DONE in names:
+    if STOCK_NEFF in names and STOCK_DONE in names:
         return State.SUCCESS
-    if any(name.endswith(LOCK_SUFFIX) for name in names):
+    if any(name.endswith(STOCK_LOCK_SUFFIX) for name in names):
         return State.LOCKED
-    if LOG in names:
+    if STOCK_LOG in names:
         return State.FAILED
-    if NEFF in names or DONE in names:
+    if STOCK_NEFF in names or STOCK_DONE in names:
         return State.INCOMPLETE
     return State.EMPTY
-
-
-def is_artifact(name: str) -> bool:
-    """Whether a file of an entry belongs in its manifest: not a state marker, not a
-    lock, not hidden (editors' and transfer tools' temporary files)."""
-    return name not in MARKERS and not name.endswith(LOCK_SUFFIX) and not name.startswith(".")
 
 
 @dataclass(frozen=True)
@@ -102,7 +95,7 @@ class StockEntry:
         return classify(self.sizes)
 
     def artifacts(self) -> list[str]:
-        return sorted(name for name in self.sizes if is_artifact(name))
+        return sorted(name for name in self.sizes if is_stock_artifact(name))
 
 
 class StockSource(Protocol):
