@@ -146,9 +146,10 @@ def test_reverify_seconds_zero_hashes_every_read(
 
 def test_a_freshly_changed_file_is_not_remembered() -> None:
     memo = VerifiedMemo(3600)
-    memo.remember("a" * 64, ("stamp",), time.time())  # changed this instant: racy
+    now = time.time()
+    memo.remember("a" * 64, ("stamp",), now, now)  # changed the instant it was seen: racy
     assert not memo.trusted("a" * 64, ("stamp",))
-    memo.remember("a" * 64, ("stamp",), time.time() - 10)
+    memo.remember("a" * 64, ("stamp",), now - 10, now)
     assert memo.trusted("a" * 64, ("stamp",))
     assert not memo.trusted("a" * 64, ("another stamp",))
     assert not memo.trusted("a" * 64, ("stamp",))  # a mismatch forgets it
@@ -158,7 +159,7 @@ def test_the_memo_expires_and_stays_bounded(monkeypatch: pytest.MonkeyPatch) -> 
     memo = VerifiedMemo(60, entries=3)
     old = time.time() - 10
     for i in range(5):
-        memo.remember(f"{i:064x}", ("s", i), old)
+        memo.remember(f"{i:064x}", ("s", i), old, time.time())
     assert [memo.trusted(f"{i:064x}", ("s", i)) for i in range(5)] == [False, False] + [True] * 3
     later = time.monotonic() + 61
     monkeypatch.setattr(verified.time, "monotonic", lambda: later)
@@ -172,3 +173,66 @@ def test_stores_that_cannot_tell_a_change_are_always_hashed() -> None:
     assert blobs.stamp("a" * 64) is None
     assert not VerifiedMemo(3600).trusted("a" * 64, None)
     blobs.close()
+
+
+@pytest.mark.parametrize("size", [SMALL, BIG])
+@pytest.mark.usefixtures("no_racy_window")
+def test_a_write_after_the_stat_is_served_unhashed(
+    size: int, store: FsBlobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that lands between the stamp's check and the read (or during a trusted
+    stream) is caught by the check after the read: never served."""
+    data = os.urandom(size)
+    key = digest(data)
+    with client(store, tmp_path) as http:
+        assert http.put(f"/v1/blobs/{key}", content=data).status_code == 201
+        assert http.get(f"/v1/blobs/{key}").content == data  # verified, remembered
+        path = store.local_path(key)
+        assert path is not None
+        real_read = store.read
+
+        def read_after_a_write(d: str, start: int = 0, end: int | None = None):  # type: ignore[no-untyped-def]
+            with open(path, "r+b") as f:  # another process writes through the fs
+                f.write(b"\0" * 16)
+            return real_read(d, start, end)
+
+        monkeypatch.setattr(store, "read", read_after_a_write)
+        if size > blobs_api._VERIFY_FIRST:
+            # Streamed: its last chunk is held back and the stream breaks off.
+            with pytest.raises(Exception, match=key):
+                http.get(f"/v1/blobs/{key}")
+        else:
+            assert http.get(f"/v1/blobs/{key}").status_code == 404  # hashed, found corrupt
+
+
+def test_the_racy_window_is_measured_from_the_stamp_not_from_the_end_of_hashing(
+    store: FsBlobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The racy window runs from the file's change to when its stamp was taken, not to
+    when hashing ended: a long stream must not make a fresh stamp trusted."""
+    data = os.urandom(BIG)
+    key = digest(data)
+    with client(store, tmp_path) as http:
+        http.put(f"/v1/blobs/{key}", content=data)  # just committed: ctime is now
+        stamped = store.stamp(key)
+        assert stamped is not None
+        real_read = store.read
+
+        def slow_read(d: str, start: int = 0, end: int | None = None):  # type: ignore[no-untyped-def]
+            chunks = real_read(d, start, end)
+            assert chunks is not None
+
+            def gen() -> Iterator[bytes]:
+                for i, chunk in enumerate(chunks):
+                    if i == 1:  # the stream has now run for 3 s
+                        later = time.time() + 3
+                        monkeypatch.setattr(verified.time, "time", lambda at=later: at)
+                    yield chunk
+
+            return gen()
+
+        monkeypatch.setattr(store, "read", slow_read)
+        assert http.get(f"/v1/blobs/{key}").content == data
+        memo = http.app.state.backends.verified  # type: ignore[attr-defined]
+        # The stamp was taken within the racy window of the file's change: not trustable.
+        assert not memo.trusted(key, stamped[0])

@@ -10,9 +10,14 @@ costs. Corruption beneath the filesystem (a disk's bit rot), which no stamp show
 is caught at the next re-verification, and by every client, which verifies each
 download itself.
 
-A file changed within ``_RACY`` seconds of its verification is not remembered (git's
-"racily clean" rule): the kernel's coarse clock may give a change made in the same
-tick the same ctime.
+A file changed within ``_RACY`` seconds before its stamp was taken is not remembered
+(git's "racily clean" rule): a filesystem with coarse timestamps (one second on some)
+may give a change made in the same tick the same ctime. A trusted read checks the
+stamp again after reading, before its last bytes go out (api/blobs.py).
+
+Not covered: writes through a shared memory mapping to a page that is already dirty
+do not update mtime or ctime (the kernel stamps the first write after a writeback), so
+such a change is caught only at the next re-verification (and by clients).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Hashable
 
 _RACY = 2.0  # seconds
-_ENTRIES = 65536  # about 10 MiB of memo at most
+_ENTRIES = 16384  # about 8 MiB of memo at most (measured: ~0.5 KiB an entry)
 
 
 class VerifiedMemo:
@@ -47,12 +52,14 @@ class VerifiedMemo:
             self._memo.move_to_end(digest)
             return True
 
-    def remember(self, digest: str, stamp: Hashable | None, changed_at: float | None) -> None:
-        """The blob's file, stamped ``stamp`` when its reading began and last changed
-        at ``changed_at`` (epoch seconds), hashed to its digest."""
+    def remember(
+        self, digest: str, stamp: Hashable | None, changed_at: float | None, seen_at: float
+    ) -> None:
+        """The blob's file, stamped ``stamp`` at ``seen_at`` (epoch seconds, before its
+        reading began) and last changed at ``changed_at``, hashed to its digest."""
         if stamp is None or changed_at is None or self._lifetime <= 0:
             return
-        if time.time() - changed_at < _RACY:
+        if seen_at - changed_at < _RACY:
             return
         with self._lock:
             self._memo[digest] = (stamp, time.monotonic())

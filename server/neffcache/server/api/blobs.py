@@ -1,9 +1,12 @@
 """``/v1/blobs``: content-addressed bytes, shared by every namespace.
 
-Bytes are never served unverified: a blob up to ``_VERIFY_FIRST`` is hashed before
-the response starts (a mismatch is a clean 404); a larger one is hashed as it streams
-and its last chunk is held back until the digest matches, so a corrupted blob never
+A blob is hashed on read until its file is verified, and again whenever the file's
+stamp changes (verified.py): a blob up to ``_VERIFY_FIRST`` is hashed before the
+response starts (a mismatch is a clean 404); a larger one is hashed as it streams and
+its last chunk is held back until the digest matches, so a corrupted blob never
 completes a response. Either way the blob is quarantined and the next upload heals it.
+A verified, unchanged file is sent unhashed, its last chunk held back until its stamp
+is checked once more.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import logging
 import os
 import re
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, BinaryIO
@@ -151,6 +155,7 @@ async def answer_blob(
 def _blob_response(backends: Backends, digest: str, range_header: str | None) -> Response:
     blobs = backends.blobs
     memo = backends.verified
+    seen_at = time.time()
     stamped = blobs.stamp(digest)
     size = blobs.size(digest)
     if size is None:
@@ -158,11 +163,19 @@ def _blob_response(backends: Backends, digest: str, range_header: str | None) ->
     span = _parse_range(range_header, size)
     stamp, changed_at = stamped if stamped is not None else (None, None)
     if memo.trusted(digest, stamp):
-        return _trusted_response(backends, digest, size, span)
+
+        def unchanged() -> bool:
+            now = blobs.stamp(digest)
+            return now is not None and now[0] == stamp
+
+        trusted = _trusted_response(backends, digest, size, span, unchanged)
+        if trusted is not None:
+            return trusted
+        memo.forget(digest)  # changed while it was read: hash it, as any other
     try:
         if span is not None or size <= _VERIFY_FIRST:
             response = _verified_response(blobs, digest, size, span)
-            memo.remember(digest, stamp, changed_at)
+            memo.remember(digest, stamp, changed_at, seen_at)
             return response
     except CorruptBlob:
         memo.forget(digest)
@@ -178,7 +191,7 @@ def _blob_response(backends: Backends, digest: str, range_header: str | None) ->
         blobs.quarantine(digest)
 
     def verified() -> None:
-        memo.remember(digest, stamp, changed_at)
+        memo.remember(digest, stamp, changed_at, seen_at)
 
     checked = _held_back(chunks, digest, corrupt, verified)
     return StreamingResponse(
@@ -221,9 +234,16 @@ def _verified_response(
 
 
 def _trusted_response(
-    backends: Backends, digest: str, size: int, span: tuple[int, int] | None
-) -> Response:
-    """A blob whose file was verified and has not changed since (verified.py)."""
+    backends: Backends,
+    digest: str,
+    size: int,
+    span: tuple[int, int] | None,
+    unchanged: Callable[[], bool],
+) -> Response | None:
+    """A blob whose file was verified and had not changed since (verified.py), sent
+    unhashed; None when its file changed while it was read. The stamp is checked again
+    after the last byte is read and before it is sent (the last chunk is held back),
+    so a write that lands during the read breaks the response off."""
     start, end = span if span is not None else (0, size)
     chunks = backends.blobs.read(digest, start, end)
     if chunks is None:
@@ -233,14 +253,42 @@ def _trusted_response(
         headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
     if span is None and size <= _VERIFY_FIRST:
         body = b"".join(chunks)  # small: one write, as a verified small blob is sent
+        if not unchanged():
+            return None
         return Response(body, headers=headers, media_type="application/octet-stream")
+
+    def changed() -> None:
+        backends.verified.forget(digest)
+        log.error("blob %s changed while it was served; the response was cut off", digest)
+
+    checked = _held_until(chunks, unchanged, changed, digest)
     return StreamingResponse(
         # As for a verified stream: no thread-pool hop per chunk of a local file.
-        _async(chunks) if backends.inline else chunks,
+        _async(checked) if backends.inline else checked,
         status_code=206 if span is not None else 200,
         headers=headers,
         media_type="application/octet-stream",
     )
+
+
+def _held_until(
+    chunks: Iterator[bytes],
+    unchanged: Callable[[], bool],
+    on_changed: Callable[[], None],
+    digest: str,
+) -> Iterator[bytes]:
+    """The chunks, the last held back until ``unchanged()`` says the file is still the
+    one verified; otherwise the stream breaks off."""
+    pending: bytes | None = None
+    for chunk in chunks:
+        if pending is not None:
+            yield pending
+        pending = chunk
+    if not unchanged():
+        on_changed()
+        raise CorruptBlob(digest)
+    if pending is not None:
+        yield pending
 
 
 def _held_back(
