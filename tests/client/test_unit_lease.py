@@ -21,7 +21,7 @@ import httpx
 import pytest
 from client.conftest import LEASE_TTL as TTL
 from client.test_unit_proxy import ADDRESS, FakeStock
-from client.unit_support import no_server_down
+from client.unit_support import closing_remotes, no_server_down
 
 from neffcache.client.config import ClientConfig
 from neffcache.client.lease import Leases
@@ -39,18 +39,8 @@ KEY = "c" * 64
 
 @pytest.fixture(autouse=True)
 def _close_connections(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every Remote a test makes closes its (this thread's) connection at the end."""
-    made: list[Remote] = []
-    init = Remote.__init__
-
-    def tracked(self: Remote, config: ClientConfig) -> None:
-        init(self, config)
-        made.append(self)
-
-    monkeypatch.setattr(Remote, "__init__", tracked)
-    yield
-    for remote in made:
-        remote.close()
+    with closing_remotes(monkeypatch):
+        yield
 
 
 def config(url: str, tmp_path: Path, **extra: str) -> ClientConfig:

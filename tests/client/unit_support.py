@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
 import blake3
 import pytest
 
@@ -22,3 +26,23 @@ def delta(before: dict[str, int], name: str) -> int:
 def no_server_down(monkeypatch: pytest.MonkeyPatch) -> None:
     """The back-off table is per process: a test starts with no server marked down."""
     monkeypatch.setattr(remote_module, "_down_until", {})
+
+
+@contextlib.contextmanager
+def closing_remotes(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every Remote made inside closes its (this thread's) connection at the end."""
+    from neffcache.client.remote import Remote
+
+    made: list[Remote] = []
+    init = Remote.__init__
+
+    def tracked(self: Remote, config: Any) -> None:
+        init(self, config)
+        made.append(self)
+
+    monkeypatch.setattr(Remote, "__init__", tracked)
+    try:
+        yield
+    finally:
+        for remote in made:
+            remote.close()

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from client.unit_support import closing_remotes
 
 from neffcache.client import remote as remote_module
 from neffcache.client.config import ClientConfig
 from neffcache.client.lease import reset_shared_leases
-from neffcache.client.remote import Remote
 
 NS = "leases"
 # Seconds: lease_ttl_seconds of ``server``.
@@ -36,18 +36,9 @@ def server(tmp_path: Path) -> Iterator[str]:
 def _fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No server marked down at the start; every Remote's connection closed at the end."""
     monkeypatch.setattr(remote_module, "_down_until", {})
-    made: list[Remote] = []
-    init = Remote.__init__
-
-    def tracked(self: Remote, config: ClientConfig) -> None:
-        init(self, config)
-        made.append(self)
-
-    monkeypatch.setattr(Remote, "__init__", tracked)
-    yield
-    reset_shared_leases()
-    for remote in made:
-        remote.close()
+    with closing_remotes(monkeypatch):
+        yield
+        reset_shared_leases()
 
 
 def make_config(url: str, l1: Path | str, **extra: str) -> ClientConfig:
