@@ -257,11 +257,14 @@ def _trusted_response(
             return None
         return Response(body, headers=headers, media_type="application/octet-stream")
 
-    def changed() -> None:
+    def still_verified() -> bool:
+        if unchanged():
+            return True
         backends.verified.forget(digest)
         log.error("blob %s changed while it was served; the response was cut off", digest)
+        return False
 
-    checked = _held_until(chunks, unchanged, changed, digest)
+    checked = _hold_last(chunks, digest, still_verified)
     return StreamingResponse(
         # As for a verified stream: no thread-pool hop per chunk of a local file.
         _async(checked) if backends.inline else checked,
@@ -271,44 +274,42 @@ def _trusted_response(
     )
 
 
-def _held_until(
-    chunks: Iterator[bytes],
-    unchanged: Callable[[], bool],
-    on_changed: Callable[[], None],
-    digest: str,
-) -> Iterator[bytes]:
-    """The chunks, the last held back until ``unchanged()`` says the file is still the
-    one verified; otherwise the stream breaks off."""
-    pending: bytes | None = None
-    for chunk in chunks:
-        if pending is not None:
-            yield pending
-        pending = chunk
-    if not unchanged():
-        on_changed()
-        raise CorruptBlob(digest)
-    if pending is not None:
-        yield pending
-
-
 def _held_back(
     chunks: Iterator[bytes],
     digest: str,
     on_corrupt: Callable[[], None],
     on_verified: Callable[[], None] = lambda: None,
 ) -> Iterator[bytes]:
+    """The chunks, hashed as they stream, the last held back until the digest matches."""
     hasher = blake3.blake3()
+
+    def sound() -> bool:
+        if hasher.hexdigest() != digest:
+            on_corrupt()
+            log.error("blob %s failed verification while streaming; quarantined", digest)
+            return False
+        on_verified()
+        return True
+
+    return _hold_last(chunks, digest, sound, hasher.update)
+
+
+def _hold_last(
+    chunks: Iterator[bytes],
+    digest: str,
+    sound: Callable[[], bool],
+    see: Callable[[bytes], object] = lambda chunk: None,
+) -> Iterator[bytes]:
+    """The chunks (each shown to ``see`` first), the last held back until ``sound()``
+    says the whole is right; otherwise the stream breaks off before it completes."""
     pending: bytes | None = None
     for chunk in chunks:
         if pending is not None:
             yield pending
-        hasher.update(chunk)
+        see(chunk)
         pending = chunk
-    if hasher.hexdigest() != digest:
-        on_corrupt()
-        log.error("blob %s failed verification while streaming; quarantined", digest)
+    if not sound():
         raise CorruptBlob(digest)
-    on_verified()
     if pending is not None:
         yield pending
 

@@ -159,9 +159,10 @@ def _try(
 def _entry(backends: Backends, namespace: str, name: str) -> str | None:
     """The entry a lease name stands for (its key, or an alias), as the API returns it."""
     index = backends.index
-    key = name if re.fullmatch(HEX64, name) and index.get_entry(namespace, name) else None
-    key = key or index.resolve_alias(namespace, name)
-    found = None if key is None else index.get_entry(namespace, key)
+    found = index.get_entry(namespace, name) if re.fullmatch(HEX64, name) else None
+    if found is None:
+        key = index.resolve_alias(namespace, name)
+        found = None if key is None else index.get_entry(namespace, key)
     return None if found is None else stamped(found)
 
 
