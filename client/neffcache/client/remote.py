@@ -107,12 +107,20 @@ class Remote:
             conn.close()
 
     def _call(
-        self, what: str, method: str, path: str, *, gated: bool = True, **kwargs: Any
+        self,
+        what: str,
+        method: str,
+        path: str,
+        *,
+        gated: bool = True,
+        forbidden_ok: bool = False,
+        **kwargs: Any,
     ) -> Response | None:
         """One request; None (counted, server marked down) when it did not complete or
         the server failed (5xx). ``gated=False`` sends it even while the server is
         marked down (lease renewals: a holder must not lose its lease to a back-off
-        longer than the lease's life)."""
+        longer than the lease's life). ``forbidden_ok``: a 403 is an expected answer
+        (leases refused to a read-only token), not a misconfiguration to warn of."""
         if gated and not self.available():
             STATS.count("server_skipped")
             return None
@@ -126,9 +134,7 @@ class Remote:
         if response.status >= 500:
             self._mark_down(what, f"HTTP {response.status}")
             return None
-        if response.status in (401, 403) and not (
-            what.startswith("lease") and response.status == 403
-        ):
+        if response.status == 401 or (response.status == 403 and not forbidden_ok):
             STATS.count("auth_errors")
             log.warning(
                 "neffcache: %s refused (HTTP %d): check NEFFCACHE_TOKEN and the namespace",
@@ -325,6 +331,7 @@ class Remote:
             body=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
             wait=wait,
+            forbidden_ok=True,
         )
         if response is None or response.status not in (200, 201, 202):
             return None
@@ -354,6 +361,7 @@ class Remote:
             "PUT",
             f"{self._ns}/leases/{quote(name, safe='/')}?lease={lease_id}",
             gated=False,
+            forbidden_ok=True,
         )
         if response is None:
             return None
@@ -362,7 +370,7 @@ class Remote:
     def release(self, name: str, lease_id: str, failed: bool) -> bool:
         outcome = "failed" if failed else "done"
         path = f"{self._ns}/leases/{quote(name, safe='/')}?lease={lease_id}&outcome={outcome}"
-        response = self._call("lease release", "DELETE", path, gated=False)
+        response = self._call("lease release", "DELETE", path, gated=False, forbidden_ok=True)
         return response is not None and response.status == 204
 
 
