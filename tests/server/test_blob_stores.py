@@ -16,15 +16,17 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import blake3
 import boto3
 import pytest
 from botocore.exceptions import EndpointConnectionError
 
-from neffcache.server.blobs import BlobStore, open_blob_store
+from neffcache.server.blobs import BlobInfo, BlobStore, open_blob_store
 from neffcache.server.blobs import fs as fs_module
 from neffcache.server.blobs.fs import FsBlobStore
+from neffcache.server.blobs.memory import MemoryBlobStore
 from neffcache.server.config_errors import ConfigError
 from neffcache.server.errors import StoreError, StoreFull
 
@@ -184,6 +186,71 @@ def test_local_path_is_none_or_holds_the_blob(store: BlobStore) -> None:
 
 def test_check_passes_on_a_working_store(store: BlobStore) -> None:
     store.check()
+
+
+# File and object timestamps may be truncated to the second (S3) or come from a coarse
+# kernel clock a few ms behind time.time() (filesystems); a wrong clock or unit is far
+# outside this.
+_CLOCK_SLACK = 1.0
+
+
+def listed(store: BlobStore) -> dict[str, int]:
+    """digest -> size of every blob ``blobs()`` lists; fails on a digest listed twice."""
+    infos = list(store.blobs())
+    assert all(isinstance(info, BlobInfo) for info in infos)
+    digests = [info.digest for info in infos]
+    assert len(digests) == len(set(digests))
+    return {info.digest: info.size for info in infos}
+
+
+def test_blobs_of_an_empty_store_lists_nothing(store: BlobStore) -> None:
+    assert list(store.blobs()) == []
+
+
+def test_blobs_lists_what_was_put_with_sizes_and_times(store: BlobStore) -> None:
+    datas = [b"", b"x", random_bytes(5000, seed=1), random_bytes(MiB + 3, seed=2)]
+    started = time.time()
+    digests = [put(store, data) for data in datas]
+    finished = time.time()
+
+    infos = list(store.blobs())
+
+    assert sorted((i.digest, i.size) for i in infos) == sorted(
+        (digest, len(data)) for digest, data in zip(digests, datas, strict=True)
+    )
+    for info in infos:
+        assert started - _CLOCK_SLACK <= info.modified <= finished + _CLOCK_SLACK, info
+
+
+def test_blobs_omits_deleted_and_quarantined_blobs(store: BlobStore) -> None:
+    kept, deleted, quarantined = (put(store, f"blob {i}".encode()) for i in range(3))
+    store.delete(deleted)
+    store.quarantine(quarantined)
+
+    assert listed(store) == {kept: len(b"blob 0")}
+
+
+def test_blobs_omits_staged_uploads(store: BlobStore) -> None:
+    kept = put(store, b"committed")
+    staged, digest = stage(store, b"staged, never committed")
+    # Named like a blob, to catch a listing that looks at names under the wrong root.
+    staged.rename(staged.with_name(digest))
+
+    assert listed(store) == {kept: len(b"committed")}
+
+
+def test_blobs_tolerates_deletes_during_the_listing(store: BlobStore) -> None:
+    digests = {put(store, f"blob {i}".encode()) for i in range(6)}
+
+    listing = store.blobs()
+    first = next(listing)
+    for digest in digests - {first.digest}:
+        store.delete(digest)
+    rest = list(listing)
+
+    # Deleted blobs may or may not appear, but nothing else may, nor an error.
+    assert first.digest in digests
+    assert {info.digest for info in rest} <= digests - {first.digest}
 
 
 # --- filesystem -----------------------------------------------------------------------
@@ -421,6 +488,128 @@ def test_fs_check_fails_without_staging(fs_store: FsBlobStore) -> None:
         fs_store.check()
 
 
+def plant(fs_root: Path, name: str, data: bytes = b"x", fanout: str | None = None) -> Path:
+    """A file written straight into the blob tree, behind the store's back."""
+    path = fs_root / "blobs" / (name[:2] if fanout is None else fanout) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def test_fs_blobs_ignores_strays_in_the_blob_tree(fs_store: FsBlobStore, fs_root: Path) -> None:
+    digest = put(fs_store, b"the only blob")
+    other = digest_of(b"other")
+    blobs = fs_root / "blobs"
+    (blobs / "README").write_bytes(b"loose file at the top")
+    (blobs / other).write_bytes(b"digest name, but no fan-out directory")
+    plant(fs_root, other, fanout="00" if other[:2] != "00" else "11")  # not its fan-out
+    plant(fs_root, other, fanout="xy")  # not a hex fan-out at all
+    plant(fs_root, other, fanout=other[:3])  # fan-out name too long
+    plant(fs_root, other.upper())  # digests are lower case
+    plant(fs_root, other[:63])  # too short
+    plant(fs_root, other + "0")  # too long
+    plant(fs_root, f"{other}.tmp")
+    plant(fs_root, f".{other}")
+    (blobs / other[:2] / "not-a-digest").mkdir()
+    (blobs / digest[:2] / f"{digest}.partial").write_bytes(b"x")
+    (blobs / other[:2] / other).mkdir()  # a directory, not a file
+    (blobs / "ab").write_bytes(b"a file where a fan-out directory belongs")
+    dangling = digest_of(b"dangling")
+    (blobs / dangling[:2]).mkdir(exist_ok=True)
+    (blobs / dangling[:2] / dangling).symlink_to(fs_root / "nowhere")
+
+    assert listed(fs_store) == {digest: len(b"the only blob")}
+
+
+def test_fs_blobs_lists_files_placed_in_the_tree(fs_store: FsBlobStore, fs_root: Path) -> None:
+    # An operator restoring a backup copies files in: they are blobs like any other.
+    digest = digest_of(b"restored")
+    path = plant(fs_root, digest, b"restored")
+    os.utime(path, (1_000_000_000, 1_000_000_000))
+
+    assert list(fs_store.blobs()) == [BlobInfo(digest, len(b"restored"), 1_000_000_000.0)]
+
+
+def test_fs_blobs_skips_files_and_fan_outs_vanishing_mid_listing(
+    fs_store: FsBlobStore, fs_root: Path
+) -> None:
+    # Two blobs in each of three fan-outs. Small directories are read whole at the
+    # first step, so what is removed after it is still in the listing's hands: it must
+    # skip what it can no longer stat or open rather than fail.
+    for fanout in ("00", "11", "22"):
+        for last in "01":
+            plant(fs_root, fanout + last * 62)
+
+    listing = fs_store.blobs()
+    first = next(listing)
+    blobs = fs_root / "blobs"
+    for fanout in ("00", "11", "22"):
+        if fanout != first.digest[:2]:
+            shutil.rmtree(blobs / fanout)
+    for path in (blobs / first.digest[:2]).iterdir():
+        if path.name != first.digest:
+            path.unlink()
+
+    assert list(listing) == []
+    assert first.digest[:2] in ("00", "11", "22")
+
+
+def test_fs_blobs_without_a_blobs_directory_is_store_error(
+    fs_store: FsBlobStore, fs_root: Path
+) -> None:
+    put(fs_store, b"x")
+    shutil.rmtree(fs_root / "blobs")
+
+    with pytest.raises(StoreError):
+        list(fs_store.blobs())
+
+    (fs_root / "blobs").write_bytes(b"not a directory")
+    with pytest.raises(StoreError):
+        list(fs_store.blobs())
+
+
+def test_fs_blobs_os_error_midway_is_store_error(
+    fs_store: FsBlobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    put(fs_store, b"x")
+    real_scandir = os.scandir
+
+    def scandir(path: str | os.PathLike[str]) -> object:
+        if Path(path).name != "blobs":  # the blobs root lists; a fan-out fails
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+
+    with pytest.raises(StoreError) as raised:
+        list(fs_store.blobs())
+    assert not isinstance(raised.value, StoreFull)
+    assert "Input/output error" in str(raised.value)
+
+
+# --- memory ---------------------------------------------------------------------------
+
+
+def test_memory_blobs_time_is_the_commit_and_survives_corrupt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = MemoryBlobStore()
+    try:
+        monkeypatch.setattr(time, "time", lambda: 1_000.0)
+        digest = put(store, b"original")
+        monkeypatch.setattr(time, "time", lambda: 2_000.0)
+        later = put(store, b"later")
+        store.corrupt(digest, b"rotten bytes")
+        monkeypatch.undo()
+
+        assert sorted(store.blobs(), key=lambda info: info.modified) == [
+            BlobInfo(digest, len(b"rotten bytes"), 1_000.0),
+            BlobInfo(later, len(b"later"), 2_000.0),
+        ]
+    finally:
+        store.close()
+
+
 # --- S3 -------------------------------------------------------------------------------
 
 
@@ -456,6 +645,82 @@ def test_s3_close_removes_staging(s3_bucket: str) -> None:
     store.close()
 
     assert not staging.exists()
+
+
+def raw_client() -> Any:
+    return boto3.session.Session().client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL_S3"])
+
+
+def test_s3_blobs_lists_past_one_page(s3_bucket: str) -> None:
+    # 1100 keys: ListObjectsV2 returns at most 1000 a page. Written straight to the
+    # bucket (the listing reads keys, not bytes), in parallel to stay quick.
+    bucket = s3_bucket.removeprefix("s3://").partition("/")[0]
+    datas = [i.to_bytes(2, "big") for i in range(1100)]
+    digests = [digest_of(data) for data in datas]
+    client = raw_client()
+    started = time.time()
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            list(
+                pool.map(
+                    lambda item: client.put_object(
+                        Bucket=bucket, Key=f"prefix/blobs/{item[0][:2]}/{item[0]}", Body=item[1]
+                    ),
+                    zip(digests, datas, strict=True),
+                )
+            )
+    finally:
+        client.close()
+    finished = time.time()
+    store = open_blob_store(s3_bucket)
+    try:
+        infos = list(store.blobs())
+    finally:
+        store.close()
+
+    assert len(infos) == 1100
+    assert {info.digest: info.size for info in infos} == dict.fromkeys(digests, 2)
+    assert all(started - _CLOCK_SLACK <= info.modified <= finished + _CLOCK_SLACK for info in infos)
+
+
+def test_s3_blobs_lists_only_blob_keys_under_the_prefix(s3_bucket: str) -> None:
+    bucket = s3_bucket.removeprefix("s3://").partition("/")[0]
+    store = open_blob_store(s3_bucket)
+    try:
+        digest = put(store, b"the only blob")
+        other = digest_of(b"other")
+        strays = [
+            f"other/blobs/{other[:2]}/{other}",  # another store's prefix
+            f"blobs/{other[:2]}/{other}",  # no prefix
+            f"prefix/blobs/{other}",  # no fan-out
+            f"prefix/blobs/zz/{other}",  # the wrong fan-out
+            f"prefix/blobs/{other[:2]}/{other.upper()}",
+            f"prefix/blobs/{other[:2]}/{other}.tmp",
+            f"prefix/blobs/{other[:2]}/{other}/",
+            f"prefix/blobs/{other[:2]}/x/{other}",
+            f"prefix/blobs/{other[:2]}//{other}",
+            f"prefix/quarantine/{other}",
+            f"prefix/{other[:2]}/{other}",
+        ]
+        client = raw_client()
+        try:
+            for key in strays:
+                client.put_object(Bucket=bucket, Key=key, Body=b"stray")
+        finally:
+            client.close()
+
+        assert listed(store) == {digest: len(b"the only blob")}
+    finally:
+        store.close()
+
+
+def test_s3_blobs_failure_is_store_error(s3_bucket: str) -> None:
+    store = open_blob_store(f"s3://neffcache-missing-{uuid.uuid4().hex[:20]}/prefix")
+    try:
+        with pytest.raises(StoreError, match="NoSuchBucket"):
+            list(store.blobs())
+    finally:
+        store.close()
 
 
 @pytest.mark.parametrize("variable", ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"])

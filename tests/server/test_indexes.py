@@ -478,6 +478,11 @@ def test_redis_keys_follow_the_documented_layout(redis_server: str) -> None:
     assert set(client.keys("*")) == {
         f"neffcache:entry:team-a:{KEY}",
         "neffcache:keys:team-a",
+        "neffcache:stats:team-a",
+        "neffcache:access:team-a",
+        "neffcache:hits:team-a",
+        "neffcache:namespaces",
+        f"neffcache:entry-aliases:team-a:{KEY}",
         f"neffcache:failures:team-a:{KEY}",
         "neffcache:alias:team-a:resnet",
         "neffcache:token:t1",

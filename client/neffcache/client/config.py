@@ -65,6 +65,7 @@ class ClientConfig(NamedTuple):
     stock_failures: bool  # replay cached failures like the stock cache does
     leases: bool = True  # ask the server who compiles a missing graph (fleet single-flight)
     lease_wait: float = 3600.0  # longest wait for another host's compile of unknown length
+    model: str | None = None  # NEFFCACHE_MODEL: a label on what this job publishes (pins, reports)
 
     @property
     def url(self) -> str:
@@ -95,6 +96,7 @@ class ClientConfig(NamedTuple):
             stock_failures=_flag(env, "NEFFCACHE_STOCK_FAILURES"),
             leases=not _off(env, "NEFFCACHE_LEASES"),
             lease_wait=_seconds(env, "NEFFCACHE_LEASE_WAIT", 3600.0),
+            model=_label(env.get("NEFFCACHE_MODEL")),
         )
 
 
@@ -136,3 +138,11 @@ def _off(env: Mapping[str, str], name: str) -> bool:
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _label(value: str | None) -> str | None:
+    """A model label as the server takes it: printable, at most 200 characters; a
+    label that is not is dropped rather than failing the job."""
+    if not value or len(value) > 200 or not value.isprintable():
+        return None
+    return value

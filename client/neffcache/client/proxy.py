@@ -487,7 +487,9 @@ class Core:
             return False  # wrapper keys such graphs from the compiler's own command line
         direct, canonical = keys
         files = {p.name: p for p in entry.iterdir() if p.is_file() and is_stock_artifact(p.name)}
-        manifest, paths = make_manifest(canonical(), direct, address, files, seconds)
+        manifest, paths = make_manifest(
+            canonical(), direct, address, files, seconds, self.config.model
+        )
         return publish(self.remote, manifest, paths)
 
     def _report(

@@ -32,8 +32,10 @@ def make_manifest(
     address: str | None,
     files: dict[str, Path],
     compile_seconds: float | None,
+    model: str | None = None,
 ) -> tuple[Manifest, dict[str, Path]]:
-    """The manifest of an entry and the local file behind each digest it names."""
+    """The manifest of an entry and the local file behind each digest it names;
+    ``model`` is the job's label (``NEFFCACHE_MODEL``), for pins and reports."""
     refs: dict[str, dict[str, Any]] = {}
     paths: dict[str, Path] = {}
     for name, path in sorted(files.items()):
@@ -52,6 +54,8 @@ def make_manifest(
         manifest["neuron_address"] = address
     if compile_seconds is not None:
         manifest["compile_seconds"] = round(compile_seconds, 3)
+    if model is not None:
+        manifest["model"] = model
     return manifest, paths
 
 

@@ -247,7 +247,9 @@ class Session:
             atomic_write(staged / FLAGS, flags_json(self.call))
             files = {NEFF: self.call.output, HLO: staged / HLO, FLAGS: staged / FLAGS}
             address = self.report["neuron_address"]
-            self._manifest, self._paths = make_manifest(canonical, direct, address, files, seconds)
+            self._manifest, self._paths = make_manifest(
+                canonical, direct, address, files, seconds, self.config.model
+            )
             digest = self._manifest["files"][NEFF]["digest"]
             # One copy, into L1; the upload reads that copy, which only we write, not
             # --output, which is the caller's once we return.

@@ -14,9 +14,19 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 from neffcache.server import __version__
-from neffcache.server.api import admin, blobs, entries, failures, health, leases
+from neffcache.server.api import (
+    admin,
+    blobs,
+    entries,
+    eviction,
+    failures,
+    health,
+    leases,
+    namespaces,
+)
 from neffcache.server.auth import TokenPresence, ensure_bootstrap_token
 from neffcache.server.blobs import BlobStore, open_blob_store
 from neffcache.server.deps import Backends
@@ -53,9 +63,15 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
-        for store in owned:
-            store.close()
+        backends: Backends = app.state.backends
+        backends.maintenance.start()
+        try:
+            yield
+        finally:
+            # A thread: stopping waits for a pass under way and writes access times.
+            await run_in_threadpool(backends.maintenance.stop)
+            for store in owned:
+                store.close()
 
     app = FastAPI(title="neffcache", version=__version__, lifespan=lifespan)
     app.state.backends = Backends(
@@ -65,7 +81,7 @@ def create_app(
         TokenPresence(index),
         verified=VerifiedMemo(settings.reverify_seconds),
     )
-    for module in (health, blobs, entries, failures, leases, admin):
+    for module in (health, blobs, entries, failures, leases, admin, namespaces, eviction):
         app.include_router(module.router)
     app.add_exception_handler(ServerError, _server_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

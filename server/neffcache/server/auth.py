@@ -34,15 +34,18 @@ class Caller:
     name: str  # token id, or "anonymous"
     scope: str
     namespaces: tuple[str, ...]
+    # May publish into namespaces that take only trusted writers: tokens marked so, and
+    # admin tokens (which could mark themselves anyway).
+    trusted: bool = True
+    label: str = ANONYMOUS  # for the audit log: the token's id and name
+
+    def covers(self, namespace: str) -> bool:
+        return "*" in self.namespaces or namespace in self.namespaces
 
     def require(self, scope: str, namespace: str | None = None) -> None:
         if SCOPES.index(self.scope) < SCOPES.index(scope):
             raise Forbidden(f"this needs a {scope} token; yours is {self.scope}")
-        if (
-            namespace is not None
-            and "*" not in self.namespaces
-            and namespace not in self.namespaces
-        ):
+        if namespace is not None and not self.covers(namespace):
             raise Forbidden(f"your token does not cover namespace {namespace!r}")
 
 
@@ -51,7 +54,9 @@ def hash_secret(secret: str) -> str:
     return digest
 
 
-def new_token(scope: str, namespaces: tuple[str, ...], name: str) -> tuple[Token, str]:
+def new_token(
+    scope: str, namespaces: tuple[str, ...], name: str, *, trusted: bool = False
+) -> tuple[Token, str]:
     """A fresh token and its secret (shown once, never stored)."""
     if scope not in SCOPES:
         raise BadRequest(f"scope {scope!r} is not one of {', '.join(SCOPES)}")
@@ -62,7 +67,9 @@ def new_token(scope: str, namespaces: tuple[str, ...], name: str) -> tuple[Token
             raise BadRequest(f"{namespace!r} is not a namespace name")
     token_id = secrets.token_hex(6)
     secret = f"nfc_{token_id}_{secrets.token_urlsafe(32)}"
-    token = Token(token_id, hash_secret(secret), scope, namespaces, name, time.time())
+    token = Token(
+        token_id, hash_secret(secret), scope, namespaces, name, time.time(), trusted=trusted
+    )
     return token, secret
 
 
@@ -122,7 +129,13 @@ def authenticate(index: Index, authorization: str | None, tokens_exist: TokenPre
     token = index.token_by_hash(hash_secret(secret.strip()))
     if token is None or token.revoked:
         raise Unauthorized("unknown or revoked token")
-    return Caller(token.token_id, token.scope, token.namespaces)
+    return Caller(
+        token.token_id,
+        token.scope,
+        token.namespaces,
+        trusted=token.trusted or token.scope == "admin",
+        label=f"{token.token_id} ({token.name})" if token.name else token.token_id,
+    )
 
 
 def is_loopback(host: str) -> bool:

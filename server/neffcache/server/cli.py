@@ -33,7 +33,9 @@ def register(sub: Any, error_type: type[Exception]) -> None:
     serve.add_argument("--config", help="a TOML settings file")
     serve.set_defaults(run=run_serve)
 
-    admin = sub.add_parser("admin", help="manage a server: tokens")
+    admin = sub.add_parser(
+        "admin", help="manage a server: tokens, namespaces, pins, eviction, audit"
+    )
     admin_sub = admin.add_subparsers(dest="admin_command", metavar="WHAT", required=True)
     token = admin_sub.add_parser("token", help="create, list or revoke tokens")
     token_sub = token.add_subparsers(dest="token_command", metavar="ACTION", required=True)
@@ -43,6 +45,11 @@ def register(sub: Any, error_type: type[Exception]) -> None:
         "--namespace", action="append", required=True, help="repeat for several; '*' for all"
     )
     create.add_argument("--name", default="", help="who or what the token is for")
+    create.add_argument(
+        "--trusted",
+        action="store_true",
+        help="may publish into namespaces that take only trusted writers (CI's token)",
+    )
     _target_arguments(create, local=True)
     create.set_defaults(run=run_token_create)
     listing = token_sub.add_parser("list", help="list tokens (never their secrets)")
@@ -52,6 +59,10 @@ def register(sub: Any, error_type: type[Exception]) -> None:
     revoke.add_argument("token_id")
     _target_arguments(revoke, local=True)
     revoke.set_defaults(run=run_token_revoke)
+
+    from . import admincli
+
+    admincli.register(admin_sub)
 
 
 _SERVE_DOC = (
@@ -167,7 +178,12 @@ def run_token_create(args: argparse.Namespace, extra: list[str]) -> int:
     _no_extra(extra)
     namespaces = tuple(args.namespace)
     if not args.local:
-        body = {"scope": args.scope, "namespaces": list(namespaces), "name": args.name}
+        body = {
+            "scope": args.scope,
+            "namespaces": list(namespaces),
+            "name": args.name,
+            "trusted": args.trusted,
+        }
         return _print(_request(args, "POST", "/v1/admin/tokens", body))
     from .api.admin import token_view
     from .auth import new_token
@@ -175,7 +191,7 @@ def run_token_create(args: argparse.Namespace, extra: list[str]) -> int:
 
     index = _local_index(args)
     try:
-        token, secret = new_token(args.scope, namespaces, args.name)
+        token, secret = new_token(args.scope, namespaces, args.name, trusted=args.trusted)
         index.put_token(token)
     except ServerError as exc:
         raise CommandError(str(exc)) from None

@@ -9,9 +9,15 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Depends, Header, Request
 from starlette.concurrency import run_in_threadpool
 
+from neffcache.server.access import AccessLog
+from neffcache.server.audit import AuditLog
 from neffcache.server.auth import Caller, TokenPresence, authenticate
 from neffcache.server.blobs import BlobStore
+from neffcache.server.blobuse import BlobUse
+from neffcache.server.eviction.evictor import Evictor
+from neffcache.server.eviction.maintenance import Maintenance
 from neffcache.server.index import Index
+from neffcache.server.namespaces import Policies
 from neffcache.server.settings import ServerSettings
 from neffcache.server.verified import VerifiedMemo
 from neffcache.server.wakeups import Wakeups
@@ -27,6 +33,21 @@ class Backends:
     tokens: TokenPresence
     wakeups: Wakeups = field(default_factory=Wakeups)
     verified: VerifiedMemo = field(default_factory=lambda: VerifiedMemo(3600.0))
+    access: AccessLog = field(default_factory=AccessLog)
+    blob_use: BlobUse = field(default_factory=BlobUse)
+    # Built from the stores and settings (__post_init__).
+    policies: Policies = field(init=False)
+    audit: AuditLog = field(init=False)
+    evictor: Evictor = field(init=False)
+    maintenance: Maintenance = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.policies = Policies(self.index, self.settings)
+        self.audit = AuditLog(self.index, self.settings.audit_keep)
+        self.evictor = Evictor(
+            self.index, self.blobs, self.policies, self.audit, self.settings, self.blob_use
+        )
+        self.maintenance = Maintenance(self.index, self.evictor, self.access, self.settings)
 
     @property
     def inline(self) -> bool:

@@ -45,6 +45,8 @@ class Manifest(BaseModel):
     components: dict[str, Any] = Field(default_factory=dict)
     files: dict[str, FileRef]
     compile_seconds: float | None = Field(None, ge=0)
+    # The publishing job's label (NEFFCACHE_MODEL): pins and reports group by it.
+    model: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
 
     @field_validator("files")
     @classmethod

@@ -89,6 +89,45 @@ class ServerSettings(BaseSettings):
         description="how often a waiting request reads the index with no wake-up "
         "(a publish through another replica wakes no one here)",
     )
+    default_ttl_seconds: float | None = Field(
+        30 * 86400.0,
+        ge=60,
+        allow_inf_nan=False,
+        description="how long an entry of a namespace without its own ttl is kept after "
+        "it was last served (null: until a quota or an admin removes it)",
+    )
+    eviction_interval_seconds: float = Field(
+        300.0,
+        ge=0,
+        le=86400,
+        allow_inf_nan=False,
+        description="how often one replica applies expiry, quotas and retention and "
+        "removes unreferenced blobs (0: never in the background)",
+    )
+    blob_grace_seconds: float = Field(
+        3600.0,
+        ge=0,
+        le=30 * 86400,
+        allow_inf_nan=False,
+        description="how long a blob stays after nothing references it: uploads not "
+        "yet published, and downloads begun before their entry was evicted",
+    )
+    access_flush_seconds: float = Field(
+        15.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="how often last-access times and hit counts are written to the index",
+    )
+    value_half_life_seconds: float = Field(
+        86400.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="value ranking: an entry unused this long counts half as much",
+    )
+    audit_keep: int = Field(
+        100_000, ge=100, le=10_000_000, description="audit records kept, newest first"
+    )
     bootstrap_admin_token: SecretStr | None = Field(
         None, description="an admin token the server creates at start-up if absent"
     )

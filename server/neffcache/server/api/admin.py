@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field, ValidationError
+from starlette.concurrency import run_in_threadpool
 
 from neffcache.server.api.body import read_body
 from neffcache.server.auth import Caller, new_token
@@ -21,6 +22,9 @@ class TokenRequest(BaseModel):
     scope: str = Field(description="read, write or admin")
     namespaces: list[str] = Field(min_length=1, description="namespaces, or ['*']")
     name: str = Field("", max_length=200, description="who or what the token is for")
+    trusted: bool = Field(
+        False, description="may publish into namespaces that take only trusted writers"
+    )
 
 
 def _require_admin(caller: Caller) -> None:
@@ -37,6 +41,7 @@ def token_view(token: Token) -> dict[str, Any]:
         "name": token.name,
         "created_at": token.created_at,
         "revoked": token.revoked,
+        "trusted": token.trusted,
     }
 
 
@@ -57,9 +62,20 @@ async def create_token(
         body = TokenRequest.model_validate_json(await read_body(request, _TOKEN_REQUEST_MAX))
     except ValidationError as exc:
         raise BadRequest(f"invalid token request: {exc.errors()[0]['msg']}") from None
-    token, secret = new_token(body.scope, tuple(body.namespaces), body.name)
-    backends.index.put_token(token)
+    token, secret = new_token(body.scope, tuple(body.namespaces), body.name, trusted=body.trusted)
+    await run_in_threadpool(backends.index.put_token, token)
     backends.tokens.created()
+    await run_in_threadpool(
+        backends.audit.add,
+        caller.label,
+        "token.create",
+        "",
+        token.token_id,
+        scope=token.scope,
+        namespaces=list(token.namespaces),
+        name=token.name,
+        trusted=token.trusted,
+    )
     return {**token_view(token), "token": secret}
 
 
@@ -74,4 +90,5 @@ def revoke_token(token_id: str, caller: CallerDep, backends: BackendsDep) -> Res
     _require_admin(caller)
     if not backends.index.revoke_token(token_id):
         raise NotFound(f"no token {token_id}")
+    backends.audit.add(caller.label, "token.revoke", "", token_id)
     return Response(status_code=204)

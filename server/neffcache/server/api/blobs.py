@@ -156,6 +156,7 @@ def _blob_response(backends: Backends, digest: str, range_header: str | None) ->
     blobs = backends.blobs
     memo = backends.verified
     seen_at = time.time()
+    backends.blob_use.touch((digest,))  # the evictor leaves a blob in use alone
     stamped = blobs.stamp(digest)
     size = blobs.size(digest)
     if size is None:
@@ -193,7 +194,7 @@ def _blob_response(backends: Backends, digest: str, range_header: str | None) ->
     def verified() -> None:
         memo.remember(digest, stamp, changed_at, seen_at)
 
-    checked = _held_back(chunks, digest, corrupt, verified)
+    checked = backends.blob_use.streaming(digest, _held_back(chunks, digest, corrupt, verified))
     return StreamingResponse(
         # A plain iterator makes Starlette move every step to the thread pool: right
         # for a remote store, a needless hop for a local file in the page cache.
@@ -264,7 +265,7 @@ def _trusted_response(
         log.error("blob %s changed while it was served; the response was cut off", digest)
         return False
 
-    checked = _hold_last(chunks, digest, still_verified)
+    checked = backends.blob_use.streaming(digest, _hold_last(chunks, digest, still_verified))
     return StreamingResponse(
         # As for a verified stream: no thread-pool hop per chunk of a local file.
         _async(checked) if backends.inline else checked,
@@ -371,6 +372,8 @@ async def missing_blobs(
     for digest in body.digests:
         if not re.fullmatch(HEX64, digest):
             raise BadRequest(f"{digest!r} is not a 64-hex digest")
+    # Those present are about to be referenced by the asker's manifest: used.
+    backends.blob_use.touch(body.digests)
     return {"missing": await backends.run(_missing, backends.blobs, body.digests)}
 
 

@@ -13,10 +13,12 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from neffcache.server.api.body import read_body
+from neffcache.server.api.rules import require_writer
 from neffcache.server.auth import Caller
 from neffcache.server.deps import Backends, BackendsDep, CallerDep
-from neffcache.server.errors import BadRequest, Conflict
+from neffcache.server.errors import BadRequest, Conflict, TooLarge
 from neffcache.server.index import Entry, PutResult
+from neffcache.server.lookup import find_alias, find_entry
 from neffcache.server.manifest import HEX64, NAMESPACE, parse_manifest
 
 router = APIRouter()
@@ -40,8 +42,17 @@ class MissingBlobs(BadRequest):
 async def put_entry(
     namespace: Namespace, key: Key, request: Request, caller: CallerDep, backends: BackendsDep
 ) -> Response:
-    caller.require("write", namespace)
+    policy = await require_writer(backends, caller, namespace)
     manifest, canonical = parse_manifest(await read_body(request, _MANIFEST_MAX), key)
+    size = sum(ref.size for ref in manifest.files.values())
+    # The smaller of the two limits: an entry larger than the whole quota could only
+    # be evicted again at once.
+    limits = [(policy.max_entry_bytes, "largest entry"), (policy.quota_bytes, "quota")]
+    for limit, what in limits:
+        if limit is not None and size > limit:
+            raise TooLarge(
+                f"the entry is {size} bytes; namespace {namespace!r} allows {limit} ({what})"
+            )
     result = await run_in_threadpool(
         _publish,
         backends,
@@ -69,6 +80,8 @@ def _publish(
     aliases: tuple[str, ...],
     writer: str,
 ) -> PutResult:
+    digests = [ref.digest for ref in files.values()]
+    backends.blob_use.touch(digests)  # referenced from now on: never collected meanwhile
     missing = [ref.digest for ref in files.values() if backends.blobs.size(ref.digest) != ref.size]
     if missing:
         raise MissingBlobs(sorted(set(missing)))
@@ -105,7 +118,7 @@ async def put_alias(
 ) -> Response:
     """Add an alias to an existing entry (``{"key": KEY}``): a Neuron address or a
     direct key under which a stock cache or another trace found the same program."""
-    caller.require("write", namespace)
+    await require_writer(backends, caller, namespace)
     if not re.fullmatch(ALIAS, alias):
         raise BadRequest(f"{alias!r} is neither a direct key nor a Neuron cache address")
     key = _alias_target(await read_body(request, _ALIAS_BODY_MAX))
@@ -137,14 +150,14 @@ def _alias_target(body: bytes) -> str:
 
 
 def _alias_response(backends: Backends, namespace: str, alias: str) -> Response:
-    key = backends.index.resolve_alias(namespace, alias)
-    if key is None:
+    entry = find_alias(backends, namespace, alias)
+    if entry is None:
         return absent(f"no entry has the alias {alias} in namespace {namespace}")
-    return _entry_response(backends, namespace, key)
+    return Response(stamped(entry).encode(), media_type="application/json")
 
 
 def _entry_response(backends: Backends, namespace: str, key: str) -> Response:
-    entry = backends.index.get_entry(namespace, key)
+    entry = find_entry(backends, namespace, key)
     if entry is None:
         return absent(f"no entry {key} in namespace {namespace}")
     return Response(stamped(entry).encode(), media_type="application/json")

@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from neffcache.server.api.body import read_body
 from neffcache.server.api.entries import Key, Namespace, absent
+from neffcache.server.api.rules import require_writer
 from neffcache.server.deps import Backends, BackendsDep, CallerDep
 from neffcache.server.failure import FailureReport, failure_record, parse_failure
 from neffcache.server.index import Failure
@@ -35,14 +36,14 @@ _REPORT_MAX = 1 << 20
 async def put_failure(
     namespace: Namespace, key: Key, request: Request, caller: CallerDep, backends: BackendsDep
 ) -> Response:
-    caller.require("write", namespace)
+    policy = await require_writer(backends, caller, namespace)
     report = parse_failure(await read_body(request, _REPORT_MAX))
     now = time.time()
     record = failure_record(
         report, namespace=namespace, key=key, created_at=now, writer=caller.name
     )
     settings = backends.settings
-    failure = Failure(namespace, key, record, now, now + settings.failure_ttl_seconds)
+    failure = Failure(namespace, key, record, now, now + policy.failure_ttl_seconds)
     # A thread even for local stores: a write may wait for another process's lock.
     await run_in_threadpool(backends.index.put_failure, failure, settings.failures_per_key)
     return Response(record.encode(), status_code=201, media_type="application/json")

@@ -27,9 +27,11 @@ from starlette.concurrency import run_in_threadpool
 
 from neffcache.server.api.body import read_body
 from neffcache.server.api.entries import ALIAS, Namespace, stamped
+from neffcache.server.api.rules import require_writer
 from neffcache.server.deps import Backends, BackendsDep, CallerDep
 from neffcache.server.errors import BadRequest, Conflict
 from neffcache.server.index import Failure, Lease
+from neffcache.server.lookup import find_name
 from neffcache.server.manifest import HEX64, load_json, validated
 
 router = APIRouter()
@@ -83,7 +85,7 @@ async def ask_lease(
     namespace: Namespace, name: Name, request: Request, caller: CallerDep, backends: BackendsDep
 ) -> Response:
     # Write scope: a caller that cannot publish must not make others wait for it.
-    caller.require("write", namespace)
+    await require_writer(backends, caller, namespace)
     _check_name(name)
     body = await read_body(request, _BODY_MAX)
     asked = validated(LeaseRequest, load_json(body, "lease request") if body else {}, "request")
@@ -157,12 +159,9 @@ def _try(
 
 
 def _entry(backends: Backends, namespace: str, name: str) -> str | None:
-    """The entry a lease name stands for (its key, or an alias), as the API returns it."""
-    index = backends.index
-    found = index.get_entry(namespace, name) if re.fullmatch(HEX64, name) else None
-    if found is None:
-        key = index.resolve_alias(namespace, name)
-        found = None if key is None else index.get_entry(namespace, key)
+    """The entry a lease name stands for (its key, or an alias), as the API returns it;
+    read through as a lookup is, so a graph another namespace holds is not compiled."""
+    found = find_name(backends, namespace, name)
     return None if found is None else stamped(found)
 
 
@@ -217,7 +216,7 @@ def _history(failures: list[Failure]) -> float | None:
 async def renew_lease(
     namespace: Namespace, name: Name, lease_id: LeaseId, caller: CallerDep, backends: BackendsDep
 ) -> Response:
-    caller.require("write", namespace)
+    await require_writer(backends, caller, namespace)
     _check_name(name)
     ttl = backends.settings.lease_ttl_seconds
     renewed = await run_in_threadpool(
@@ -237,7 +236,7 @@ async def release_lease(
     backends: BackendsDep,
     outcome: Annotated[Literal["done", "failed"], Query()] = "done",
 ) -> Response:
-    caller.require("write", namespace)
+    await require_writer(backends, caller, namespace)
     _check_name(name)
     settings = backends.settings
     # The notice outlives the release by one lease lifetime: long enough for every

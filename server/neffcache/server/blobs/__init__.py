@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .base import DIGEST_PATTERN, BlobStore
+from .base import DIGEST_PATTERN, BlobInfo, BlobStore
 
-__all__ = ["DIGEST_PATTERN", "BlobStore", "open_blob_store"]
+__all__ = ["DIGEST_PATTERN", "BlobInfo", "BlobStore", "open_blob_store"]
 
 
 _SCHEMES = {

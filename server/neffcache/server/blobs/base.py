@@ -8,11 +8,19 @@ killed upload leaves only a staging file, which ``open_blob_store`` removes at s
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 # Digests are validated by the API before any store call; stores may rely on it.
 DIGEST_PATTERN = r"[0-9a-f]{64}"
+
+
+@dataclass(frozen=True)
+class BlobInfo:
+    digest: str
+    size: int
+    modified: float  # epoch seconds the blob was stored (last written)
 
 
 class BlobStore(Protocol):
@@ -52,7 +60,14 @@ class BlobStore(Protocol):
         this ``size`` says absent and a new upload can heal it."""
 
     def delete(self, digest: str) -> bool:
-        """Remove a blob; False if it was absent."""
+        """Remove a blob; False if it was absent. A read already under way on this
+        process keeps its bytes where the backend allows (an open file on POSIX);
+        callers (the evictor) still avoid deleting what is being read."""
+
+    def blobs(self) -> Iterator[BlobInfo]:
+        """Every stored blob (staging and quarantined files excluded), in no
+        particular order, listed lazily: a blob stored or deleted during the listing
+        may or may not appear. Raises StoreError if the backend fails midway."""
 
     def check(self) -> None:
         """Raise StoreError if the backend cannot be reached (readiness)."""

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Hashable, Iterator
@@ -26,6 +28,8 @@ from urllib.parse import unquote, urlsplit
 from neffcache.server.config_errors import ConfigError
 from neffcache.server.errors import FULL_ERRNOS, StoreError, StoreFull
 
+from .base import DIGEST_PATTERN, BlobInfo
+
 _CHUNK = 1 << 20
 _LOCK_NAME = "lock"
 _UPLOADS_NAME = "uploads"
@@ -33,6 +37,8 @@ _SETUP_PREFIX = ".setup-"
 # An area is renamed out of its setup name microseconds after creation; a setup
 # directory this old belongs to a process killed in between.
 _STALE_SETUP_SECONDS = 3600
+_DIGEST = re.compile(DIGEST_PATTERN)
+_FANOUT = re.compile(r"[0-9a-f]{2}")
 
 
 @contextmanager
@@ -260,6 +266,18 @@ class FsBlobStore:
                 return False
             return True
 
+    def blobs(self) -> Iterator[BlobInfo]:
+        # Only blobs/ is walked, so staging and quarantine files never show up; within
+        # it, only a digest-named file in its own fan-out directory is a blob.
+        for fanout in _scan(self._blobs, missing_ok=False):
+            if not _FANOUT.fullmatch(fanout.name) or not _is_dir(fanout):
+                continue
+            for entry in _scan(Path(fanout.path), missing_ok=True):
+                if _DIGEST.fullmatch(entry.name) and entry.name[:2] == fanout.name:
+                    info = _blob_info(entry)
+                    if info is not None:
+                        yield info
+
     def check(self) -> None:
         with os_errors(f"blob store at {self._root} is not usable"):
             if not self._blobs.is_dir():
@@ -271,6 +289,44 @@ class FsBlobStore:
 
     def close(self) -> None:
         self._staging.close()
+
+
+def _scan(directory: Path, *, missing_ok: bool) -> Iterator[os.DirEntry[str]]:
+    """The entries of ``directory``, read lazily; nothing if it is gone and
+    ``missing_ok``. Other OSErrors become StoreError."""
+    action = f"list {directory}"
+    with os_errors(action):
+        try:
+            entries = os.scandir(directory)
+        except FileNotFoundError:
+            if missing_ok:
+                return
+            raise
+    with entries:
+        while True:
+            with os_errors(action):
+                entry = next(entries, None)
+            if entry is None:
+                return
+            yield entry
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    with os_errors(f"stat {entry.path}"):
+        return entry.is_dir()  # False if it vanished since the listing
+
+
+def _blob_info(entry: os.DirEntry[str]) -> BlobInfo | None:
+    """What a digest-named entry holds; None if it vanished since the listing or is
+    not a regular file (size and read follow symlinks, so this does too)."""
+    with os_errors(f"stat blob {entry.name}"):
+        try:
+            st = entry.stat()
+        except FileNotFoundError:
+            return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return BlobInfo(entry.name, st.st_size, st.st_mtime)
 
 
 def _read_file(path: Path, start: int, end: int | None) -> Iterator[bytes]:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import tempfile
 import threading
+import time
 from collections.abc import Hashable, Iterator
 from pathlib import Path
+
+from .base import BlobInfo
 
 _CHUNK = 1 << 20
 
@@ -16,6 +19,7 @@ class MemoryBlobStore:
 
     def __init__(self) -> None:
         self._blobs: dict[str, bytes] = {}
+        self._stored_at: dict[str, float] = {}  # digest -> epoch seconds of its commit
         self._lock = threading.Lock()
         self._staging = tempfile.TemporaryDirectory(prefix="neffcache-staging-")
 
@@ -33,6 +37,7 @@ class MemoryBlobStore:
             if digest in self._blobs:
                 return False
             self._blobs[digest] = data
+            self._stored_at[digest] = time.time()
             return True
 
     def size(self, digest: str) -> int | None:
@@ -59,7 +64,18 @@ class MemoryBlobStore:
 
     def delete(self, digest: str) -> bool:
         with self._lock:
+            self._stored_at.pop(digest, None)
             return self._blobs.pop(digest, None) is not None
+
+    def blobs(self) -> Iterator[BlobInfo]:
+        # A snapshot taken when the listing starts: stores and deletes after that are
+        # not seen, which the protocol allows.
+        with self._lock:
+            snapshot = [
+                BlobInfo(digest, len(data), self._stored_at[digest])
+                for digest, data in self._blobs.items()
+            ]
+        yield from snapshot
 
     def check(self) -> None:
         return None
@@ -71,3 +87,5 @@ class MemoryBlobStore:
         """Replace a blob's bytes behind the store's back (tests of corruption at rest)."""
         with self._lock:
             self._blobs[digest] = data
+            # Bytes changed at rest: the blob was not stored again, so its time stays.
+            self._stored_at.setdefault(digest, time.time())

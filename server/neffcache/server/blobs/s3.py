@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import stat
 import tempfile
 import threading
@@ -33,10 +34,12 @@ from botocore.response import StreamingBody  # type: ignore[import-untyped]
 from neffcache.server.config_errors import ConfigError
 from neffcache.server.errors import StoreError
 
+from .base import DIGEST_PATTERN, BlobInfo
 from .fs import StagingArea, os_errors, quarantine_stamp
 
 _CHUNK = 1 << 20
 _MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
+_DIGEST = re.compile(DIGEST_PATTERN)
 
 # Short timeouts and few retries: a request handler waits on these calls, and a dead
 # endpoint must become a 503 within seconds (botocore defaults to 60 s per timeout).
@@ -262,6 +265,27 @@ class S3BlobStore:
         with s3_errors("DELETE"):
             self._client.delete_object(Bucket=self._bucket, Key=key)
         return True
+
+    def blobs(self) -> Iterator[BlobInfo]:
+        prefix = f"{self._base}blobs/"
+        with s3_errors("LIST"):
+            pages = iter(
+                self._client.get_paginator("list_objects_v2").paginate(
+                    Bucket=self._bucket, Prefix=prefix
+                )
+            )
+        while True:
+            # Each page is a request, made when the listing reaches it.
+            with s3_errors("LIST"):
+                page = next(pages, None)
+            if page is None:
+                return
+            for item in page.get("Contents", ()):
+                key = item["Key"]
+                digest = key.rpartition("/")[2]
+                # Only exactly <prefix>/blobs/ab/<digest>: nothing else there is a blob.
+                if _DIGEST.fullmatch(digest) and key == self._blob_key(digest):
+                    yield BlobInfo(digest, int(item["Size"]), item["LastModified"].timestamp())
 
     def check(self) -> None:
         with s3_errors("HEAD bucket"):

@@ -2,9 +2,36 @@
 
 from __future__ import annotations
 
-from .base import Entry, Failure, Index, Lease, PutResult, Token
+from .base import (
+    AuditRecord,
+    Entry,
+    EntryFacts,
+    EntryStats,
+    Failure,
+    Index,
+    Lease,
+    PutResult,
+    Record,
+    Token,
+    Touch,
+    entry_facts,
+)
 
-__all__ = ["Entry", "Failure", "Index", "Lease", "PutResult", "Token", "open_index"]
+__all__ = [
+    "AuditRecord",
+    "Entry",
+    "EntryFacts",
+    "EntryStats",
+    "Failure",
+    "Index",
+    "Lease",
+    "PutResult",
+    "Record",
+    "Token",
+    "Touch",
+    "entry_facts",
+    "open_index",
+]
 
 
 _SCHEMES = {

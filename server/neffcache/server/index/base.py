@@ -7,13 +7,21 @@ Failure records are the opposite: many per key, short-lived, never a cache hit, 
 kept apart from entries so that no failure can change what a lookup answers.
 Leases are the shortest-lived: who compiles a missing graph right now, so that a fleet
 starting cold compiles it once; they live in the index so that every replica agrees.
+
+For eviction the index also keeps, per entry, the facts a manifest implies (size,
+compile time, compiler version, model, the blobs it references: ``EntryFacts``) and
+when the server last served it (``touch_entries``); namespace policies and pins as
+small records (``put_record``); and an audit log. Entries are removed only by
+``delete_entry``, which takes their aliases with them.
 """
 
 from __future__ import annotations
 
 import enum
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class PutResult(enum.Enum):
@@ -68,6 +76,105 @@ class Token:
     name: str  # who or what it is for
     created_at: float
     revoked: bool = False
+    # May publish into namespaces that take only trusted writers (CI's token, say).
+    trusted: bool = False
+
+
+@dataclass(frozen=True)
+class EntryFacts:
+    """What eviction needs to know of an entry, read from its manifest once, at
+    publish (``entry_facts``); stored beside the entry by every backend."""
+
+    size: int  # bytes of all its files
+    compile_seconds: float | None  # as the publisher measured it; None when unknown
+    compiler_version: str  # "" when the manifest does not say
+    model: str  # the publisher's model label, "" when unset
+    digests: tuple[str, ...]  # the blobs it references, sorted, each once
+
+
+def entry_facts(manifest: str) -> EntryFacts:
+    """The facts of a stored (canonical JSON, already validated) manifest. Tolerant:
+    a field of the wrong type reads as unknown, so old rows can be backfilled."""
+    try:
+        raw = json.loads(manifest)
+    except ValueError:
+        raw = {}
+    if not isinstance(raw, dict):
+        raw = {}
+    files = raw.get("files")
+    refs = [f for f in files.values() if isinstance(f, dict)] if isinstance(files, dict) else []
+    size = sum(f["size"] for f in refs if isinstance(f.get("size"), int))
+    digests = sorted({f["digest"] for f in refs if isinstance(f.get("digest"), str)})
+    seconds = raw.get("compile_seconds")
+    components = raw.get("components")
+    version = components.get("compiler_version") if isinstance(components, dict) else None
+    model = raw.get("model")
+    return EntryFacts(
+        size=size,
+        compile_seconds=float(seconds)
+        if isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+        else None,
+        compiler_version=version if isinstance(version, str) else "",
+        model=model if isinstance(model, str) else "",
+        digests=tuple(digests),
+    )
+
+
+@dataclass(frozen=True)
+class EntryStats:
+    """An entry as eviction sees it: its facts and its use, on the server's clock."""
+
+    namespace: str
+    key: str
+    created_at: float
+    writer: str
+    facts: EntryFacts
+    last_access: float  # the latest touch, or created_at before the first
+    hits: int  # touches counted since it was published
+
+
+@dataclass(frozen=True)
+class Touch:
+    """``hits`` lookups served from an entry, the last at ``at`` (server clock)."""
+
+    namespace: str
+    key: str
+    at: float
+    hits: int
+
+
+@dataclass(frozen=True)
+class Record:
+    """A small named JSON document of a namespace: a policy (kind ``policy``, name
+    ``""``) or a pin (kind ``pin``); the index stores the value as given."""
+
+    kind: str
+    namespace: str
+    name: str
+    value: str
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """Who did what, when and why: one line of the audit log."""
+
+    at: float  # server clock
+    actor: str  # a token's id and name, or the server's own job ("evictor@host")
+    action: str  # "evict", "expire", "pin", "unpin", "namespace.create", ...
+    namespace: str  # "" for a server-wide action
+    target: str  # the key, pin or setting acted on; "" when none
+    detail: str  # canonical JSON: the reason, bytes, compile seconds, old and new values
+
+    def as_json(self) -> dict[str, Any]:
+        detail: Any = json.loads(self.detail) if self.detail else {}
+        return {
+            "at": self.at,
+            "actor": self.actor,
+            "action": self.action,
+            "namespace": self.namespace,
+            "target": self.target,
+            "detail": detail,
+        }
 
 
 class Index(Protocol):
@@ -78,9 +185,11 @@ class Index(Protocol):
     Every method is safe to call from several threads; misses return None."""
 
     def put_entry(self, entry: Entry, aliases: tuple[str, ...]) -> PutResult:
-        """Create the entry if its (namespace, key) is free, and its aliases with it.
-        On SAME or CONFLICT nothing changes. An alias that already names another key
-        keeps its first key."""
+        """Create the entry if its (namespace, key) is free, and its aliases with it,
+        and its facts (``entry_facts(entry.manifest)``) with ``last_access`` =
+        ``created_at`` and no hits. On SAME or CONFLICT nothing changes. An alias that
+        already names another existing entry keeps its first key; one that names a key
+        with no entry (deleted) is free and names the new key."""
 
     def get_entry(self, namespace: str, key: str) -> Entry | None:
         """The entry, or None."""
@@ -90,9 +199,10 @@ class Index(Protocol):
 
     def add_alias(self, namespace: str, alias: str, key: str) -> PutResult | None:
         """Atomically: make ``alias`` name ``key`` if the entry (namespace, key) exists
-        and the alias names nothing yet (CREATED); SAME when it names ``key``
-        already, CONFLICT when it names another key (which it keeps). None, and
-        nothing stored, when there is no entry under ``key``."""
+        and the alias names nothing yet, or names a key with no entry (CREATED); SAME
+        when it names ``key`` already, CONFLICT when it names another existing entry
+        (which it keeps). None, and nothing stored, when there is no entry under
+        ``key``."""
 
     def put_failure(self, failure: Failure, keep: int) -> None:
         """Add a failure record, then drop the records of its (namespace, key) that
@@ -151,4 +261,48 @@ class Index(Protocol):
         """Up to ``limit`` (>= 1) entries of a namespace whose keys sort after ``after``
         (from the first, for None), in ascending key order; ``[]`` past the last or for
         an empty namespace. Paging by the last key seen never repeats nor skips an
-        entry that existed when the listing began (entries are never rewritten)."""
+        entry that existed throughout the listing (entries are never rewritten)."""
+
+    # --- eviction
+
+    def entry_stats(self, namespace: str, after: str | None, limit: int) -> list[EntryStats]:
+        """As ``list_entries``, the entries' stats instead of their manifests."""
+
+    def touch_entries(self, touches: Sequence[Touch]) -> None:
+        """For each touch of an existing entry: ``last_access`` becomes the later of
+        itself and ``at``, and ``hits`` grows by ``hits``. Touches of absent entries
+        are ignored (never create anything). Not atomic as a batch; each touch is."""
+
+    def delete_entry(self, namespace: str, key: str, created_at: float) -> bool:
+        """Remove the entry, its stats and every alias naming its key, atomically, if
+        its ``created_at`` is ``created_at`` (so a stale plan never removes an entry
+        published again since); False, and nothing changed, otherwise."""
+
+    def namespaces(self) -> list[str]:
+        """Every namespace holding an entry, sorted; it may also list namespaces whose
+        entries were all deleted."""
+
+    # --- records: namespace policies and pins
+
+    def put_record(self, record: Record, *, create_only: bool = False) -> bool:
+        """Store (replace) a record; with ``create_only``, only if none of its kind,
+        namespace and name exists. True when stored."""
+
+    def get_record(self, kind: str, namespace: str, name: str) -> Record | None:
+        """The record, or None."""
+
+    def delete_record(self, kind: str, namespace: str, name: str) -> bool:
+        """Remove a record; False if there was none."""
+
+    def records(self, kind: str, namespace: str | None = None) -> list[Record]:
+        """The records of a kind (of one namespace, or of all), ordered by namespace
+        then name."""
+
+    # --- audit log
+
+    def append_audit(self, records: Sequence[AuditRecord], keep: int) -> None:
+        """Append records, then drop all but the ``keep`` newest of the whole log."""
+
+    def audit(self, since: float, namespace: str | None, limit: int) -> list[AuditRecord]:
+        """Up to ``limit`` records with ``at >= since`` (of one namespace, or all),
+        newest first; records of one instant in reverse order of appending."""

@@ -5,8 +5,21 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import threading
+from collections.abc import Sequence
 
-from .base import Entry, Failure, Lease, PutResult, Token
+from .base import (
+    AuditRecord,
+    Entry,
+    EntryFacts,
+    EntryStats,
+    Failure,
+    Lease,
+    PutResult,
+    Record,
+    Token,
+    Touch,
+    entry_facts,
+)
 
 
 class MemoryIndex:
@@ -23,6 +36,11 @@ class MemoryIndex:
         self._failures: dict[tuple[str, str], list[Failure]] = {}
         self._expiries: list[tuple[float, tuple[str, str]]] = []
         self._leases: dict[tuple[str, str], Lease] = {}
+        # Each entry's facts, and its use: [last_access, hits].
+        self._facts: dict[tuple[str, str], EntryFacts] = {}
+        self._use: dict[tuple[str, str], list[float]] = {}
+        self._records: dict[tuple[str, str, str], Record] = {}
+        self._audit: list[AuditRecord] = []  # oldest first
         self._lock = threading.Lock()
 
     @classmethod
@@ -35,9 +53,17 @@ class MemoryIndex:
             if existing is not None:
                 return PutResult.SAME if existing.manifest == entry.manifest else PutResult.CONFLICT
             self._entries[(entry.namespace, entry.key)] = entry
+            self._use[(entry.namespace, entry.key)] = [entry.created_at, 0]
+            self._facts[(entry.namespace, entry.key)] = entry_facts(entry.manifest)
             for alias in aliases:
-                self._aliases.setdefault((entry.namespace, alias), entry.key)
+                if self._alias_free(entry.namespace, alias):
+                    self._aliases[(entry.namespace, alias)] = entry.key
             return PutResult.CREATED
+
+    def _alias_free(self, namespace: str, alias: str) -> bool:
+        # Caller holds _lock. An alias left naming a deleted entry is free.
+        named = self._aliases.get((namespace, alias))
+        return named is None or (namespace, named) not in self._entries
 
     def get_entry(self, namespace: str, key: str) -> Entry | None:
         with self._lock:
@@ -52,10 +78,12 @@ class MemoryIndex:
             if (namespace, key) not in self._entries:
                 return None
             named = self._aliases.get((namespace, alias))
-            if named is None:
+            if named == key:
+                return PutResult.SAME
+            if self._alias_free(namespace, alias):
                 self._aliases[(namespace, alias)] = key
                 return PutResult.CREATED
-            return PutResult.SAME if named == key else PutResult.CONFLICT
+            return PutResult.CONFLICT
 
     def put_failure(self, failure: Failure, keep: int) -> None:
         where = (failure.namespace, failure.key)
@@ -166,3 +194,94 @@ class MemoryIndex:
             # A scan per page: this is the fake, and a sorted copy would cost every put.
             keys = [k for ns, k in self._entries if ns == namespace and k > (after or "")]
             return [self._entries[(namespace, k)] for k in heapq.nsmallest(limit, keys)]
+
+    # --- eviction
+
+    def entry_stats(self, namespace: str, after: str | None, limit: int) -> list[EntryStats]:
+        entries = self.list_entries(namespace, after, limit)
+        found = []
+        with self._lock:
+            for e in entries:
+                where = (e.namespace, e.key)
+                if where not in self._entries:
+                    continue  # deleted since the listing
+                last, hits = self._use[where]
+                facts = self._facts[where]
+                found.append(
+                    EntryStats(e.namespace, e.key, e.created_at, e.writer, facts, last, int(hits))
+                )
+        return found
+
+    def touch_entries(self, touches: Sequence[Touch]) -> None:
+        with self._lock:
+            for touch in touches:
+                use = self._use.get((touch.namespace, touch.key))
+                if use is not None:
+                    use[0] = max(use[0], touch.at)
+                    use[1] += touch.hits
+
+    def delete_entry(self, namespace: str, key: str, created_at: float) -> bool:
+        with self._lock:
+            entry = self._entries.get((namespace, key))
+            if entry is None or entry.created_at != created_at:
+                return False
+            del self._entries[(namespace, key)]
+            self._use.pop((namespace, key), None)
+            self._facts.pop((namespace, key), None)
+            self._aliases = {
+                where: named
+                for where, named in self._aliases.items()
+                if not (where[0] == namespace and named == key)
+            }
+            return True
+
+    def namespaces(self) -> list[str]:
+        with self._lock:
+            return sorted({namespace for namespace, _ in self._entries})
+
+    # --- records
+
+    def put_record(self, record: Record, *, create_only: bool = False) -> bool:
+        where = (record.kind, record.namespace, record.name)
+        with self._lock:
+            if create_only and where in self._records:
+                return False
+            self._records[where] = record
+            return True
+
+    def get_record(self, kind: str, namespace: str, name: str) -> Record | None:
+        with self._lock:
+            return self._records.get((kind, namespace, name))
+
+    def delete_record(self, kind: str, namespace: str, name: str) -> bool:
+        with self._lock:
+            return self._records.pop((kind, namespace, name), None) is not None
+
+    def records(self, kind: str, namespace: str | None = None) -> list[Record]:
+        with self._lock:
+            found = [
+                r
+                for (k, ns, _), r in self._records.items()
+                if k == kind and (namespace is None or ns == namespace)
+            ]
+        return sorted(found, key=lambda r: (r.namespace, r.name))
+
+    # --- audit
+
+    def append_audit(self, records: Sequence[AuditRecord], keep: int) -> None:
+        with self._lock:
+            self._audit.extend(records)
+            if len(self._audit) > keep:
+                del self._audit[: len(self._audit) - keep]
+
+    def audit(self, since: float, namespace: str | None, limit: int) -> list[AuditRecord]:
+        with self._lock:
+            kept = list(self._audit)
+        found = [
+            r
+            for r in reversed(kept)  # newest appended first
+            if r.at >= since and (namespace is None or r.namespace == namespace)
+        ]
+        # Stable: records of one instant stay in reverse order of appending.
+        found.sort(key=lambda r: r.at, reverse=True)
+        return found[:limit]

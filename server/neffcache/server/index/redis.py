@@ -14,14 +14,33 @@ Every key starts with ``neffcache:``::
                                         "<expires_at> <nonce> <record JSON>"
     neffcache:lease:{ns}:{name}         "<lease_id> <failed 0|1> <JSON of the rest>",
                                         expiring with the lease (Redis's clock)
+    neffcache:stats:{ns}                hash: key -> JSON {"created_at", "writer", and
+                                        the EntryFacts fields}
+    neffcache:access:{ns}               hash: key -> last_access (a Python repr)
+    neffcache:hits:{ns}                 hash: key -> hits
+    neffcache:entry-aliases:{ns}:{key}  set of the aliases naming the key
+    neffcache:namespaces                set of the namespaces ever written to
+    neffcache:records:{kind}            hash: JSON [namespace, name] -> value
+    neffcache:audit                     sorted set of audit records, scored by ``at``;
+                                        each member is "<seq, 20 digits> <JSON>"
+    neffcache:audit-seq                 the last seq handed out
 
-``put_entry`` and ``add_alias`` each run as one Lua script, so they are atomic across
-replicas. The scripts touch several keys, which a standalone Redis (or one primary)
-allows and Redis Cluster does not. ``put_failure`` is one script on one key; the key
+``put_entry``, ``add_alias``, ``delete_entry``, ``touch_entries`` (per batch) and
+``append_audit`` each run as one Lua script, so they are atomic across replicas. The
+scripts touch several keys, some of them named inside the script (the aliases an entry
+loses, the entry an alias names), which a standalone Redis (or one primary) allows and
+Redis Cluster does not. ``put_failure`` is one script on one key; the key
 expires when its newest record does, so Redis itself reclaims keys nobody writes
 again. A lease is one key with Redis's own expiry, so a lease's life is measured on
 one clock however many replicas ask; its ``expires_at`` is that remaining life added
 to the caller's clock.
+
+The entry key is the truth: an entry is there when its key is. Its stats, access time
+and hits live beside it, written and deleted with it; an entry written before they
+existed reads with its facts computed from its manifest, ``last_access`` =
+``created_at`` and no hits. Times pass through Lua as Python reprs and are compared
+with ``tonumber``: both parse to the same double, so equality is exact, and a time is
+written back as the string it came as, never as Lua formats a number (14 digits).
 """
 
 from __future__ import annotations
@@ -31,7 +50,8 @@ import json
 import math
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 import redis
@@ -42,51 +62,166 @@ from redis.typing import EncodableT, FieldT
 from neffcache.server.config_errors import ConfigError
 from neffcache.server.errors import StoreError
 
-from .base import Entry, Failure, Lease, PutResult, Token
+from .base import (
+    AuditRecord,
+    Entry,
+    EntryFacts,
+    EntryStats,
+    Failure,
+    Lease,
+    PutResult,
+    Record,
+    Token,
+    Touch,
+    entry_facts,
+)
 
 # Short, so that a dead Redis fails a request (and readiness) in seconds rather than
 # holding server threads for redis-py's defaults.
 TIMEOUT_S = 2.0
 # One retry reconnects a pooled connection that Redis closed (restart, idle timeout);
 # more would only multiply the wait when Redis is down. A retried put_entry that had
-# already run reports SAME instead of CREATED, which is still true.
+# already run reports SAME instead of CREATED, which is still true; a retried
+# delete_entry reports False for an entry it deleted; a retried touch batch may count
+# its hits twice and a retried append_audit log its records twice, which eviction (an
+# estimate of use) and readers of the log tolerate.
 RETRIES = 1
 
 PREFIX = "neffcache:"
 TOKENS_BY_AGE = PREFIX + "tokens"
+NAMESPACES = PREFIX + "namespaces"
+AUDIT = PREFIX + "audit"
+AUDIT_SEQ = PREFIX + "audit-seq"
 
-# KEYS[1] the entry, KEYS[2] the namespace's keys, KEYS[3..] its aliases; ARGV[1] the
-# entry's JSON, ARGV[2] its manifest, ARGV[3] its key.
-_PUT_ENTRY = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
-  redis.call('ZADD', KEYS[2], 0, ARGV[3])
-  for i = 3, #KEYS do
-    redis.call('SET', KEYS[i], ARGV[3], 'NX')
+# Touches per script call: each call holds Redis for its whole batch.
+TOUCH_BATCH = 500
+# Audit records read per round trip; one namespace's are picked out in Python.
+AUDIT_PAGE = 500
+
+# Shared by the alias-writing scripts: make the alias at ``alias_key`` (named ``alias``)
+# name ``key`` unless it names another entry that exists; an alias naming a key with no
+# entry (deleted) is free. Each key's set of aliases follows, so that delete_entry
+# finds them; SADD on SAME repairs the set of an alias written before sets existed.
+# ``entry_prefix`` and ``set_prefix`` are the namespace's entry and alias-set key
+# prefixes, to which a key is appended.
+_CLAIM_ALIAS = """
+local function claim(alias_key, alias, key, entry_prefix, set_prefix)
+  local named = redis.call('GET', alias_key)
+  if named == key then
+    redis.call('SADD', set_prefix .. key, alias)
+    return 'same'
+  end
+  if named and redis.call('EXISTS', entry_prefix .. named) == 1 then
+    return 'conflict'
+  end
+  redis.call('SET', alias_key, key)
+  redis.call('SADD', set_prefix .. key, alias)
+  if named then
+    redis.call('SREM', set_prefix .. named, alias)
   end
   return 'created'
 end
+"""
+
+# KEYS[1] the entry, KEYS[2] the namespace's keys, KEYS[3] its stats, KEYS[4] its
+# access times, KEYS[5] its hits, KEYS[6] the set of namespaces, KEYS[7..] the
+# aliases; ARGV[1] the entry's JSON, ARGV[2] its manifest, ARGV[3] its key, ARGV[4] its
+# stats JSON, ARGV[5] its created_at, ARGV[6] the namespace, ARGV[7] and ARGV[8] the
+# prefixes claim() takes, ARGV[9..] the aliases' names, in the order of KEYS[7..].
+_PUT_ENTRY = (
+    _CLAIM_ALIAS
+    + """
 -- Listed whenever found too: an entry a server older than the listing wrote is
 -- listed from its next put on (ZADD of a member already there changes nothing).
 redis.call('ZADD', KEYS[2], 0, ARGV[3])
-if cjson.decode(redis.call('GET', KEYS[1]))['manifest'] == ARGV[2] then
-  return 'same'
+redis.call('SADD', KEYS[6], ARGV[6])
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX') then
+  if cjson.decode(redis.call('GET', KEYS[1]))['manifest'] == ARGV[2] then
+    return 'same'
+  end
+  return 'conflict'
 end
-return 'conflict'
+-- Overwrites whatever an entry deleted under this key could have left.
+redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
+redis.call('HSET', KEYS[4], ARGV[3], ARGV[5])
+redis.call('HSET', KEYS[5], ARGV[3], 0)
+for i = 7, #KEYS do
+  claim(KEYS[i], ARGV[i + 2], ARGV[3], ARGV[7], ARGV[8])
+end
+return 'created'
 """
+)
 
-# KEYS[1] the entry, KEYS[2] the alias; ARGV[1] the key. Returns 'absent' when there
-# is no entry to name.
-_ADD_ALIAS = """
+# KEYS[1] the entry, KEYS[2] the alias; ARGV[1] the key, ARGV[2] the alias's name,
+# ARGV[3] and ARGV[4] the prefixes claim() takes. Returns 'absent' when there is no
+# entry to name.
+_ADD_ALIAS = (
+    _CLAIM_ALIAS
+    + """
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 'absent'
 end
-if redis.call('SET', KEYS[2], ARGV[1], 'NX') then
-  return 'created'
+return claim(KEYS[2], ARGV[2], ARGV[1], ARGV[3], ARGV[4])
+"""
+)
+
+# KEYS[1] the entry, KEYS[2] the namespace's keys, KEYS[3] stats, KEYS[4] access
+# times, KEYS[5] hits, KEYS[6] the key's set of aliases; ARGV[1] the key, ARGV[2] the
+# expected created_at, ARGV[3] the namespace's alias key prefix. An alias in the set
+# that names another key by now (re-pointed after a deletion that predates the sets)
+# is left alone.
+_DELETE_ENTRY = """
+local raw = redis.call('GET', KEYS[1])
+if not raw or cjson.decode(raw)['created_at'] ~= tonumber(ARGV[2]) then
+  return 0
 end
-if redis.call('GET', KEYS[2]) == ARGV[1] then
-  return 'same'
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+redis.call('HDEL', KEYS[5], ARGV[1])
+for _, alias in ipairs(redis.call('SMEMBERS', KEYS[6])) do
+  local alias_key = ARGV[3] .. alias
+  if redis.call('GET', alias_key) == ARGV[1] then
+    redis.call('DEL', alias_key)
+  end
 end
-return 'conflict'
+redis.call('DEL', KEYS[6])
+return 1
+"""
+
+# Per touch, three KEYS (the entry, the namespace's access times, its hits) and three
+# ARGV (the key, the time, the hits). Only an entry whose key exists is touched, so a
+# touch racing a deletion never leaves stats behind. An entry written before access
+# times were kept has none: its created_at stands in.
+_TOUCH_ENTRIES = """
+for i = 1, #KEYS, 3 do
+  if redis.call('EXISTS', KEYS[i]) == 1 then
+    local key, at = ARGV[i], ARGV[i + 1]
+    local last = redis.call('HGET', KEYS[i + 1], key)
+    if last then
+      last = tonumber(last)
+    else
+      last = cjson.decode(redis.call('GET', KEYS[i]))['created_at']
+    end
+    if tonumber(at) > last then
+      redis.call('HSET', KEYS[i + 1], key, at)
+    end
+    redis.call('HINCRBY', KEYS[i + 2], key, ARGV[i + 2])
+  end
+end
+"""
+
+# KEYS[1] the audit log, KEYS[2] its sequence; ARGV[1] how many to keep, then per record
+# its time and its JSON. The zero-padded sequence makes members of one instant sort
+# (and so read back, newest first) in order of appending; trimming by rank drops the
+# oldest by (time, sequence), the order the log is read in.
+_APPEND_AUDIT = """
+for i = 2, #ARGV, 2 do
+  local seq = redis.call('INCR', KEYS[2])
+  redis.call('ZADD', KEYS[1], ARGV[i], string.format('%020d', seq) .. ' ' .. ARGV[i + 1])
+end
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[1]) + 1))
 """
 
 # KEYS[1] the key's failures, a sorted set scored by expiry; ARGV[1] "now" (the new
@@ -157,6 +292,31 @@ def _alias_key(namespace: str, alias: str) -> str:
     return f"{PREFIX}alias:{_ns(namespace)}:{alias}"
 
 
+def _stats_key(namespace: str) -> str:
+    return f"{PREFIX}stats:{_ns(namespace)}"
+
+
+def _access_key(namespace: str) -> str:
+    return f"{PREFIX}access:{_ns(namespace)}"
+
+
+def _hits_key(namespace: str) -> str:
+    return f"{PREFIX}hits:{_ns(namespace)}"
+
+
+def _entry_aliases_key(namespace: str, key: str) -> str:
+    return f"{PREFIX}entry-aliases:{_ns(namespace)}:{key}"
+
+
+def _records_key(kind: str) -> str:
+    return f"{PREFIX}records:{kind}"
+
+
+def _record_field(namespace: str, name: str) -> str:
+    # JSON: no separator a namespace or name could contain makes two records meet.
+    return json.dumps([namespace, name])
+
+
 def _failures_key(namespace: str, key: str) -> str:
     return f"{PREFIX}failures:{_ns(namespace)}:{key}"
 
@@ -220,6 +380,9 @@ class RedisIndex:
         self._where = where
         self._put_entry = client.register_script(_PUT_ENTRY)
         self._add_alias = client.register_script(_ADD_ALIAS)
+        self._delete_entry = client.register_script(_DELETE_ENTRY)
+        self._touch_entries = client.register_script(_TOUCH_ENTRIES)
+        self._append_audit = client.register_script(_APPEND_AUDIT)
         self._put_failure = client.register_script(_PUT_FAILURE)
         self._acquire_lease = client.register_script(_ACQUIRE_LEASE)
         self._renew_lease = client.register_script(_RENEW_LEASE)
@@ -251,16 +414,34 @@ class RedisIndex:
     # --- entries ----------------------------------------------------------------------
 
     def put_entry(self, entry: Entry, aliases: tuple[str, ...]) -> PutResult:
+        ns = entry.namespace
         stored = {
             "manifest": entry.manifest,
             "created_at": entry.created_at,
             "writer": entry.writer,
         }
-        keys = [_entry_key(entry.namespace, entry.key), _keys_key(entry.namespace)]
-        keys += [_alias_key(entry.namespace, alias) for alias in aliases]
+        keys = [
+            _entry_key(ns, entry.key),
+            _keys_key(ns),
+            _stats_key(ns),
+            _access_key(ns),
+            _hits_key(ns),
+            NAMESPACES,
+        ]
+        keys += [_alias_key(ns, alias) for alias in aliases]
         # ensure_ascii=False: the script's cjson then sees the manifest as the same UTF-8
         # bytes as ARGV[2], with no \\u escapes to translate.
-        args = [json.dumps(stored, ensure_ascii=False), entry.manifest, entry.key]
+        args = [
+            json.dumps(stored, ensure_ascii=False),
+            entry.manifest,
+            entry.key,
+            _stats_json(entry, entry_facts(entry.manifest)),
+            repr(entry.created_at),
+            ns,
+            _entry_key(ns, ""),
+            _entry_aliases_key(ns, ""),
+            *aliases,
+        ]
         with self._mapped():
             return PutResult(self._put_entry(keys=keys, args=args))
 
@@ -278,8 +459,9 @@ class RedisIndex:
 
     def add_alias(self, namespace: str, alias: str, key: str) -> PutResult | None:
         keys = [_entry_key(namespace, key), _alias_key(namespace, alias)]
+        args = [key, alias, _entry_key(namespace, ""), _entry_aliases_key(namespace, "")]
         with self._mapped():
-            result = _str(self._add_alias(keys=keys, args=[key]))
+            result = _str(self._add_alias(keys=keys, args=args))
         return None if result == "absent" else PutResult(result)
 
     # --- failures ---------------------------------------------------------------------
@@ -360,6 +542,7 @@ class RedisIndex:
             "name": token.name,
             "created_at": repr(token.created_at),
             "revoked": "1" if token.revoked else "0",
+            "trusted": "1" if token.trusted else "0",
         }
         # MULTI/EXEC: a reader never sees the hash lookup without the token it names.
         pipe = self._redis.pipeline(transaction=True)
@@ -419,12 +602,239 @@ class RedisIndex:
             raws = self._redis.mget([_entry_key(namespace, k) for k in keys]) if keys else []
         entries = []
         for key, raw in zip(keys, raws, strict=True):
-            if raw is None:  # entries are never deleted; were one, it would be skipped
+            if raw is None:  # deleted since the listing
                 continue
             stored = json.loads(_str(raw))
             created_at, writer = stored["created_at"], stored["writer"]
             entries.append(Entry(namespace, key, stored["manifest"], created_at, writer))
         return entries
+
+    # --- eviction
+
+    def entry_stats(self, namespace: str, after: str | None, limit: int) -> list[EntryStats]:
+        start = "-" if after is None else f"({after}"
+        with self._mapped():
+            found = self._redis.zrangebylex(_keys_key(namespace), start, "+", 0, limit)
+            keys = [_str(k) for k in found]
+            if not keys:
+                return []
+            # MULTI/EXEC: the three reads see one moment, never half a deletion.
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.hmget(_stats_key(namespace), keys)
+            pipe.hmget(_access_key(namespace), keys)
+            pipe.hmget(_hits_key(namespace), keys)
+            stats, access, hits = pipe.execute()
+            kept = {k: json.loads(_str(raw)) for k, raw in zip(keys, stats, strict=True) if raw}
+            kept.update(self._legacy_stats(namespace, [k for k in keys if k not in kept]))
+        return [
+            _stats_from(namespace, key, kept[key], last, count)
+            for key, last, count in zip(keys, access, hits, strict=True)
+            if key in kept  # else deleted since the listing
+        ]
+
+    def _legacy_stats(self, namespace: str, keys: list[str]) -> dict[str, dict[str, Any]]:
+        """The stats fields of entries written before stats were kept, from their
+        manifests; keys with no entry are left out."""
+        if not keys:
+            return {}
+        raws = self._redis.mget([_entry_key(namespace, k) for k in keys])
+        legacy = {}
+        for key, raw in zip(keys, raws, strict=True):
+            if raw is not None:
+                stored = json.loads(_str(raw))
+                facts = entry_facts(stored["manifest"])
+                legacy[key] = _stats_fields(stored["created_at"], stored["writer"], facts)
+        return legacy
+
+    def touch_entries(self, touches: Sequence[Touch]) -> None:
+        for start in range(0, len(touches), TOUCH_BATCH):
+            batch = touches[start : start + TOUCH_BATCH]
+            keys: list[str] = []
+            args: list[EncodableT] = []
+            for touch in batch:
+                ns = touch.namespace
+                keys += [_entry_key(ns, touch.key), _access_key(ns), _hits_key(ns)]
+                args += [touch.key, repr(touch.at), touch.hits]
+            with self._mapped():
+                self._touch_entries(keys=keys, args=args)
+
+    def delete_entry(self, namespace: str, key: str, created_at: float) -> bool:
+        keys = [
+            _entry_key(namespace, key),
+            _keys_key(namespace),
+            _stats_key(namespace),
+            _access_key(namespace),
+            _hits_key(namespace),
+            _entry_aliases_key(namespace, key),
+        ]
+        args = [key, repr(created_at), _alias_key(namespace, "")]
+        with self._mapped():
+            return bool(self._delete_entry(keys=keys, args=args))
+
+    def namespaces(self) -> list[str]:
+        with self._mapped():
+            return sorted(_str(ns) for ns in self._redis.smembers(NAMESPACES))
+
+    # --- records
+
+    def put_record(self, record: Record, *, create_only: bool = False) -> bool:
+        where = _records_key(record.kind)
+        field = _record_field(record.namespace, record.name)
+        with self._mapped():
+            if create_only:
+                return bool(self._redis.hsetnx(where, field, record.value))
+            self._redis.hset(where, field, record.value)
+            return True
+
+    def get_record(self, kind: str, namespace: str, name: str) -> Record | None:
+        with self._mapped():
+            value = _opt_str(self._redis.hget(_records_key(kind), _record_field(namespace, name)))
+        return None if value is None else Record(kind, namespace, name, value)
+
+    def delete_record(self, kind: str, namespace: str, name: str) -> bool:
+        with self._mapped():
+            return bool(self._redis.hdel(_records_key(kind), _record_field(namespace, name)))
+
+    def records(self, kind: str, namespace: str | None = None) -> list[Record]:
+        # One hash per kind: policies and pins are few (a handful per namespace).
+        with self._mapped():
+            found = self._redis.hgetall(_records_key(kind))
+        assert isinstance(found, dict), type(found)
+        records = []
+        for field, value in found.items():
+            ns, name = json.loads(_str(field))
+            if namespace is None or ns == namespace:
+                records.append(Record(kind, ns, name, _str(value)))
+        return sorted(records, key=lambda r: (r.namespace, r.name))
+
+    # --- audit log
+
+    def append_audit(self, records: Sequence[AuditRecord], keep: int) -> None:
+        args: list[EncodableT] = [keep]
+        for record in records:
+            args += [repr(record.at), json.dumps(_audit_fields(record), ensure_ascii=False)]
+        with self._mapped():
+            self._append_audit(keys=[AUDIT, AUDIT_SEQ], args=args)
+
+    def audit(self, since: float, namespace: str | None, limit: int) -> list[AuditRecord]:
+        found: list[AuditRecord] = []
+        # With no namespace every record read is kept: read no more than ``limit``.
+        page = AUDIT_PAGE if namespace is not None else min(limit, AUDIT_PAGE)
+        cursor = _AuditCursor()
+        while len(found) < limit:
+            with self._mapped():
+                rows = self._redis.zrevrangebyscore(
+                    AUDIT, cursor.top, repr(since), cursor.skip, page, withscores=True
+                )
+            assert isinstance(rows, list), type(rows)
+            for pair in rows:
+                assert isinstance(pair, tuple), type(pair)  # withscores: (member, score)
+                member, score = pair
+                if not cursor.advance(_str(member), float(score)):
+                    continue  # read already, or appended since the read began
+                record = _audit_from(_str(member).split(" ", 1)[1])
+                if namespace is None or record.namespace == namespace:
+                    found.append(record)
+            if len(rows) < page:
+                break
+        return found[:limit]
+
+
+class _AuditCursor:
+    """Where a newest-first read of the audit log is: pages go on from the lowest
+    score read so far, skipping as many members of that score as were read (there may
+    be several records of one instant). A record appended meanwhile at that score sorts
+    before them (a higher sequence) and shifts them down: ``advance`` drops what it
+    has read already, or was appended after the read began, by member."""
+
+    def __init__(self) -> None:
+        self._score: float | None = None
+        self._member = ""  # the last member taken, of that score
+        # Rows of that score read so far, taken or dropped: every row moves the next
+        # page on, so that appends during a read cannot make it read one page forever.
+        self._at_score = 0
+
+    @property
+    def top(self) -> str:
+        return "+inf" if self._score is None else repr(self._score)
+
+    @property
+    def skip(self) -> int:
+        return self._at_score
+
+    def advance(self, member: str, score: float) -> bool:
+        """Move past ``member``; False when it is not to be taken (see above)."""
+        if score == self._score:
+            self._at_score += 1
+            if member >= self._member:
+                return False
+        else:
+            self._score, self._at_score = score, 1
+        self._member = member
+        return True
+
+
+def _stats_fields(created_at: float, writer: str, facts: EntryFacts) -> dict[str, Any]:
+    """What neffcache:stats:{ns} holds of an entry, as JSON."""
+    return {
+        "created_at": created_at,
+        "writer": writer,
+        "size": facts.size,
+        "compile_seconds": facts.compile_seconds,
+        "compiler_version": facts.compiler_version,
+        "model": facts.model,
+        "digests": list(facts.digests),
+    }
+
+
+def _stats_json(entry: Entry, facts: EntryFacts) -> str:
+    return json.dumps(_stats_fields(entry.created_at, entry.writer, facts), ensure_ascii=False)
+
+
+def _stats_from(
+    namespace: str, key: str, stored: dict[str, Any], last: object, hits: object
+) -> EntryStats:
+    facts = EntryFacts(
+        size=stored["size"],
+        compile_seconds=stored["compile_seconds"],
+        compiler_version=stored["compiler_version"],
+        model=stored["model"],
+        digests=tuple(stored["digests"]),
+    )
+    created_at = stored["created_at"]
+    return EntryStats(
+        namespace=namespace,
+        key=key,
+        created_at=created_at,
+        writer=stored["writer"],
+        facts=facts,
+        # Absent for an entry written before access times were kept.
+        last_access=created_at if last is None else float(_str(last)),
+        hits=0 if hits is None else int(_str(hits)),
+    )
+
+
+def _audit_fields(record: AuditRecord) -> dict[str, Any]:
+    return {
+        "at": record.at,
+        "actor": record.actor,
+        "action": record.action,
+        "namespace": record.namespace,
+        "target": record.target,
+        "detail": record.detail,
+    }
+
+
+def _audit_from(raw: str) -> AuditRecord:
+    fields = json.loads(raw)
+    return AuditRecord(
+        at=fields["at"],
+        actor=fields["actor"],
+        action=fields["action"],
+        namespace=fields["namespace"],
+        target=fields["target"],
+        detail=fields["detail"],
+    )
 
 
 def _redacted(url: str) -> str:
@@ -453,4 +863,6 @@ def _token(token_id: str, fields: object) -> Token:
         name=fields["name"],
         created_at=float(fields["created_at"]),
         revoked=fields["revoked"] == "1",
+        # Absent from tokens stored before trust existed: they are not trusted.
+        trusted=fields.get("trusted") == "1",
     )

@@ -12,17 +12,29 @@ import contextlib
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from neffcache.server.config_errors import ConfigError
 from neffcache.server.errors import StoreError
 
-from .base import Entry, Failure, Lease, PutResult, Token
+from .base import (
+    AuditRecord,
+    Entry,
+    EntryFacts,
+    EntryStats,
+    Failure,
+    Lease,
+    PutResult,
+    Record,
+    Token,
+    Touch,
+    entry_facts,
+)
 
 # Stored in PRAGMA user_version. Bump it when a table changes, and add the step from
 # the previous version to _STEPS; a file newer than this code is refused at start-up.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # How long a writer waits for another process's write transaction to finish.
 BUSY_TIMEOUT_S = 5.0
@@ -87,13 +99,88 @@ CREATE TABLE IF NOT EXISTS leases (
 CREATE INDEX IF NOT EXISTS leases_by_expiry ON leases (expires_at);
 """
 
-# The statements that bring a file from version n - 1 to version n, by n.
-_STEPS = {1: _V1, 2: _V2, 3: _V3}
+# Version 4: eviction. Each entry's facts (EntryFacts; digests a JSON list) and use;
+# last_access and the facts of rows from before are backfilled by _backfill_v4. The
+# aliases index lets delete_entry find an entry's aliases. Tokens may be trusted.
+# Records (policies, pins) and the audit log; the audit indexes serve reads by time,
+# of all namespaces or of one (the rowid, i.e. id, closes each index: ties keep order).
+_V4 = """
+ALTER TABLE entries ADD COLUMN size INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE entries ADD COLUMN compile_seconds REAL;
+ALTER TABLE entries ADD COLUMN compiler_version TEXT NOT NULL DEFAULT '';
+ALTER TABLE entries ADD COLUMN model TEXT NOT NULL DEFAULT '';
+ALTER TABLE entries ADD COLUMN digests TEXT NOT NULL DEFAULT '[]';
+ALTER TABLE entries ADD COLUMN last_access REAL NOT NULL DEFAULT 0;
+ALTER TABLE entries ADD COLUMN hits INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX IF NOT EXISTS aliases_by_key ON aliases (namespace, key);
+ALTER TABLE tokens ADD COLUMN trusted INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE IF NOT EXISTS records (
+    kind TEXT NOT NULL,
+    namespace TEXT NOT NULL,
+    name TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (kind, namespace, name)
+);
+CREATE TABLE IF NOT EXISTS audit (
+    id INTEGER PRIMARY KEY,  -- insertion order, as for failures
+    at REAL NOT NULL,
+    actor TEXT NOT NULL,
+    action TEXT NOT NULL,
+    namespace TEXT NOT NULL,
+    target TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS audit_by_time ON audit (at);
+CREATE INDEX IF NOT EXISTS audit_by_namespace ON audit (namespace, at);
+"""
 
-_TOKEN_COLUMNS = "token_id, secret_hash, scope, namespaces, name, created_at, revoked"
+_TOKEN_COLUMNS = "token_id, secret_hash, scope, namespaces, name, created_at, revoked, trusted"
+_FACT_COLUMNS = "size, compile_seconds, compiler_version, model, digests"
+_FACT_SETS = ", ".join(f"{column} = ?" for column in _FACT_COLUMNS.split(", "))
+_STATS_COLUMNS = f"key, created_at, writer, {_FACT_COLUMNS}, last_access, hits"
+_AUDIT_COLUMNS = "at, actor, action, namespace, target, detail"
+# An alias that names a key with no entry (deleted) is free: it takes the new key.
+# On SAME (it names this key) or CONFLICT (another live entry) it stays; rowcount 0.
+_UPSERT_ALIAS = (
+    "INSERT INTO aliases (namespace, alias, key) VALUES (?, ?, ?)"
+    " ON CONFLICT (namespace, alias) DO UPDATE SET key = excluded.key"
+    " WHERE NOT EXISTS"
+    " (SELECT 1 FROM entries WHERE namespace = aliases.namespace AND key = aliases.key)"
+)
 _LEASE_COLUMNS = "lease_id, holder, acquired_at, expires_at, expected_seconds, failed"
 # Newest first; of records created at the same instant, the later write first.
 _NEWEST = "ORDER BY created_at DESC, id DESC"
+
+
+# Rows read per statement while backfilling, so a large file is not read at once.
+_BACKFILL_BATCH = 1000
+
+
+def _backfill_v4(conn: sqlite3.Connection) -> None:
+    """Give entries stored before version 4 their facts (from their manifests) and
+    ``last_access`` = ``created_at``. Pages by primary key rather than updating under
+    an open cursor, whose results SQLite leaves undefined when its table changes."""
+    conn.execute("UPDATE entries SET last_access = created_at")
+    after: tuple[str, str] = ("", "")
+    while True:
+        rows = conn.execute(
+            "SELECT namespace, key, manifest FROM entries WHERE (namespace, key) > (?, ?)"
+            " ORDER BY namespace, key LIMIT ?",
+            (*after, _BACKFILL_BATCH),
+        ).fetchall()
+        if not rows:
+            return
+        conn.executemany(
+            f"UPDATE entries SET {_FACT_SETS} WHERE namespace = ? AND key = ?",
+            [(*_fact_values(entry_facts(manifest)), ns, key) for ns, key, manifest in rows],
+        )
+        after = (rows[-1][0], rows[-1][1])
+
+
+# The statements that bring a file from version n - 1 to version n, by n; then, for
+# some n, Python that fills what SQL alone cannot, in the same transaction.
+_STEPS = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
+_STEP_CODE: dict[int, Callable[[sqlite3.Connection], None]] = {4: _backfill_v4}
 
 
 @contextlib.contextmanager
@@ -213,6 +300,9 @@ class SqliteIndex:
             for statement in _STEPS[step].split(";"):
                 if statement.strip():
                     conn.execute(statement)
+            code = _STEP_CODE.get(step)
+            if code is not None:
+                code(conn)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     # --- entries ----------------------------------------------------------------------
@@ -220,15 +310,22 @@ class SqliteIndex:
     def put_entry(self, entry: Entry, aliases: tuple[str, ...]) -> PutResult:
         with self._write() as conn:
             inserted = conn.execute(
-                "INSERT INTO entries (namespace, key, manifest, created_at, writer)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (entry.namespace, entry.key, entry.manifest, entry.created_at, entry.writer),
+                "INSERT INTO entries (namespace, key, manifest, created_at, writer,"
+                f" {_FACT_COLUMNS}, last_access, hits)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0) ON CONFLICT DO NOTHING",
+                (
+                    entry.namespace,
+                    entry.key,
+                    entry.manifest,
+                    entry.created_at,
+                    entry.writer,
+                    *_fact_values(entry_facts(entry.manifest)),
+                    entry.created_at,
+                ),
             ).rowcount
             if inserted:
-                # OR IGNORE: an alias that already names a key keeps its first key.
                 conn.executemany(
-                    "INSERT OR IGNORE INTO aliases (namespace, alias, key) VALUES (?, ?, ?)",
-                    [(entry.namespace, alias, entry.key) for alias in aliases],
+                    _UPSERT_ALIAS, [(entry.namespace, alias, entry.key) for alias in aliases]
                 )
                 return PutResult.CREATED
             (existing,) = conn.execute(
@@ -260,11 +357,7 @@ class SqliteIndex:
             ).fetchone()
             if found is None:
                 return None
-            inserted = conn.execute(
-                "INSERT INTO aliases (namespace, alias, key) VALUES (?, ?, ?)"
-                " ON CONFLICT DO NOTHING",
-                (namespace, alias, key),
-            ).rowcount
+            inserted = conn.execute(_UPSERT_ALIAS, (namespace, alias, key)).rowcount
             if inserted:
                 return PutResult.CREATED
             (named,) = conn.execute(
@@ -391,7 +484,7 @@ class SqliteIndex:
     def put_token(self, token: Token) -> None:
         with self._write() as conn:
             conn.execute(
-                f"INSERT INTO tokens ({_TOKEN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO tokens ({_TOKEN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     token.token_id,
                     token.secret_hash,
@@ -400,6 +493,7 @@ class SqliteIndex:
                     token.name,
                     token.created_at,
                     int(token.revoked),
+                    int(token.trusted),
                 ),
             )
 
@@ -443,6 +537,122 @@ class SqliteIndex:
             for key, manifest, created_at, writer in rows
         ]
 
+    # --- eviction
+
+    def entry_stats(self, namespace: str, after: str | None, limit: int) -> list[EntryStats]:
+        rows = self._read(
+            f"SELECT {_STATS_COLUMNS} FROM entries"
+            " WHERE namespace = ? AND key > ? ORDER BY key LIMIT ?",
+            (namespace, after or "", limit),
+        )
+        return [_stats(namespace, row) for row in rows]
+
+    def touch_entries(self, touches: Sequence[Touch]) -> None:
+        if not touches:
+            return
+        # One transaction for the batch: one fsync and one wait for the write lock
+        # instead of one per touch. An UPDATE of an absent entry matches no row.
+        with self._write() as conn:
+            conn.executemany(
+                "UPDATE entries SET last_access = MAX(last_access, ?), hits = hits + ?"
+                " WHERE namespace = ? AND key = ?",
+                [(t.at, t.hits, t.namespace, t.key) for t in touches],
+            )
+
+    def delete_entry(self, namespace: str, key: str, created_at: float) -> bool:
+        with self._write() as conn:
+            # REAL holds the double that was written, so equality is exact.
+            deleted = conn.execute(
+                "DELETE FROM entries WHERE namespace = ? AND key = ? AND created_at = ?",
+                (namespace, key, created_at),
+            ).rowcount
+            if deleted:
+                conn.execute(
+                    "DELETE FROM aliases WHERE namespace = ? AND key = ?", (namespace, key)
+                )
+            return deleted == 1
+
+    def namespaces(self) -> list[str]:
+        # DISTINCT over the primary key's leading column: an index scan, no sort.
+        rows = self._read("SELECT DISTINCT namespace FROM entries ORDER BY namespace", ())
+        return [str(namespace) for (namespace,) in rows]
+
+    # --- records
+
+    def put_record(self, record: Record, *, create_only: bool = False) -> bool:
+        on_conflict = "DO NOTHING" if create_only else "DO UPDATE SET value = excluded.value"
+        with self._write() as conn:
+            stored = conn.execute(
+                "INSERT INTO records (kind, namespace, name, value) VALUES (?, ?, ?, ?)"
+                f" ON CONFLICT (kind, namespace, name) {on_conflict}",
+                (record.kind, record.namespace, record.name, record.value),
+            ).rowcount
+            return stored == 1
+
+    def get_record(self, kind: str, namespace: str, name: str) -> Record | None:
+        rows = self._read(
+            "SELECT value FROM records WHERE kind = ? AND namespace = ? AND name = ?",
+            (kind, namespace, name),
+        )
+        return Record(kind, namespace, name, str(rows[0][0])) if rows else None
+
+    def delete_record(self, kind: str, namespace: str, name: str) -> bool:
+        with self._write() as conn:
+            deleted = conn.execute(
+                "DELETE FROM records WHERE kind = ? AND namespace = ? AND name = ?",
+                (kind, namespace, name),
+            ).rowcount
+            return deleted == 1
+
+    def records(self, kind: str, namespace: str | None = None) -> list[Record]:
+        # The primary key (kind, namespace, name) serves the filter and the order.
+        if namespace is None:
+            rows = self._read(
+                "SELECT namespace, name, value FROM records WHERE kind = ?"
+                " ORDER BY namespace, name",
+                (kind,),
+            )
+        else:
+            rows = self._read(
+                "SELECT namespace, name, value FROM records WHERE kind = ? AND namespace = ?"
+                " ORDER BY name",
+                (kind, namespace),
+            )
+        return [Record(kind, str(ns), str(name), str(value)) for ns, name, value in rows]
+
+    # --- audit log
+
+    def append_audit(self, records: Sequence[AuditRecord], keep: int) -> None:
+        with self._write() as conn:
+            conn.executemany(
+                f"INSERT INTO audit ({_AUDIT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                [(r.at, r.actor, r.action, r.namespace, r.target, r.detail) for r in records],
+            )
+            # The id of the newest row past ``keep`` (NULL when there are fewer rows,
+            # which deletes nothing): a range delete on the primary key, where
+            # NOT IN (the kept ids) would build the kept set on every append.
+            conn.execute(
+                "DELETE FROM audit WHERE id <="
+                " (SELECT id FROM audit ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                (keep,),
+            )
+
+    def audit(self, since: float, namespace: str | None, limit: int) -> list[AuditRecord]:
+        # Of one instant, the later append (higher id) first.
+        if namespace is None:
+            rows = self._read(
+                f"SELECT {_AUDIT_COLUMNS} FROM audit WHERE at >= ?"
+                " ORDER BY at DESC, id DESC LIMIT ?",
+                (since, limit),
+            )
+        else:
+            rows = self._read(
+                f"SELECT {_AUDIT_COLUMNS} FROM audit WHERE namespace = ? AND at >= ?"
+                " ORDER BY at DESC, id DESC LIMIT ?",
+                (namespace, since, limit),
+            )
+        return [_audit_record(row) for row in rows]
+
 
 def _path_from_url(url: str) -> Path:
     # "sqlite:///abs/path" leaves "/abs/path"; "sqlite://rel/path" leaves "rel/path".
@@ -461,6 +671,51 @@ def _float(value: object) -> float:
     return float(value)
 
 
+def _fact_values(facts: EntryFacts) -> tuple[object, ...]:
+    """The values of _FACT_COLUMNS, in order."""
+    return (
+        facts.size,
+        facts.compile_seconds,
+        facts.compiler_version,
+        facts.model,
+        json.dumps(list(facts.digests)),
+    )
+
+
+def _stats(namespace: str, row: tuple[object, ...]) -> EntryStats:
+    key, created_at, writer, size, seconds, version, model, digests, last_access, hits = row
+    assert isinstance(size, int), size  # INTEGER NOT NULL
+    assert isinstance(hits, int), hits  # INTEGER NOT NULL
+    facts = EntryFacts(
+        size=size,
+        compile_seconds=None if seconds is None else _float(seconds),
+        compiler_version=str(version),
+        model=str(model),
+        digests=tuple(json.loads(str(digests))),
+    )
+    return EntryStats(
+        namespace=namespace,
+        key=str(key),
+        created_at=_float(created_at),
+        writer=str(writer),
+        facts=facts,
+        last_access=_float(last_access),
+        hits=hits,
+    )
+
+
+def _audit_record(row: tuple[object, ...]) -> AuditRecord:
+    at, actor, action, namespace, target, detail = row
+    return AuditRecord(
+        at=_float(at),
+        actor=str(actor),
+        action=str(action),
+        namespace=str(namespace),
+        target=str(target),
+        detail=str(detail),
+    )
+
+
 def _lease(namespace: str, name: str, row: tuple[object, ...]) -> Lease:
     lease_id, holder, acquired_at, expires_at, expected, failed = row
     return Lease(
@@ -476,7 +731,7 @@ def _lease(namespace: str, name: str, row: tuple[object, ...]) -> Lease:
 
 
 def _token(row: tuple[object, ...]) -> Token:
-    token_id, secret_hash, scope, namespaces, name, created_at, revoked = row
+    token_id, secret_hash, scope, namespaces, name, created_at, revoked, trusted = row
     return Token(
         token_id=str(token_id),
         secret_hash=str(secret_hash),
@@ -485,4 +740,5 @@ def _token(row: tuple[object, ...]) -> Token:
         name=str(name),
         created_at=_float(created_at),
         revoked=bool(revoked),
+        trusted=bool(trusted),
     )

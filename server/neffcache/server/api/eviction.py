@@ -1,0 +1,190 @@
+"""``/v1/admin/evict``, ``/v1/admin/expire`` and ``/v1/admin/audit``.
+
+``evict`` with ``dry_run`` lists what the rules would remove now, with the bytes and
+compile hours at stake; without it, runs a pass now on this replica (if no other
+replica is the evictor). ``expire`` retires compiler versions: every unpinned entry
+they built goes. Both need admin rights over every namespace they touch; a pass
+without ``dry_run`` touches all, so it needs an admin token for ``*``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from neffcache.server.api.body import read_body
+from neffcache.server.auth import Caller
+from neffcache.server.deps import Backends, BackendsDep, CallerDep
+from neffcache.server.errors import BadRequest, Conflict, Forbidden
+from neffcache.server.eviction.evictor import Applied
+from neffcache.server.eviction.plan import Plan, Victim
+from neffcache.server.manifest import NAMESPACE, load_json, validated
+
+router = APIRouter(prefix="/v1/admin")
+_BODY_MAX = 64 * 1024
+_AUDIT_MAX = 10_000
+
+
+class EvictRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dry_run: bool = Field(True, description="list what would go; change nothing")
+    namespaces: list[str] | None = Field(
+        None, max_length=1000, description="only these (dry run); default: all you administer"
+    )
+
+
+class ExpireRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    compiler_version: str = Field(
+        min_length=1, max_length=200, description="a version, or a pattern such as 2.20.*"
+    )
+    dry_run: bool = Field(False, description="list what would go; change nothing")
+    namespaces: list[str] | None = Field(
+        None, max_length=1000, description="only these; default: all you administer"
+    )
+
+
+def _body(model: type[Any]) -> dict[str, Any]:
+    return {"requestBody": {"content": {"application/json": {"schema": model.model_json_schema()}}}}
+
+
+async def _parse(request: Request, model: type[Any], what: str) -> Any:
+    body = await read_body(request, _BODY_MAX)
+    return validated(model, load_json(body, what) if body.strip() else {}, what)
+
+
+def _scope(backends: Backends, caller: Caller, asked: list[str] | None) -> list[str]:
+    """The namespaces an admin request acts on, each one the caller administers."""
+    caller.require("admin")
+    if asked is None:
+        return [n for n in backends.index.namespaces() if caller.covers(n)]
+    for namespace in asked:
+        if not _valid(namespace):
+            raise BadRequest(f"{namespace!r} is not a namespace name")
+        caller.require("admin", namespace)
+    return sorted(set(asked))
+
+
+def _valid(namespace: str) -> bool:
+    return re.fullmatch(NAMESPACE, namespace) is not None
+
+
+@router.post("/evict", openapi_extra=_body(EvictRequest))
+async def evict(request: Request, caller: CallerDep, backends: BackendsDep) -> dict[str, Any]:
+    asked: EvictRequest = await _parse(request, EvictRequest, "eviction request")
+    if asked.dry_run:
+        names = await run_in_threadpool(_scope, backends, caller, asked.namespaces)
+        plans = await run_in_threadpool(backends.evictor.plan, names)
+        return {"dry_run": True, **_plans_view(plans)}
+    caller.require("admin")
+    if "*" not in caller.namespaces:
+        raise Forbidden("an eviction pass covers every namespace: it needs an admin token for '*'")
+    if asked.namespaces is not None:
+        raise BadRequest("a pass covers every namespace; namespaces is for dry runs")
+    done = await run_in_threadpool(backends.maintenance.run, caller.label)
+    if done is None:
+        leader = await run_in_threadpool(backends.maintenance.leader)
+        raise Conflict(f"another replica ({leader}) is the evictor; it applies the same rules")
+    view = _plans_view(done.plans)
+    view["removed"] = _applied_view(done.applied)
+    view["blobs_collected"] = done.collected.blobs
+    view["blob_bytes_collected"] = done.collected.bytes
+    view["blobs_in_grace"] = done.collected.waiting
+    return {"dry_run": False, **view}
+
+
+@router.post("/expire", openapi_extra=_body(ExpireRequest))
+async def expire(request: Request, caller: CallerDep, backends: BackendsDep) -> dict[str, Any]:
+    asked: ExpireRequest = await _parse(request, ExpireRequest, "expire request")
+    names = await run_in_threadpool(_scope, backends, caller, asked.namespaces)
+    victims = await run_in_threadpool(backends.evictor.expiring, asked.compiler_version, names)
+    if asked.dry_run:
+        return {"dry_run": True, "compiler_version": asked.compiler_version, **_totals(victims)}
+    applied = await run_in_threadpool(backends.evictor.apply, victims, caller.label, "expire")
+    return {
+        "dry_run": False,
+        "compiler_version": asked.compiler_version,
+        **_applied_view(applied),
+    }
+
+
+@router.get("/audit")
+async def audit(
+    caller: CallerDep,
+    backends: BackendsDep,
+    since: Annotated[float, Query(ge=0, description="epoch seconds")] = 0.0,
+    namespace: Annotated[str | None, Query(pattern=f"^{NAMESPACE}$")] = None,
+    limit: Annotated[int, Query(ge=1, le=_AUDIT_MAX)] = 1000,
+) -> dict[str, Any]:
+    """The newest records first. Server-wide records (tokens) are shown to admins of
+    every namespace only."""
+    caller.require("admin", namespace)
+    wide = "*" in caller.namespaces
+    if namespace is None and not wide:
+        # Several namespaces: read more and keep the caller's.
+        found = await run_in_threadpool(backends.audit.query, since, None, _AUDIT_MAX)
+        found = [r for r in found if r.namespace and caller.covers(r.namespace)][:limit]
+    else:
+        found = await run_in_threadpool(backends.audit.query, since, namespace, limit)
+    return {"records": [r.as_json() for r in found]}
+
+
+# --- views
+
+
+def _victim_view(victim: Victim) -> dict[str, Any]:
+    entry = victim.stats
+    return {
+        "namespace": entry.namespace,
+        "key": entry.key,
+        "reason": victim.reason,
+        "why": victim.why,
+        "bytes": entry.facts.size,
+        "compile_seconds": entry.facts.compile_seconds,
+        "compiler_version": entry.facts.compiler_version,
+        "model": entry.facts.model,
+        "last_access": entry.last_access,
+        "hits": entry.hits,
+    }
+
+
+def _totals(victims: Sequence[Victim]) -> dict[str, Any]:
+    known = [v.stats.facts.compile_seconds for v in victims]
+    return {
+        "entries": [_victim_view(v) for v in victims],
+        "total": {
+            "entries": len(victims),
+            "bytes": sum(v.stats.facts.size for v in victims),
+            "compile_hours": round(sum(s for s in known if s is not None) / 3600, 3),
+            "unknown_compile_time": sum(1 for s in known if s is None),
+        },
+    }
+
+
+def _plans_view(plans: Sequence[Plan]) -> dict[str, Any]:
+    victims = [v for plan in plans for v in plan.victims]
+    return {
+        "namespaces": [
+            {
+                "namespace": plan.namespace,
+                "entries": plan.entries,
+                "bytes": plan.bytes_before,
+                "bytes_after": plan.bytes_after,
+                "pinned_bytes": plan.pinned_bytes,
+                "over_quota_pinned": plan.over_quota_pinned,
+            }
+            for plan in plans
+        ],
+        **_totals(victims),
+    }
+
+
+def _applied_view(applied: Applied) -> dict[str, Any]:
+    return {**_totals(applied.removed), "skipped": applied.skipped}

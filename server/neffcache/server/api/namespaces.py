@@ -1,0 +1,220 @@
+"""``/v1/admin/namespaces``: namespace policies and pins, for admins.
+
+An admin token of a namespace manages that namespace. Reading another namespace
+through is a grant of read access to it, so naming a namespace in ``read_through``
+also needs admin rights over that namespace. Every change goes to the audit log.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from neffcache.server.api.body import read_body
+from neffcache.server.api.entries import Namespace
+from neffcache.server.auth import Caller
+from neffcache.server.deps import Backends, BackendsDep, CallerDep
+from neffcache.server.errors import BadRequest, Conflict, NotFound
+from neffcache.server.eviction.pins import KINDS, PIN, Pin, check_pin, pins
+from neffcache.server.manifest import load_json, validated
+from neffcache.server.namespaces import (
+    NamespacePolicy,
+    PolicyFields,
+    effective,
+    parse_fields,
+    store_fields,
+    stored_fields,
+)
+
+router = APIRouter(prefix="/v1/admin/namespaces")
+_BODY_MAX = 64 * 1024
+
+_POLICY_BODY = {
+    "requestBody": {"content": {"application/json": {"schema": PolicyFields.model_json_schema()}}}
+}
+
+
+class PinRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: str = Field(description=f"one of {', '.join(KINDS)}")
+    value: str = Field(max_length=300, description="the key, address, model or version")
+    reason: str = Field("", max_length=500, description="why, for the audit log")
+
+
+@router.get("")
+async def list_namespaces(caller: CallerDep, backends: BackendsDep) -> dict[str, Any]:
+    """Every namespace with a policy or an entry that the caller administers."""
+    caller.require("admin")
+    found = await run_in_threadpool(backends.policies.all)
+    shown = [p for p in found if caller.covers(p.namespace)]
+    views = [await run_in_threadpool(_view, backends, p) for p in shown]
+    return {"namespaces": views}
+
+
+@router.get("/{namespace}")
+async def show_namespace(
+    namespace: Namespace, caller: CallerDep, backends: BackendsDep
+) -> dict[str, Any]:
+    caller.require("admin", namespace)
+    policy = await run_in_threadpool(_fresh_policy, backends, namespace)
+    view = await run_in_threadpool(_view, backends, policy)
+    view["pins"] = [p.view() for p in await run_in_threadpool(pins, backends.index, namespace)]
+    return view
+
+
+@router.post("/{namespace}", status_code=201, openapi_extra=_POLICY_BODY)
+async def create_namespace(
+    namespace: Namespace, request: Request, caller: CallerDep, backends: BackendsDep
+) -> dict[str, Any]:
+    caller.require("admin", namespace)
+    fields, named = parse_fields(await read_body(request, _BODY_MAX))
+    chosen = fields.model_dump(mode="json", include=named)
+    await run_in_threadpool(_check_read_through, backends, caller, namespace, chosen)
+    created = await run_in_threadpool(store_fields, backends.index, namespace, chosen, create=True)
+    if not created:
+        raise Conflict(f"namespace {namespace!r} exists; change it with PATCH (admin set)")
+    backends.policies.forget(namespace)
+    await run_in_threadpool(
+        backends.audit.add, caller.label, "namespace.create", namespace, "", set=chosen
+    )
+    return (await run_in_threadpool(_fresh_policy, backends, namespace)).view()
+
+
+@router.patch("/{namespace}", openapi_extra=_POLICY_BODY)
+async def change_namespace(
+    namespace: Namespace, request: Request, caller: CallerDep, backends: BackendsDep
+) -> dict[str, Any]:
+    caller.require("admin", namespace)
+    fields, named = parse_fields(await read_body(request, _BODY_MAX))
+    if not named:
+        raise BadRequest("name at least one setting to change")
+    changes = fields.model_dump(mode="json", include=named)
+    before = await run_in_threadpool(stored_fields, backends.index, namespace)
+    if before is None:
+        raise NotFound(f"no namespace {namespace!r}; create it first (admin namespace create)")
+    await run_in_threadpool(_check_read_through, backends, caller, namespace, changes)
+    after = {**before, **changes}
+    # Two admins changing different fields at once: the later write wins whole. Rare,
+    # and the audit log shows both changes.
+    await run_in_threadpool(store_fields, backends.index, namespace, after, create=False)
+    backends.policies.forget(namespace)
+    # The values in force before, defaults included: "ranking: value -> lru", not null.
+    was = effective(namespace, before, backends.settings).model_dump(mode="json")
+    old = {name: was[name] for name in changes}
+    await run_in_threadpool(
+        backends.audit.add, caller.label, "namespace.set", namespace, "", old=old, new=changes
+    )
+    return (await run_in_threadpool(_fresh_policy, backends, namespace)).view()
+
+
+def _fresh_policy(backends: Backends, namespace: str) -> NamespacePolicy:
+    backends.policies.forget(namespace)
+    return backends.policies.get(namespace)
+
+
+def _check_read_through(
+    backends: Backends, caller: Caller, namespace: str, fields: dict[str, Any]
+) -> None:
+    sources = fields.get("read_through")
+    if not sources:
+        return
+    if namespace in sources:
+        raise BadRequest("a namespace cannot read through itself")
+    for source in sources:
+        # Read-through grants this namespace's readers read access to the source.
+        caller.require("admin", source)
+    trusted = fields.get("trusted_writers_only")
+    if trusted is None:
+        trusted = backends.policies.get(namespace).trusted_writers_only
+    if trusted:
+        open_ = [s for s in sources if not backends.policies.get(s).trusted_writers_only]
+        if open_:
+            raise BadRequest(
+                f"namespace {namespace!r} takes only trusted writers, so it may read through "
+                f"only namespaces that do too; not {', '.join(open_)}"
+            )
+
+
+def _view(backends: Backends, policy: NamespacePolicy) -> dict[str, Any]:
+    """A policy with what the namespace holds now."""
+    view = policy.view()
+    entries = bytes_ = 0
+    seconds = 0.0
+    for entry in backends.evictor.stats(policy.namespace):
+        entries += 1
+        bytes_ += entry.facts.size
+        seconds += entry.facts.compile_seconds or 0.0
+    view["usage"] = {
+        "entries": entries,
+        "bytes": bytes_,
+        "compile_hours": round(seconds / 3600, 3),
+        "quota_share": None if policy.quota_bytes is None else bytes_ / policy.quota_bytes,
+    }
+    return view
+
+
+# --- pins
+
+
+@router.get("/{namespace}/pins")
+async def list_pins(
+    namespace: Namespace, caller: CallerDep, backends: BackendsDep
+) -> dict[str, Any]:
+    caller.require("admin", namespace)
+    found = await run_in_threadpool(pins, backends.index, namespace)
+    return {"pins": [p.view() for p in found]}
+
+
+@router.put(
+    "/{namespace}/pins",
+    status_code=201,
+    openapi_extra={
+        "requestBody": {"content": {"application/json": {"schema": PinRequest.model_json_schema()}}}
+    },
+)
+async def add_pin(
+    namespace: Namespace, request: Request, caller: CallerDep, backends: BackendsDep
+) -> Response:
+    caller.require("admin", namespace)
+    asked = validated(PinRequest, load_json(await read_body(request, _BODY_MAX), "pin"), "pin")
+    check_pin(asked.kind, asked.value)
+    pin = Pin(namespace, asked.kind, asked.value, asked.reason, caller.label, time.time())
+    stored = await run_in_threadpool(backends.index.put_record, pin.record(), create_only=True)
+    if stored:
+        await run_in_threadpool(
+            backends.audit.add, caller.label, "pin", namespace, pin.name, reason=asked.reason
+        )
+    body = pin.view() if stored else {"detail": f"{pin.name} is pinned already"}
+    status = 201 if stored else 200
+    return Response(_json(body), status_code=status, media_type="application/json")
+
+
+@router.delete("/{namespace}/pins", status_code=204)
+async def remove_pin(
+    namespace: Namespace,
+    caller: CallerDep,
+    backends: BackendsDep,
+    kind: Annotated[str, Query()],
+    value: Annotated[str, Query(max_length=300)],
+    reason: Annotated[str, Query(max_length=500)] = "",
+) -> Response:
+    caller.require("admin", namespace)
+    check_pin(kind, value)
+    name = f"{kind}:{value}"
+    removed = await run_in_threadpool(backends.index.delete_record, PIN, namespace, name)
+    if not removed:
+        raise NotFound(f"no pin {name} in namespace {namespace!r}")
+    await run_in_threadpool(
+        backends.audit.add, caller.label, "unpin", namespace, name, reason=reason
+    )
+    return Response(status_code=204)
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value).encode()

@@ -1,0 +1,26 @@
+"""Who may write a namespace, beyond the token's scope: its policy's trusted-writers
+rule. Every route that changes what a namespace's readers receive or wait for
+(entries, aliases, failure records, leases) checks it."""
+
+from __future__ import annotations
+
+from neffcache.server.auth import Caller
+from neffcache.server.deps import Backends
+from neffcache.server.errors import Forbidden
+from neffcache.server.namespaces import NamespacePolicy
+
+
+async def policy_of(backends: Backends, namespace: str) -> NamespacePolicy:
+    return await backends.run(backends.policies.get, namespace)
+
+
+async def require_writer(backends: Backends, caller: Caller, namespace: str) -> NamespacePolicy:
+    """The namespace's policy, once the caller is known to be allowed to write it."""
+    caller.require("write", namespace)
+    policy = await policy_of(backends, namespace)
+    if policy.trusted_writers_only and not caller.trusted:
+        raise Forbidden(
+            f"namespace {namespace!r} takes only trusted writers; publish into a namespace "
+            "of your own (which may read this one through) or use a trusted token"
+        )
+    return policy

@@ -1,0 +1,45 @@
+"""The audit log: every eviction, expiry, pin, policy and token change, with who did
+it, when and why. Stored in the index (so every replica writes one log), bounded to
+the ``audit_keep`` newest records.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from neffcache.server.index import AuditRecord, Index
+from neffcache.server.manifest import canonical_json
+
+
+def record(
+    actor: str, action: str, namespace: str = "", target: str = "", **detail: Any
+) -> AuditRecord:
+    """One audit record stamped now; ``detail`` says why and how much."""
+    return AuditRecord(
+        at=time.time(),
+        actor=actor,
+        action=action,
+        namespace=namespace,
+        target=target,
+        detail=canonical_json(detail),
+    )
+
+
+class AuditLog:
+    def __init__(self, index: Index, keep: int) -> None:
+        self._index = index
+        self._keep = keep
+
+    def write(self, records: Sequence[AuditRecord]) -> None:
+        if records:
+            self._index.append_audit(records, self._keep)
+
+    def add(
+        self, actor: str, action: str, namespace: str = "", target: str = "", **detail: Any
+    ) -> None:
+        self.write([record(actor, action, namespace, target, **detail)])
+
+    def query(self, since: float, namespace: str | None, limit: int) -> list[AuditRecord]:
+        return self._index.audit(since, namespace, limit)

@@ -1,0 +1,140 @@
+"""The background work of a replica: write access times, and (on one replica at a
+time) apply expiry, retention and quotas, then collect unreferenced blobs.
+
+It runs in one daemon thread, off the request path. Which replica evicts is decided by
+a lease in the index (``_system``/``evictor``, a namespace no client can name): the
+replica holding it renews it on every tick and passes it on only by dying. Two
+replicas evicting at once (a pass that outlived its lease) would only duplicate work:
+removals are conditional (``delete_entry``) and blobs wait out their grace period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+
+from neffcache.server.access import AccessLog
+from neffcache.server.errors import StoreError
+from neffcache.server.eviction.evictor import Applied, Collected, Evictor
+from neffcache.server.eviction.plan import Plan
+from neffcache.server.index import Index, Lease
+from neffcache.server.settings import ServerSettings
+
+log = logging.getLogger("neffcache.server.eviction")
+
+SYSTEM = "_system"  # not a valid namespace name: no client can take this lease
+LEADER = "evictor"
+
+
+@dataclass
+class Pass:
+    plans: list[Plan] = field(default_factory=list)
+    applied: Applied = field(default_factory=Applied)
+    collected: Collected = field(default_factory=Collected)
+    seconds: float = 0.0
+
+
+class Maintenance:
+    def __init__(
+        self, index: Index, evictor: Evictor, access: AccessLog, settings: ServerSettings
+    ) -> None:
+        self.index = index
+        self.evictor = evictor
+        self.access = access
+        self.settings = settings
+        self.actor = f"evictor@{os.uname().nodename} pid {os.getpid()}"
+        self._lease_id = secrets.token_hex(16)
+        self._pass_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_pass = 0.0
+
+    # --- lifecycle
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="neffcache-maintenance")
+            self._thread.daemon = True
+            self._thread.start()
+
+    def stop(self) -> None:
+        thread, self._thread = self._thread, None
+        self._stop.set()
+        if thread is not None:
+            thread.join(timeout=30)
+        self._flush()
+        with contextlib.suppress(StoreError):  # it expires on its own
+            self.index.release_lease(SYSTEM, LEADER, self._lease_id, None)
+
+    def _tick(self) -> float:
+        interval = self.settings.eviction_interval_seconds
+        tick = self.settings.access_flush_seconds
+        return min(tick, interval) if interval > 0 else tick
+
+    def _loop(self) -> None:
+        interval = self.settings.eviction_interval_seconds
+        while not self._stop.wait(self._tick()):
+            self._flush()
+            if interval <= 0:
+                continue
+            try:
+                # Renewed every tick, not only per pass: the lease outlives no tick, so
+                # a dead evictor is replaced within three ticks.
+                if self.lead() and time.monotonic() - self._last_pass >= interval:
+                    self.run(self.actor)
+            except StoreError as exc:
+                log.warning("eviction pass failed: %s", exc)
+            except Exception:  # a bug must not end the thread for good
+                log.exception("eviction pass failed")
+
+    def _flush(self) -> None:
+        try:
+            self.access.flush(self.index)
+        except StoreError as exc:
+            log.warning("cannot write access times (kept for the next try): %s", exc)
+
+    # --- passes
+
+    def lead(self) -> bool:
+        """Hold (take or renew) the evictor lease; False while another replica does."""
+        now = time.time()
+        ttl = max(5.0, 3 * self._tick())
+        if self.index.renew_lease(SYSTEM, LEADER, self._lease_id, now + ttl):
+            return True
+        mine = Lease(SYSTEM, LEADER, self._lease_id, self.actor, now, now + ttl)
+        return self.index.acquire_lease(mine).lease_id == self._lease_id
+
+    def leader(self) -> str | None:
+        """Who holds the evictor lease now, if anyone."""
+        lease = self.index.get_lease(SYSTEM, LEADER, time.time())
+        return None if lease is None else lease.holder
+
+    def run(self, actor: str) -> Pass | None:
+        """One pass, if this replica leads; None when another one does."""
+        with self._pass_lock:
+            if not self.lead():
+                return None
+            started = time.monotonic()
+            self._last_pass = started
+            self._flush()  # plan on the latest access times this replica knows
+            done = Pass(plans=self.evictor.plan())
+            victims = [v for plan in done.plans for v in plan.victims]
+            done.applied = self.evictor.apply(victims, actor)
+            done.collected = self.evictor.collect_blobs()
+            done.seconds = time.monotonic() - started
+        if done.applied.removed or done.collected.blobs:
+            log.info(
+                "eviction: %d entries (%d bytes) removed, %d blobs (%d bytes) collected in %.2f s",
+                len(done.applied.removed),
+                done.applied.bytes,
+                done.collected.blobs,
+                done.collected.bytes,
+                done.seconds,
+            )
+        return done

@@ -1,0 +1,50 @@
+"""Finding the entry a lookup asks for: in its namespace, then in the namespaces its
+policy reads through, in order; every hit recorded for expiry and ranking.
+
+The entry found says where it came from (its ``namespace``). The own namespace is read
+first and its policy only on a miss, so a hit costs what it cost before read-through.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from neffcache.server.deps import Backends
+from neffcache.server.index import Entry
+from neffcache.server.manifest import HEX64
+
+
+def find_entry(backends: Backends, namespace: str, key: str) -> Entry | None:
+    return _first(backends, namespace, lambda ns: backends.index.get_entry(ns, key))
+
+
+def find_alias(backends: Backends, namespace: str, alias: str) -> Entry | None:
+    return _first(backends, namespace, lambda ns: _by_alias(backends, ns, alias))
+
+
+def find_name(backends: Backends, namespace: str, name: str) -> Entry | None:
+    """A lease's name: a key, or else an alias (direct key or Neuron address)."""
+
+    def look(ns: str) -> Entry | None:
+        found = backends.index.get_entry(ns, name) if re.fullmatch(HEX64, name) else None
+        return found if found is not None else _by_alias(backends, ns, name)
+
+    return _first(backends, namespace, look)
+
+
+def _by_alias(backends: Backends, namespace: str, alias: str) -> Entry | None:
+    key = backends.index.resolve_alias(namespace, alias)
+    return None if key is None else backends.index.get_entry(namespace, key)
+
+
+def _first(backends: Backends, namespace: str, look: Callable[[str], Entry | None]) -> Entry | None:
+    found = look(namespace)
+    if found is None:
+        for source in backends.policies.sources(namespace):
+            found = look(source)
+            if found is not None:
+                break
+    if found is not None:
+        backends.access.hit(found.namespace, found.key)
+    return found
