@@ -9,6 +9,7 @@ import json
 import threading
 from collections.abc import Iterator
 
+import blake3
 import pytest
 
 from neffcache.server.access import AccessLog
@@ -16,7 +17,7 @@ from neffcache.server.audit import AuditLog
 from neffcache.server.blobs.memory import MemoryBlobStore
 from neffcache.server.blobuse import BlobUse
 from neffcache.server.errors import BadRequest, StoreError
-from neffcache.server.eviction.evictor import Evictor
+from neffcache.server.eviction.evictor import CONDEMNED, Evictor
 from neffcache.server.eviction.maintenance import Maintenance
 from neffcache.server.eviction.pins import Pin, Pinned, check_pin, version_matches
 from neffcache.server.eviction.plan import (
@@ -336,3 +337,48 @@ def test_one_replica_leads_and_another_takes_over_when_it_stops(blobs: MemoryBlo
     first.stop()  # releases the lease
     assert second.lead()
     assert not first.lead()
+
+
+def test_label_pins_protect_only_trusted_writers_entries() -> None:
+    index = MemoryIndex()
+    index.put_record(Pin("ns", "model", "prod", "", "admin", NOW).record())
+    index.put_record(Pin("ns", "key", key(9), "", "admin", NOW).record())
+    pinned = Pinned(index, "ns", trusted_writers={"ci"})
+    by_ci = dataclasses.replace(stats(1, model="prod"), writer="ci")
+    by_anyone = dataclasses.replace(stats(2, model="prod"), writer="mallory")
+    named = dataclasses.replace(stats(9), writer="mallory")
+    assert by_ci in pinned
+    assert by_anyone not in pinned  # else any writer could label its way past the quota
+    assert named in pinned  # a key pin names the entry itself
+
+
+def test_blob_use_forgets_old_uses_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr("neffcache.server.blobuse.time.monotonic", lambda: now[0])
+    use = BlobUse(keep_seconds=60)
+    use.touch(key(n) for n in range(5000))
+    now[0] += 30
+    use.touch([key(1)])
+    assert use.used_within(key(1), 60)
+    assert use.used_within(key(2), 60)
+    now[0] += 31  # key(2) is now 61 s old, key(1) 31 s
+    use.touch([key(3)])
+    assert use.used_within(key(1), 60)
+    assert not use.used_within(key(2), 3600)  # forgotten, not only old
+    assert len(use._last) == 2  # key(1) and key(3)
+
+
+def test_collection_clears_its_condemned_marks(blobs: MemoryBlobStore) -> None:
+    index = MemoryIndex()
+    maintenance = _maintenance(index, blobs)
+    maintenance.settings = ServerSettings(eviction_interval_seconds=0, blob_grace_seconds=0)
+    evictor = maintenance.evictor
+    evictor.settings = maintenance.settings
+    staged = blobs.staging_dir() / "upload"
+    staged.write_bytes(b"orphan")
+    orphan = blake3.blake3(b"orphan").hexdigest()
+    blobs.commit(staged, orphan)
+    collected = evictor.collect_blobs()
+    assert collected.blobs == 1
+    assert blobs.size(orphan) is None
+    assert index.records(CONDEMNED) == []

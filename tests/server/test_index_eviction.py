@@ -10,6 +10,7 @@ import json
 import math
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -568,11 +569,16 @@ def test_sqlite_file_from_schema_3_gets_facts_and_use(tmp_path: Path) -> None:
     path = tmp_path / "index.db"
     odd = '{"files":[1,2],"compile_seconds":"slow","components":"x","model":7}'
     _v3_file(path, [("team-a", KEY, FULL, CREATED), ("team-a", OTHER_KEY, odd, 5.5)])
+    before = time.time()
     index = SqliteIndex.from_url(f"sqlite:///{path}")
-    assert index.entry_stats("team-a", None, 10) == [
-        EntryStats("team-a", KEY, CREATED, "tok1", FULL_FACTS, CREATED, 0),
+    found = index.entry_stats("team-a", None, 10)
+    # Last access is the upgrade: use before it was never recorded, and created_at
+    # would expire every old entry at the first pass, however much it is used.
+    assert all(before <= s.last_access <= time.time() for s in found)
+    assert [dataclasses.replace(s, last_access=0.0) for s in found] == [
+        EntryStats("team-a", KEY, CREATED, "tok1", FULL_FACTS, 0.0, 0),
         # A manifest of the wrong shape reads as unknown facts rather than failing.
-        EntryStats("team-a", OTHER_KEY, 5.5, "tok1", BARE_FACTS, 5.5, 0),
+        EntryStats("team-a", OTHER_KEY, 5.5, "tok1", BARE_FACTS, 0.0, 0),
     ]
     assert index.resolve_alias("team-a", "resnet") == KEY
     tokens = index.tokens()
@@ -606,9 +612,8 @@ def test_sqlite_backfill_reaches_every_row_in_batches(
     index = SqliteIndex(tmp_path / "index.db")
     for namespace in ("team-a", "team-b"):
         found = index.entry_stats(namespace, None, 100)
-        assert [(s.facts.size, s.last_access) for s in found] == [
-            (i, float(i)) for i in range(1, 9)
-        ]
+        assert [s.facts.size for s in found] == list(range(1, 9))
+        assert all(s.last_access > 1000 for s in found)  # the upgrade's time
     index.close()
 
 
@@ -651,13 +656,13 @@ def test_redis_deletion_leaves_only_the_namespace_behind(redis_pair: RedisPair) 
     index.add_alias("team-a", "added", KEY)
     index.touch_entries([Touch("team-a", KEY, CREATED + 1, 1)])
     assert index.delete_entry("team-a", KEY, CREATED)
-    assert set(client.keys("*")) == {"neffcache:namespaces"}
+    assert set(client.keys("*")) == {"neffcache:namespaces", "neffcache:eviction-since"}
 
 
 def test_redis_touching_an_absent_entry_writes_no_key(redis_pair: RedisPair) -> None:
     index, client = redis_pair
     index.touch_entries([Touch("team-a", KEY, 1.0, 1)] * 3)
-    assert client.keys("*") == []
+    assert client.keys("*") == ["neffcache:eviction-since"]
 
 
 def test_redis_touches_go_in_batches(
@@ -672,18 +677,35 @@ def test_redis_touches_go_in_batches(
 
 def test_redis_entry_from_before_stats_reads_from_its_manifest(redis_pair: RedisPair) -> None:
     # A server older than stats stored the entry key alone (simulated by removing the
-    # rest): its stats come from the manifest, and touches and deletion still work.
+    # rest): its stats come from the manifest, it counts as last served when eviction
+    # data began (not when created: an upgrade must not expire every old entry), and
+    # touches and deletion still work.
     index, client = redis_pair
     index.put_entry(entry(KEY, FULL, created_at=10.0), ())
     for name in ("stats", "access", "hits"):
         client.delete(f"neffcache:{name}:team-a")
-    assert one_stats(index) == EntryStats("team-a", KEY, 10.0, "tok1", FULL_FACTS, 10.0, 0)
-    index.touch_entries([Touch("team-a", KEY, 5.0, 1)])  # before created_at: stays
-    assert (one_stats(index).last_access, one_stats(index).hits) == (10.0, 1)
-    index.touch_entries([Touch("team-a", KEY, 12.5, 1)])
-    assert (one_stats(index).last_access, one_stats(index).hits) == (12.5, 2)
+    first = one_stats(index)
+    since = float(client.get("neffcache:eviction-since") or 0)
+    assert since > 1000
+    assert first == EntryStats("team-a", KEY, 10.0, "tok1", FULL_FACTS, since, 0)
+    index.touch_entries([Touch("team-a", KEY, 12.5, 1)])  # before that: stays
+    assert (one_stats(index).last_access, one_stats(index).hits) == (since, 1)
+    index.touch_entries([Touch("team-a", KEY, since + 2.5, 1)])
+    assert (one_stats(index).last_access, one_stats(index).hits) == (since + 2.5, 2)
     assert index.delete_entry("team-a", KEY, 10.0)
     assert index.entry_stats("team-a", None, 10) == []
+
+
+def test_redis_namespaces_of_a_database_from_before_are_listed(
+    redis_server: str, redis_pair: RedisPair
+) -> None:
+    # Else the blobs of its entries would look unreferenced, and be collected.
+    index, client = redis_pair
+    index.put_entry(entry(KEY, FULL, created_at=10.0), ())
+    client.delete("neffcache:namespaces")  # as a server older than the set left it
+    fresh = RedisIndex.from_url(redis_server)  # a server started after the upgrade
+    assert fresh.namespaces() == ["team-a"]
+    fresh.close()
 
 
 def test_redis_token_from_before_trust_is_untrusted(redis_pair: RedisPair) -> None:

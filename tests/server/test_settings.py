@@ -152,3 +152,17 @@ def test_default_stores_open_in_a_data_dir_with_awkward_characters(tmp_path: Pat
     finally:
         blobs.close()
         index.close()
+
+
+def test_default_ttl_can_be_lifted_from_env_and_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert load_settings().default_ttl_seconds == 30 * 86400
+    config = tmp_path / "neffcache.toml"
+    config.write_text('default_ttl_seconds = "none"\n')
+    assert load_settings(config_file=str(config)).default_ttl_seconds is None
+    monkeypatch.setenv("NEFFCACHE_DEFAULT_TTL_SECONDS", "Never")
+    assert load_settings().default_ttl_seconds is None
+    monkeypatch.setenv("NEFFCACHE_DEFAULT_TTL_SECONDS", "30")  # under a minute
+    with pytest.raises(ConfigError, match="default_ttl_seconds"):
+        load_settings()

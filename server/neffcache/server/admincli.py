@@ -20,6 +20,8 @@ from urllib.parse import quote, urlencode
 
 from . import cli
 
+# Seconds a pass or an expiry may take on the server before the CLI stops waiting.
+_LONG = 3600.0
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _SIZES = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 _PIN_KINDS = (
@@ -59,61 +61,77 @@ def optional_count(text: str) -> int | None:
 
 
 def since(text: str) -> float:
-    """Epoch seconds from a duration back from now (``7d``) or an ISO date or time."""
-    try:
+    """Epoch seconds from a duration back from now (``7d``, a unit required) or an ISO
+    date or time (``2026-11-01``, ``2026-11-01T12:00Z``; UTC unless it says)."""
+    if re.fullmatch(r"\s*[0-9]+(?:\.[0-9]+)?\s*[smhdw]\s*", text.lower()):
         back = duration(text)
-    except argparse.ArgumentTypeError:
-        back = None
-        try:
-            stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is neither a duration (7d) nor a date (2026-11-01)"
-            ) from None
-        if stamp.tzinfo is None:
-            stamp = stamp.replace(tzinfo=timezone.utc)
-        return stamp.timestamp()
-    return 0.0 if back is None else time.time() - back
+        assert back is not None
+        return time.time() - back
+    try:
+        stamp = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a duration (7d, 12h) nor a date (2026-11-01)"
+        ) from None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=timezone.utc)
+    return stamp.timestamp()
+
+
+def _one_line(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Bad input is one line on stderr and exit code 2, as every neffcache command
+    reports it, not argparse's usage block."""
+
+    def error(message: str) -> Any:
+        sys.stderr.write(f"{parser.prog}: error: {message} (see --help)\n")
+        raise SystemExit(2)
+
+    parser.error = error  # type: ignore[method-assign]
+    return parser
 
 
 def register(admin_sub: Any) -> None:
-    ns = admin_sub.add_parser("namespace", help="create, show, change or list namespaces")
+    ns = _one_line(
+        admin_sub.add_parser("namespace", help="create, show, change or list namespaces")
+    )
     ns_sub = ns.add_subparsers(dest="namespace_command", metavar="ACTION", required=True)
     for action, helptext in (
         ("create", "create a namespace with a policy (unset settings take the defaults)"),
         ("set", "change settings of a namespace"),
     ):
-        parser = ns_sub.add_parser(action, help=helptext)
+        parser = _one_line(ns_sub.add_parser(action, help=helptext))
         parser.add_argument("namespace")
         _policy_arguments(parser)
         _target(parser)
         parser.set_defaults(run=run_namespace_write, action=action)
-    show = ns_sub.add_parser("show", help="a namespace's policy, usage and pins")
+    show = _one_line(ns_sub.add_parser("show", help="a namespace's policy, usage and pins"))
     show.add_argument("namespace")
     _target(show)
     show.set_defaults(run=run_namespace_show)
-    listing = ns_sub.add_parser("list", help="every namespace you administer, with usage")
+    listing = _one_line(
+        ns_sub.add_parser("list", help="every namespace you administer, with usage")
+    )
     _target(listing)
     listing.set_defaults(run=run_namespace_list)
 
     for action, helptext in (("pin", "never evict an entry or a group"), ("unpin", "undo a pin")):
-        parser = admin_sub.add_parser(action, help=helptext)
+        parser = _one_line(admin_sub.add_parser(action, help=helptext))
         parser.add_argument("namespace")
         group = parser.add_mutually_exclusive_group(required=True)
         for kind, kind_help in _PIN_KINDS:
-            group.add_argument(
-                f"--{kind}", dest="pin", action="append", type=_pin(kind), help=kind_help
-            )
+            group.add_argument(f"--{kind}", dest="pin", type=_pin(kind), help=kind_help)
         parser.add_argument("--reason", default="", help="why, for the audit log")
         _target(parser)
         parser.set_defaults(run=run_pin, action=action)
-    pins = admin_sub.add_parser("pins", help="list a namespace's pins")
+    pins = _one_line(admin_sub.add_parser("pins", help="list a namespace's pins"))
     pins.add_argument("namespace")
     _target(pins)
     pins.set_defaults(run=run_pins)
 
-    expire = admin_sub.add_parser(
-        "expire", help="retire a compiler generation: remove its unpinned entries"
+    expire = _one_line(
+        admin_sub.add_parser(
+            "expire", help="retire a compiler generation: remove its unpinned entries"
+        )
     )
     expire.add_argument(
         "--compiler-version", required=True, metavar="SPEC", help="a version, or a pattern: 2.20.*"
@@ -123,15 +141,19 @@ def register(admin_sub: Any) -> None:
     _target(expire)
     expire.set_defaults(run=run_expire)
 
-    evict = admin_sub.add_parser(
-        "evict", help="apply expiry, retention and quotas now (--dry-run: only list)"
+    evict = _one_line(
+        admin_sub.add_parser(
+            "evict", help="apply expiry, retention and quotas now (--dry-run: only list)"
+        )
     )
     evict.add_argument("--dry-run", action="store_true", help="list what would go; change nothing")
     evict.add_argument("--namespace", action="append", help="with --dry-run: only this one")
     _target(evict)
     evict.set_defaults(run=run_evict)
 
-    audit = admin_sub.add_parser("audit", help="who evicted, expired, pinned or changed what")
+    audit = _one_line(
+        admin_sub.add_parser("audit", help="who evicted, expired, pinned or changed what")
+    )
     audit.add_argument("--since", type=since, default=0.0, help="7d, 12h, or a date: 2026-11-01")
     audit.add_argument("--namespace", help="only this namespace")
     audit.add_argument("--limit", type=int, default=200, help="at most this many (default 200)")
@@ -268,7 +290,7 @@ def run_namespace_list(args: argparse.Namespace, extra: list[str]) -> int:
 
 def run_pin(args: argparse.Namespace, extra: list[str]) -> int:
     cli._no_extra(extra)
-    ((kind, value),) = args.pin
+    kind, value = args.pin
     path = f"/v1/admin/namespaces/{args.namespace}/pins"
     if args.action == "pin":
         answer = cli._request(
@@ -305,7 +327,8 @@ def run_expire(args: argparse.Namespace, extra: list[str]) -> int:
     body: dict[str, Any] = {"compiler_version": args.compiler_version, "dry_run": args.dry_run}
     if args.namespace:
         body["namespaces"] = args.namespace
-    answer = cli._request(args, "POST", "/v1/admin/expire", body)
+    # A whole generation may take a while to remove: a long wait, not a retry.
+    answer = cli._request(args, "POST", "/v1/admin/expire", body, timeout=_LONG)
     verb = "would remove" if args.dry_run else "removed"
     return _out(args, answer, lambda a: _victims_text(a, verb))
 
@@ -317,7 +340,7 @@ def run_evict(args: argparse.Namespace, extra: list[str]) -> int:
         if not args.dry_run:
             raise cli.CommandError("--namespace goes with --dry-run: a pass covers every namespace")
         body["namespaces"] = args.namespace
-    answer = cli._request(args, "POST", "/v1/admin/evict", body)
+    answer = cli._request(args, "POST", "/v1/admin/evict", body, timeout=_LONG)
 
     def text(value: dict[str, Any]) -> str:
         if value["dry_run"]:

@@ -53,8 +53,9 @@ def create_app(
     if index is None:
         index = open_index(settings.index_store_url())
         owned.append(index)
+    changes = []
     if settings.bootstrap_admin_token is not None:
-        ensure_bootstrap_token(index, settings.bootstrap_admin_token.get_secret_value())
+        changes = ensure_bootstrap_token(index, settings.bootstrap_admin_token.get_secret_value())
     log.info(
         "blobs %s, index %s",
         redact(settings.blob_store_url()),
@@ -81,6 +82,7 @@ def create_app(
         TokenPresence(index),
         verified=VerifiedMemo(settings.reverify_seconds),
     )
+    app.state.backends.audit.write(changes)
     for module in (health, blobs, entries, failures, leases, admin, namespaces, eviction):
         app.include_router(module.router)
     app.add_exception_handler(ServerError, _server_error)

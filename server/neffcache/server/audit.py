@@ -5,12 +5,16 @@ the ``audit_keep`` newest records.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from neffcache.server.errors import StoreError
 from neffcache.server.index import AuditRecord, Index
 from neffcache.server.manifest import canonical_json
+
+log = logging.getLogger("neffcache.server.audit")
 
 
 def record(
@@ -33,8 +37,16 @@ class AuditLog:
         self._keep = keep
 
     def write(self, records: Sequence[AuditRecord]) -> None:
-        if records:
+        """Append records. The action they record has happened: if the index cannot
+        take them, they go to the server's log instead of failing the request (a
+        token whose secret was never shown, a removal reported as an error)."""
+        if not records:
+            return
+        try:
             self._index.append_audit(records, self._keep)
+        except StoreError as exc:
+            for lost in records:
+                log.error("audit log unavailable (%s); record: %s", exc, lost.as_json())
 
     def add(
         self, actor: str, action: str, namespace: str = "", target: str = "", **detail: Any

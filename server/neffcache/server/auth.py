@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import blake3
 
 from neffcache.server.errors import BadRequest, Forbidden, Unauthorized
-from neffcache.server.index import Index, Token
+from neffcache.server.index import AuditRecord, Index, Token
 from neffcache.server.manifest import NAMESPACE
 
 SCOPES = ("read", "write", "admin")
@@ -76,20 +76,29 @@ def new_token(
 BOOTSTRAP = "bootstrap"
 
 
-def ensure_bootstrap_token(index: Index, secret: str) -> None:
+def ensure_bootstrap_token(index: Index, secret: str) -> list[AuditRecord]:
     """Make the configured bootstrap secret an admin token for every namespace, and
     revoke earlier bootstrap secrets: changing the setting rotates the secret.
 
     A bootstrap token revoked through the API stays revoked while the setting is
-    unchanged; a new secret gets a new token id, so no old record is reused.
+    unchanged; a new secret gets a new token id, so no old record is reused. Returns
+    the audit records of what changed.
     """
+    from neffcache.server.audit import record
+
     secret_hash = hash_secret(secret)
+    changes = []
     for token in index.tokens():
         if token.name == BOOTSTRAP and token.secret_hash != secret_hash and not token.revoked:
             index.revoke_token(token.token_id)
+            changes.append(record("server start-up", "token.revoke", "", token.token_id))
     if index.token_by_hash(secret_hash) is None:
         token_id = f"{BOOTSTRAP}-{secret_hash[:12]}"
         index.put_token(Token(token_id, secret_hash, "admin", ("*",), BOOTSTRAP, time.time()))
+        changes.append(
+            record("server start-up", "token.create", "", token_id, scope="admin", name=BOOTSTRAP)
+        )
+    return changes
 
 
 class TokenPresence:

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-
-# Past this many remembered digests, those not used within the longest grace go.
-_PRUNE_AT = 100_000
 
 
 class BlobUse:
-    def __init__(self) -> None:
-        self._last: dict[str, float] = {}  # digest -> monotonic time of last use
+    def __init__(self, keep_seconds: float = 3600.0) -> None:
+        # Digest -> monotonic time of last use, least recently used first, so that
+        # forgetting what is older than ``keep_seconds`` pops from the front: a touch
+        # costs O(1) however many digests are remembered.
+        self._last: OrderedDict[str, float] = OrderedDict()
+        self._keep = keep_seconds
         self._lock = threading.Lock()
 
     def touch(self, digests: Iterable[str]) -> None:
@@ -27,9 +29,13 @@ class BlobUse:
         with self._lock:
             for digest in digests:
                 self._last[digest] = now
-            if len(self._last) > _PRUNE_AT:
-                cutoff = now - 86400.0
-                self._last = {d: t for d, t in self._last.items() if t > cutoff}
+                self._last.move_to_end(digest)
+            cutoff = now - self._keep
+            while self._last:
+                oldest = next(iter(self._last.values()))
+                if oldest >= cutoff:
+                    break
+                self._last.popitem(last=False)
 
     def used_within(self, digest: str, seconds: float) -> bool:
         with self._lock:

@@ -62,6 +62,8 @@ def register(sub: Any, error_type: type[Exception]) -> None:
 
     from . import admincli
 
+    for parser in (create, listing, revoke):
+        admincli._one_line(parser)
     admincli.register(admin_sub)
 
 
@@ -149,13 +151,15 @@ def _local_index(args: argparse.Namespace) -> Any:
         raise CommandError(str(exc)) from None
 
 
-def _request(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
+def _request(
+    args: argparse.Namespace, method: str, path: str, body: Any = None, timeout: float = 10.0
+) -> Any:
     import httpx
 
     headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
     try:
         response = httpx.request(
-            method, args.server.rstrip("/") + path, json=body, headers=headers, timeout=10.0
+            method, args.server.rstrip("/") + path, json=body, headers=headers, timeout=timeout
         )
     except httpx.HTTPError as exc:
         raise CommandError(f"cannot reach {args.server}: {exc}") from None
@@ -186,13 +190,25 @@ def run_token_create(args: argparse.Namespace, extra: list[str]) -> int:
         }
         return _print(_request(args, "POST", "/v1/admin/tokens", body))
     from .api.admin import token_view
+    from .audit import AuditLog
     from .auth import new_token
     from .errors import ServerError
+    from .settings import load_settings
 
     index = _local_index(args)
     try:
         token, secret = new_token(args.scope, namespaces, args.name, trusted=args.trusted)
         index.put_token(token)
+        AuditLog(index, load_settings(data_dir=args.data_dir).audit_keep).add(
+            f"{os.environ.get('USER', 'local')} (--local)",
+            "token.create",
+            "",
+            token.token_id,
+            scope=token.scope,
+            namespaces=list(token.namespaces),
+            name=token.name,
+            trusted=token.trusted,
+        )
     except ServerError as exc:
         raise CommandError(str(exc)) from None
     finally:

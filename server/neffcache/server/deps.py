@@ -34,7 +34,7 @@ class Backends:
     wakeups: Wakeups = field(default_factory=Wakeups)
     verified: VerifiedMemo = field(default_factory=lambda: VerifiedMemo(3600.0))
     access: AccessLog = field(default_factory=AccessLog)
-    blob_use: BlobUse = field(default_factory=BlobUse)
+    blob_use: BlobUse = field(init=False)
     # Built from the stores and settings (__post_init__).
     policies: Policies = field(init=False)
     audit: AuditLog = field(init=False)
@@ -42,6 +42,7 @@ class Backends:
     maintenance: Maintenance = field(init=False)
 
     def __post_init__(self) -> None:
+        self.blob_use = BlobUse(self.settings.blob_grace_seconds)
         self.policies = Policies(self.index, self.settings)
         self.audit = AuditLog(self.index, self.settings.audit_keep)
         self.evictor = Evictor(

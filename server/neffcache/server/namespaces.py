@@ -36,7 +36,7 @@ class PolicyFields(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     ttl_seconds: float | None = Field(
-        None, ge=60, le=3660 * DAY, allow_inf_nan=False, description="unused this long: expired"
+        None, ge=60, le=3650 * DAY, allow_inf_nan=False, description="unused this long: expired"
     )
     quota_bytes: int | None = Field(None, ge=1, description="bytes of entries kept at most")
     max_entry_bytes: int | None = Field(None, ge=1, description="largest entry accepted")
@@ -103,9 +103,18 @@ def stored_fields(index: Index, namespace: str) -> dict[str, Any] | None:
     return value
 
 
-def store_fields(index: Index, namespace: str, fields: dict[str, Any], *, create: bool) -> bool:
+def store_fields(
+    index: Index,
+    namespace: str,
+    fields: dict[str, Any],
+    *,
+    create: bool,
+    replacing: str | None = None,
+) -> bool:
+    """Store a namespace's fields: new (``create``), or over the stored JSON
+    ``replacing`` (compare-and-set); False when that is no longer what is stored."""
     record = Record(POLICY, namespace, "", canonical_json(fields))
-    return index.put_record(record, create_only=create)
+    return index.put_record(record, create_only=create, replacing=replacing)
 
 
 class Policies:
@@ -135,6 +144,12 @@ class Policies:
             self._cache[namespace] = (now, policy)
         return policy
 
+    def current(self, namespace: str) -> NamespacePolicy:
+        """The policy as the index holds it now (and cached from now on): for the
+        decisions a stale answer would make unsafe, such as who may write."""
+        self.forget(namespace)
+        return self.get(namespace)
+
     def forget(self, namespace: str) -> None:
         with self._lock:
             self._cache.pop(namespace, None)
@@ -152,4 +167,7 @@ class Policies:
         policy = self.get(namespace)
         if not policy.trusted_writers_only:
             return list(policy.read_through)
-        return [n for n in policy.read_through if self.get(n).trusted_writers_only]
+        # Read now, not from the cache: a source opened to any writer through another
+        # replica a moment ago must not be read. (Opening a namespace that a trusted
+        # one reads through is refused anyway; this holds if that check is raced.)
+        return [n for n in policy.read_through if self.current(n).trusted_writers_only]

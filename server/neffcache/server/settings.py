@@ -92,9 +92,10 @@ class ServerSettings(BaseSettings):
     default_ttl_seconds: float | None = Field(
         30 * 86400.0,
         ge=60,
+        le=3650 * 86400,
         allow_inf_nan=False,
         description="how long an entry of a namespace without its own ttl is kept after "
-        "it was last served (null: until a quota or an admin removes it)",
+        'it was last served ("none": until a quota or an admin removes it)',
     )
     eviction_interval_seconds: float = Field(
         300.0,
@@ -133,6 +134,14 @@ class ServerSettings(BaseSettings):
     )
     config_file: Path | None = Field(None, description="TOML file with these settings")
     access_log: bool = Field(False, description="log every request (costs throughput)")
+
+    @field_validator("default_ttl_seconds", mode="before")
+    @classmethod
+    def _none(cls, value: Any) -> Any:
+        # Neither TOML nor an environment variable can say null: "none" does.
+        if isinstance(value, str) and value.strip().lower() in ("none", "never"):
+            return None
+        return value
 
     @field_validator("data_dir")
     @classmethod

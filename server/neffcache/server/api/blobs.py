@@ -167,7 +167,10 @@ def _blob_response(backends: Backends, digest: str, range_header: str | None) ->
 
         def unchanged() -> bool:
             now = blobs.stamp(digest)
-            return now is not None and now[0] == stamp
+            # Removed (collected) while it was read: the read holds the file it
+            # opened, whose bytes were verified, so a download is not cut off. A new
+            # file in its place has another stamp.
+            return now is None or now[0] == stamp
 
         trusted = _trusted_response(backends, digest, size, span, unchanged)
         if trusted is not None:
@@ -372,9 +375,12 @@ async def missing_blobs(
     for digest in body.digests:
         if not re.fullmatch(HEX64, digest):
             raise BadRequest(f"{digest!r} is not a 64-hex digest")
-    # Those present are about to be referenced by the asker's manifest: used.
-    backends.blob_use.touch(body.digests)
-    return {"missing": await backends.run(_missing, backends.blobs, body.digests)}
+    missing = await backends.run(_missing, backends.blobs, body.digests)
+    # Those present are about to be referenced by the asker's manifest: in use. (Only
+    # those: the memory of uses stays as small as the store.)
+    absent = set(missing)
+    backends.blob_use.touch(d for d in body.digests if d not in absent)
+    return {"missing": missing}
 
 
 def _missing(blobs: BlobStore, digests: list[str]) -> list[str]:

@@ -17,6 +17,7 @@ from neffcache.server.api.rules import require_writer
 from neffcache.server.auth import Caller
 from neffcache.server.deps import Backends, BackendsDep, CallerDep
 from neffcache.server.errors import BadRequest, Conflict, TooLarge
+from neffcache.server.eviction.evictor import CONDEMNED
 from neffcache.server.index import Entry, PutResult
 from neffcache.server.lookup import find_alias, find_entry
 from neffcache.server.manifest import HEX64, NAMESPACE, parse_manifest
@@ -86,7 +87,22 @@ def _publish(
     if missing:
         raise MissingBlobs(sorted(set(missing)))
     entry = Entry(namespace, key, canonical, time.time(), writer)
-    return backends.index.put_entry(entry, aliases)
+    result = backends.index.put_entry(entry, aliases)
+    if result is PutResult.CREATED:
+        # A blob unreferenced for its whole grace period may be being collected (by
+        # any replica's evictor) as this publishes: if it is condemned or gone now,
+        # take the entry back and ask for the blob (Evictor._remove says why that is
+        # enough), rather than leave an entry naming a removed blob.
+        index = backends.index
+        gone = [
+            d
+            for d in digests
+            if index.get_record(CONDEMNED, "", d) is not None or backends.blobs.size(d) is None
+        ]
+        if gone:
+            backends.index.delete_entry(namespace, key, entry.created_at)
+            raise MissingBlobs(sorted(set(gone)))
+    return result
 
 
 @router.get("/v1/ns/{namespace}/entries/{key}")

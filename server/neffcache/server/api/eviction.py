@@ -33,7 +33,9 @@ _AUDIT_MAX = 10_000
 class EvictRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    dry_run: bool = Field(True, description="list what would go; change nothing")
+    # A pass changes every namespace, so only an explicit false runs one; an expiry
+    # names what it retires, and runs unless told otherwise.
+    dry_run: bool = Field(True, description="list what would go; change nothing (default)")
     namespaces: list[str] | None = Field(
         None, max_length=1000, description="only these (dry run); default: all you administer"
     )
@@ -81,6 +83,9 @@ async def evict(request: Request, caller: CallerDep, backends: BackendsDep) -> d
     asked: EvictRequest = await _parse(request, EvictRequest, "eviction request")
     if asked.dry_run:
         names = await run_in_threadpool(_scope, backends, caller, asked.namespaces)
+        # This replica's latest hits first, as a pass does: a dry run lists what a pass
+        # now would remove.
+        await run_in_threadpool(backends.maintenance.flush)
         plans = await run_in_threadpool(backends.evictor.plan, names)
         return {"dry_run": True, **_plans_view(plans)}
     caller.require("admin")
@@ -126,11 +131,13 @@ async def audit(
     """The newest records first. Server-wide records (tokens) are shown to admins of
     every namespace only."""
     caller.require("admin", namespace)
-    wide = "*" in caller.namespaces
-    if namespace is None and not wide:
-        # Several namespaces: read more and keep the caller's.
-        found = await run_in_threadpool(backends.audit.query, since, None, _AUDIT_MAX)
-        found = [r for r in found if r.namespace and caller.covers(r.namespace)][:limit]
+    if namespace is None and "*" not in caller.namespaces:
+        # The caller's namespaces, each read on its own, newest first overall.
+        found = []
+        for name in caller.namespaces:
+            found += await run_in_threadpool(backends.audit.query, since, name, limit)
+        found.sort(key=lambda r: r.at, reverse=True)
+        found = found[:limit]
     else:
         found = await run_in_threadpool(backends.audit.query, since, namespace, limit)
     return {"records": [r.as_json() for r in found]}

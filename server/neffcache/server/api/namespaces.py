@@ -23,12 +23,12 @@ from neffcache.server.errors import BadRequest, Conflict, NotFound
 from neffcache.server.eviction.pins import KINDS, PIN, Pin, check_pin, pins
 from neffcache.server.manifest import load_json, validated
 from neffcache.server.namespaces import (
+    POLICY,
     NamespacePolicy,
     PolicyFields,
     effective,
     parse_fields,
     store_fields,
-    stored_fields,
 )
 
 router = APIRouter(prefix="/v1/admin/namespaces")
@@ -75,7 +75,7 @@ async def create_namespace(
     caller.require("admin", namespace)
     fields, named = parse_fields(await read_body(request, _BODY_MAX))
     chosen = fields.model_dump(mode="json", include=named)
-    await run_in_threadpool(_check_read_through, backends, caller, namespace, chosen)
+    await run_in_threadpool(_check_policy, backends, caller, namespace, None, chosen)
     created = await run_in_threadpool(store_fields, backends.index, namespace, chosen, create=True)
     if not created:
         raise Conflict(f"namespace {namespace!r} exists; change it with PATCH (admin set)")
@@ -95,14 +95,22 @@ async def change_namespace(
     if not named:
         raise BadRequest("name at least one setting to change")
     changes = fields.model_dump(mode="json", include=named)
-    before = await run_in_threadpool(stored_fields, backends.index, namespace)
-    if before is None:
-        raise NotFound(f"no namespace {namespace!r}; create it first (admin namespace create)")
-    await run_in_threadpool(_check_read_through, backends, caller, namespace, changes)
-    after = {**before, **changes}
-    # Two admins changing different fields at once: the later write wins whole. Rare,
-    # and the audit log shows both changes.
-    await run_in_threadpool(store_fields, backends.index, namespace, after, create=False)
+    for _attempt in range(5):
+        record = await run_in_threadpool(backends.index.get_record, POLICY, namespace, "")
+        if record is None:
+            raise NotFound(f"no namespace {namespace!r}; create it first (admin namespace create)")
+        before = json.loads(record.value)
+        after = {**before, **changes}
+        await run_in_threadpool(_check_policy, backends, caller, namespace, before, after)
+        # Compare-and-set: a change made meanwhile (another admin, another field) is
+        # read again and checked with this one, never overwritten.
+        stored = await run_in_threadpool(
+            store_fields, backends.index, namespace, after, create=False, replacing=record.value
+        )
+        if stored:
+            break
+    else:
+        raise Conflict(f"namespace {namespace!r} keeps changing; try again")
     backends.policies.forget(namespace)
     # The values in force before, defaults included: "ranking: value -> lru", not null.
     was = effective(namespace, before, backends.settings).model_dump(mode="json")
@@ -118,27 +126,56 @@ def _fresh_policy(backends: Backends, namespace: str) -> NamespacePolicy:
     return backends.policies.get(namespace)
 
 
-def _check_read_through(
-    backends: Backends, caller: Caller, namespace: str, fields: dict[str, Any]
+def _check_policy(
+    backends: Backends,
+    caller: Caller,
+    namespace: str,
+    before: dict[str, Any] | None,
+    after: dict[str, Any],
 ) -> None:
-    sources = fields.get("read_through")
-    if not sources:
-        return
-    if namespace in sources:
+    """Refuse a policy that would let an untrusted writer reach a trusted reader, or
+    grant reads the caller could not grant. Checked on the whole resulting policy, so
+    the order in which fields are changed makes no difference."""
+    settings = backends.settings
+    old = effective(namespace, before, settings)
+    new = effective(namespace, after, settings)
+    if namespace in new.read_through:
         raise BadRequest("a namespace cannot read through itself")
-    for source in sources:
+    for source in set(new.read_through) - set(old.read_through):
         # Read-through grants this namespace's readers read access to the source.
         caller.require("admin", source)
-    trusted = fields.get("trusted_writers_only")
-    if trusted is None:
-        trusted = backends.policies.get(namespace).trusted_writers_only
-    if trusted:
-        open_ = [s for s in sources if not backends.policies.get(s).trusted_writers_only]
+    policies = backends.policies
+    if new.trusted_writers_only:
+        open_ = [s for s in new.read_through if not policies.current(s).trusted_writers_only]
         if open_:
             raise BadRequest(
                 f"namespace {namespace!r} takes only trusted writers, so it may read through "
                 f"only namespaces that do too; not {', '.join(open_)}"
             )
+        if not old.trusted_writers_only:
+            untrusted = _untrusted_entries(backends, namespace)
+            if untrusted:
+                raise BadRequest(
+                    f"namespace {namespace!r} holds {untrusted} entries published by "
+                    "untrusted tokens: a namespace becomes trusted-writers-only when it is "
+                    "created or while it holds none (create a new one, or expire them)"
+                )
+    elif old.trusted_writers_only:
+        readers = [
+            p.namespace
+            for p in policies.all()
+            if p.trusted_writers_only and namespace in p.read_through
+        ]
+        if readers:
+            raise BadRequest(
+                f"namespaces that take only trusted writers read through {namespace!r} "
+                f"({', '.join(readers)}): remove it from their read_through first"
+            )
+
+
+def _untrusted_entries(backends: Backends, namespace: str) -> int:
+    trusted = backends.evictor.trusted_writers()
+    return sum(1 for e in backends.evictor.stats(namespace) if e.writer not in trusted)
 
 
 def _view(backends: Backends, policy: NamespacePolicy) -> dict[str, Any]:

@@ -15,9 +15,12 @@ async def policy_of(backends: Backends, namespace: str) -> NamespacePolicy:
 
 
 async def require_writer(backends: Backends, caller: Caller, namespace: str) -> NamespacePolicy:
-    """The namespace's policy, once the caller is known to be allowed to write it."""
+    """The namespace's policy, once the caller is known to be allowed to write it.
+
+    Read from the index, not the per-replica cache: a namespace turned trusted-only
+    through another replica takes no untrusted write from that instant on."""
     caller.require("write", namespace)
-    policy = await policy_of(backends, namespace)
+    policy = await backends.run(backends.policies.current, namespace)
     if policy.trusted_writers_only and not caller.trusted:
         raise Forbidden(
             f"namespace {namespace!r} takes only trusted writers; publish into a namespace "

@@ -17,17 +17,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from neffcache.server.audit import AuditLog, record
-from neffcache.server.blobs import BlobStore
+from neffcache.server.auth import ANONYMOUS
+from neffcache.server.blobs import BlobInfo, BlobStore
 from neffcache.server.blobuse import BlobUse
 from neffcache.server.eviction.pins import Pinned, version_matches
 from neffcache.server.eviction.plan import Plan, Victim, plan_namespace
-from neffcache.server.index import AuditRecord, EntryStats, Index
+from neffcache.server.index import AuditRecord, EntryStats, Index, Record
 from neffcache.server.namespaces import Policies
 from neffcache.server.settings import ServerSettings
 
 log = logging.getLogger("neffcache.server.eviction")
 
 _PAGE = 1000
+# Index records (namespace "") of blobs being removed (see Evictor._remove).
+CONDEMNED = "condemned"
 
 
 @dataclass
@@ -77,9 +80,11 @@ class Evictor:
         after = None
         while True:
             page = self.index.entry_stats(namespace, after, _PAGE)
-            yield from page
-            if len(page) < _PAGE:
+            if not page:
+                # Only an empty page ends the listing: a page is short also when
+                # entries were deleted while it was read.
                 return
+            yield from page
             after = page[-1].key
 
     def plan(self, namespaces: Sequence[str] | None = None) -> list[Plan]:
@@ -90,7 +95,7 @@ class Evictor:
         for namespace in names:
             entries = list(self.stats(namespace))
             policy = self.policies.get(namespace)
-            pinned = Pinned(self.index, namespace)
+            pinned = self.pinned(namespace)
             half_life = self.settings.value_half_life_seconds
             plans.append(plan_namespace(entries, policy, pinned, now, half_life))
         return plans
@@ -100,7 +105,7 @@ class Evictor:
         names = self.index.namespaces() if namespaces is None else namespaces
         victims = []
         for namespace in names:
-            pinned = Pinned(self.index, namespace)
+            pinned = self.pinned(namespace)
             for entry in self.stats(namespace):
                 if version_matches(spec, entry.facts.compiler_version) and entry not in pinned:
                     why = f"compiler {entry.facts.compiler_version} retired ({spec})"
@@ -119,18 +124,21 @@ class Evictor:
         for namespace, planned in by_namespace.items():
             # Pins read again right before removing: a pin placed while the plan was
             # made still protects its entries (a window of one index read remains).
-            pinned = Pinned(self.index, namespace)
+            pinned = self.pinned(namespace)
             records: list[AuditRecord] = []
-            for victim in planned:
-                entry = victim.stats
-                if entry in pinned or not self.index.delete_entry(
-                    namespace, entry.key, entry.created_at
-                ):
-                    applied.skipped += 1
-                    continue
-                applied.removed.append(victim)
-                records.append(record(actor, action, namespace, entry.key, **_detail(victim)))
-            self.audit.write(records)
+            try:
+                for victim in planned:
+                    entry = victim.stats
+                    if entry in pinned or not self.index.delete_entry(
+                        namespace, entry.key, entry.created_at
+                    ):
+                        applied.skipped += 1
+                        continue
+                    applied.removed.append(victim)
+                    records.append(record(actor, action, namespace, entry.key, **_detail(victim)))
+            finally:
+                # Also when a store error ends the loop: every removal made is audited.
+                self.audit.write(records)
         return applied
 
     def collect_blobs(self) -> Collected:
@@ -140,12 +148,10 @@ class Evictor:
         # Listed before the references are read: a blob stored after the listing is
         # not considered, and one referenced by an entry published meanwhile is seen.
         listed = list(self.blobs.blobs())
-        referenced: set[str] = set()
-        for namespace in self.index.namespaces():
-            for entry in self.stats(namespace):
-                referenced.update(entry.facts.digests)
+        referenced = self._referenced()
         collected = Collected()
         orphans: dict[str, float] = {}
+        due = []
         for blob in listed:
             if blob.digest in referenced:
                 continue
@@ -157,13 +163,61 @@ class Evictor:
                 or self.blob_use.used_within(blob.digest, grace)
             ):
                 collected.waiting += 1
-                continue
-            if self.blobs.delete(blob.digest):
-                collected.blobs += 1
-                collected.bytes += blob.size
-                del orphans[blob.digest]
+            else:
+                due.append(blob)
+        if due:
+            self._remove(due, collected, orphans)
         self._orphans = orphans
         return collected
+
+    def _remove(self, due: list[BlobInfo], collected: Collected, orphans: dict[str, float]) -> None:
+        """Remove blobs found unreferenced, safely against publishes that reference
+        them meanwhile (through any replica, over a blob the publisher found present):
+
+        1. each is marked condemned in the index, then
+        2. references are read again: a blob referenced now is kept, then
+        3. the rest are removed, and the marks cleared.
+
+        A publish checks its blobs after publishing (api/entries.py): a blob missing
+        or condemned then makes it take its entry back and ask for the blob. A publish
+        before step 2 is seen by it; one after step 2 comes after step 1, so it sees
+        the mark until step 3 ends, or the blob gone after. No entry is ever left
+        naming a blob removed under it.
+        """
+        now = repr(self.clock())
+        marked = []
+        try:
+            for blob in due:
+                self.index.put_record(Record(CONDEMNED, "", blob.digest, now))
+                marked.append(blob.digest)
+            referenced = self._referenced()
+            grace = self.settings.blob_grace_seconds
+            for blob in due:
+                orphans.pop(blob.digest, None)
+                if blob.digest in referenced or self.blob_use.used_within(blob.digest, grace):
+                    continue
+                if self.blobs.delete(blob.digest):
+                    collected.blobs += 1
+                    collected.bytes += blob.size
+        finally:
+            for digest in marked:
+                self.index.delete_record(CONDEMNED, "", digest)
+
+    def _referenced(self) -> set[str]:
+        referenced: set[str] = set()
+        for namespace in self.index.namespaces():
+            for entry in self.stats(namespace):
+                referenced.update(entry.facts.digests)
+        return referenced
+
+    def trusted_writers(self) -> set[str]:
+        """Token ids whose entries label pins may protect (see ``Pinned``)."""
+        trusted = {t.token_id for t in self.index.tokens() if t.trusted or t.scope == "admin"}
+        trusted.add(ANONYMOUS)  # protected mode: the host's own admin
+        return trusted
+
+    def pinned(self, namespace: str) -> Pinned:
+        return Pinned(self.index, namespace, self.trusted_writers())
 
 
 def _detail(victim: Victim) -> dict[str, Any]:

@@ -80,18 +80,22 @@ class Maintenance:
     def _loop(self) -> None:
         interval = self.settings.eviction_interval_seconds
         while not self._stop.wait(self._tick()):
-            self._flush()
-            if interval <= 0:
-                continue
             try:
+                self._flush()
                 # Renewed every tick, not only per pass: the lease outlives no tick, so
                 # a dead evictor is replaced within three ticks.
-                if self.lead() and time.monotonic() - self._last_pass >= interval:
+                if interval <= 0 or not self.lead():
+                    continue
+                if time.monotonic() - self._last_pass >= interval:
                     self.run(self.actor)
             except StoreError as exc:
                 log.warning("eviction pass failed: %s", exc)
             except Exception:  # a bug must not end the thread for good
-                log.exception("eviction pass failed")
+                log.exception("background maintenance failed")
+
+    def flush(self) -> None:
+        """Write this replica's recorded hits to the index now (kept on failure)."""
+        self._flush()
 
     def _flush(self) -> None:
         try:
@@ -125,8 +129,12 @@ class Maintenance:
             self._flush()  # plan on the latest access times this replica knows
             done = Pass(plans=self.evictor.plan())
             victims = [v for plan in done.plans for v in plan.victims]
-            done.applied = self.evictor.apply(victims, actor)
-            done.collected = self.evictor.collect_blobs()
+            # Renewed between the steps: a long pass keeps its lease (another replica
+            # would otherwise start a second pass beside it); lost, the pass stops.
+            if self.lead():
+                done.applied = self.evictor.apply(victims, actor)
+            if self.lead():
+                done.collected = self.evictor.collect_blobs()
             done.seconds = time.monotonic() - started
         if done.applied.removed or done.collected.blobs:
             log.info(

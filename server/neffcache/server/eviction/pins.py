@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,9 +88,18 @@ def version_matches(spec: str, version: str) -> bool:
 
 
 class Pinned:
-    """The pins of one namespace, ready to test entries against."""
+    """The pins of one namespace, ready to test entries against.
 
-    def __init__(self, index: Index, namespace: str) -> None:
+    A model label and a compiler version are what the publisher wrote in its
+    manifest: a pin by label protects only the entries of ``trusted_writers`` (token
+    ids; None: every writer), or any write token could label its entries to put them
+    beyond the quota. A pin by key or address names the entry itself.
+    """
+
+    def __init__(
+        self, index: Index, namespace: str, trusted_writers: Container[str] | None = None
+    ) -> None:
+        self._trusted = trusted_writers
         self.pins = pins(index, namespace)
         self._keys = {p.value for p in self.pins if p.kind == "key"}
         for pin in self.pins:
@@ -102,9 +112,11 @@ class Pinned:
 
     def __contains__(self, stats: object) -> bool:
         assert isinstance(stats, EntryStats)
+        if stats.key in self._keys:
+            return True
+        if self._trusted is not None and stats.writer not in self._trusted:
+            return False
         facts = stats.facts
-        return (
-            stats.key in self._keys
-            or (bool(facts.model) and facts.model in self._models)
-            or any(version_matches(spec, facts.compiler_version) for spec in self._versions)
+        return (bool(facts.model) and facts.model in self._models) or any(
+            version_matches(spec, facts.compiler_version) for spec in self._versions
         )

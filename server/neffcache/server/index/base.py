@@ -284,9 +284,13 @@ class Index(Protocol):
 
     # --- records: namespace policies and pins
 
-    def put_record(self, record: Record, *, create_only: bool = False) -> bool:
+    def put_record(
+        self, record: Record, *, create_only: bool = False, replacing: str | None = None
+    ) -> bool:
         """Store (replace) a record; with ``create_only``, only if none of its kind,
-        namespace and name exists. True when stored."""
+        namespace and name exists; with ``replacing``, only if the stored value is
+        exactly that (compare-and-set: two admins' changes never silently merge).
+        True when stored."""
 
     def get_record(self, kind: str, namespace: str, name: str) -> Record | None:
         """The record, or None."""

@@ -241,10 +241,15 @@ class MemoryIndex:
 
     # --- records
 
-    def put_record(self, record: Record, *, create_only: bool = False) -> bool:
+    def put_record(
+        self, record: Record, *, create_only: bool = False, replacing: str | None = None
+    ) -> bool:
         where = (record.kind, record.namespace, record.name)
         with self._lock:
             if create_only and where in self._records:
+                return False
+            current = self._records.get(where)
+            if replacing is not None and (current is None or current.value != replacing):
                 return False
             self._records[where] = record
             return True

@@ -52,7 +52,7 @@ import secrets
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -90,6 +90,10 @@ RETRIES = 1
 PREFIX = "neffcache:"
 TOKENS_BY_AGE = PREFIX + "tokens"
 NAMESPACES = PREFIX + "namespaces"
+# When this database first held eviction data (set once): an entry written before has no
+# access time, and counts as last served then, not when it was created, so an upgrade
+# does not expire every old entry however much it is used.
+EVICTION_SINCE = PREFIX + "eviction-since"
 AUDIT = PREFIX + "audit"
 AUDIT_SEQ = PREFIX + "audit-seq"
 
@@ -193,7 +197,8 @@ return 1
 # Per touch, three KEYS (the entry, the namespace's access times, its hits) and three
 # ARGV (the key, the time, the hits). Only an entry whose key exists is touched, so a
 # touch racing a deletion never leaves stats behind. An entry written before access
-# times were kept has none: its created_at stands in.
+# times were kept has none: the later of its created_at and EVICTION_SINCE (the last
+# ARGV) stands in, as entry_stats reads it.
 _TOUCH_ENTRIES = """
 for i = 1, #KEYS, 3 do
   if redis.call('EXISTS', KEYS[i]) == 1 then
@@ -202,7 +207,7 @@ for i = 1, #KEYS, 3 do
     if last then
       last = tonumber(last)
     else
-      last = cjson.decode(redis.call('GET', KEYS[i]))['created_at']
+      last = math.max(cjson.decode(redis.call('GET', KEYS[i]))['created_at'], tonumber(ARGV[#ARGV]))
     end
     if tonumber(at) > last then
       redis.call('HSET', KEYS[i + 1], key, at)
@@ -269,6 +274,14 @@ else
 end
 return 1
 """
+# KEYS[1] the kind's records; ARGV[1] the field, ARGV[2] the new value, ARGV[3] the value
+# it must hold now. Returns 1 when replaced.
+_REPLACE_RECORD = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[3] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1
+"""
+
 _GET_LEASE = """
 return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
 """
@@ -378,6 +391,7 @@ class RedisIndex:
         """``client`` must decode responses; ``where`` names it in errors (no secrets)."""
         self._redis = client
         self._where = where
+        self._eviction_since: float | None = None
         self._put_entry = client.register_script(_PUT_ENTRY)
         self._add_alias = client.register_script(_ADD_ALIAS)
         self._delete_entry = client.register_script(_DELETE_ENTRY)
@@ -388,6 +402,7 @@ class RedisIndex:
         self._renew_lease = client.register_script(_RENEW_LEASE)
         self._release_lease = client.register_script(_RELEASE_LEASE)
         self._get_lease = client.register_script(_GET_LEASE)
+        self._replace_record = client.register_script(_REPLACE_RECORD)
 
     @classmethod
     def from_url(cls, url: str) -> RedisIndex:
@@ -611,7 +626,24 @@ class RedisIndex:
 
     # --- eviction
 
+    def _upgraded(self) -> float:
+        """Once per process: note when eviction data began, and list every namespace
+        holding entries (a database written before ``namespaces`` existed lists none,
+        and blobs its entries reference would look unreferenced). Idempotent."""
+        if self._eviction_since is None:
+            with self._mapped():
+                self._redis.set(EVICTION_SINCE, repr(time.time()), nx=True)
+                since = float(_str(self._redis.get(EVICTION_SINCE)))
+                pattern = f"{PREFIX}keys:*"
+                found = [_str(k)[len(pattern) - 1 :] for k in self._redis.scan_iter(pattern, 1000)]
+                names = [unquote(n) for n in found]
+                if names:
+                    self._redis.sadd(NAMESPACES, *names)
+            self._eviction_since = since
+        return self._eviction_since
+
     def entry_stats(self, namespace: str, after: str | None, limit: int) -> list[EntryStats]:
+        since = self._upgraded()
         start = "-" if after is None else f"({after}"
         with self._mapped():
             found = self._redis.zrangebylex(_keys_key(namespace), start, "+", 0, limit)
@@ -627,7 +659,7 @@ class RedisIndex:
             kept = {k: json.loads(_str(raw)) for k, raw in zip(keys, stats, strict=True) if raw}
             kept.update(self._legacy_stats(namespace, [k for k in keys if k not in kept]))
         return [
-            _stats_from(namespace, key, kept[key], last, count)
+            _stats_from(namespace, key, kept[key], last, count, since)
             for key, last, count in zip(keys, access, hits, strict=True)
             if key in kept  # else deleted since the listing
         ]
@@ -647,6 +679,7 @@ class RedisIndex:
         return legacy
 
     def touch_entries(self, touches: Sequence[Touch]) -> None:
+        since = self._upgraded()
         for start in range(0, len(touches), TOUCH_BATCH):
             batch = touches[start : start + TOUCH_BATCH]
             keys: list[str] = []
@@ -655,6 +688,7 @@ class RedisIndex:
                 ns = touch.namespace
                 keys += [_entry_key(ns, touch.key), _access_key(ns), _hits_key(ns)]
                 args += [touch.key, repr(touch.at), touch.hits]
+            args.append(repr(since))
             with self._mapped():
                 self._touch_entries(keys=keys, args=args)
 
@@ -672,15 +706,21 @@ class RedisIndex:
             return bool(self._delete_entry(keys=keys, args=args))
 
     def namespaces(self) -> list[str]:
+        self._upgraded()
         with self._mapped():
             return sorted(_str(ns) for ns in self._redis.smembers(NAMESPACES))
 
     # --- records
 
-    def put_record(self, record: Record, *, create_only: bool = False) -> bool:
+    def put_record(
+        self, record: Record, *, create_only: bool = False, replacing: str | None = None
+    ) -> bool:
         where = _records_key(record.kind)
         field = _record_field(record.namespace, record.name)
         with self._mapped():
+            if replacing is not None and not create_only:
+                args = [field, record.value, replacing]
+                return bool(self._replace_record(keys=[where], args=args))
             if create_only:
                 return bool(self._redis.hsetnx(where, field, record.value))
             self._redis.hset(where, field, record.value)
@@ -792,7 +832,7 @@ def _stats_json(entry: Entry, facts: EntryFacts) -> str:
 
 
 def _stats_from(
-    namespace: str, key: str, stored: dict[str, Any], last: object, hits: object
+    namespace: str, key: str, stored: dict[str, Any], last: object, hits: object, since: float
 ) -> EntryStats:
     facts = EntryFacts(
         size=stored["size"],
@@ -809,7 +849,7 @@ def _stats_from(
         writer=stored["writer"],
         facts=facts,
         # Absent for an entry written before access times were kept.
-        last_access=created_at if last is None else float(_str(last)),
+        last_access=max(created_at, since) if last is None else float(_str(last)),
         hits=0 if hits is None else int(_str(hits)),
     )
 

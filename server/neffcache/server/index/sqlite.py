@@ -12,6 +12,7 @@ import contextlib
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -157,10 +158,12 @@ _BACKFILL_BATCH = 1000
 
 
 def _backfill_v4(conn: sqlite3.Connection) -> None:
-    """Give entries stored before version 4 their facts (from their manifests) and
-    ``last_access`` = ``created_at``. Pages by primary key rather than updating under
-    an open cursor, whose results SQLite leaves undefined when its table changes."""
-    conn.execute("UPDATE entries SET last_access = created_at")
+    """Give entries stored before version 4 their facts (from their manifests) and a
+    ``last_access`` of now, the upgrade: their real use was never recorded, and
+    ``created_at`` would expire every entry older than the TTL at the first pass,
+    however much it is used. Pages by primary key rather than updating under an open
+    cursor, whose results SQLite leaves undefined when its table changes."""
+    conn.execute("UPDATE entries SET last_access = MAX(created_at, ?)", (time.time(),))
     after: tuple[str, str] = ("", "")
     while True:
         rows = conn.execute(
@@ -579,9 +582,20 @@ class SqliteIndex:
 
     # --- records
 
-    def put_record(self, record: Record, *, create_only: bool = False) -> bool:
+    def put_record(
+        self, record: Record, *, create_only: bool = False, replacing: str | None = None
+    ) -> bool:
         on_conflict = "DO NOTHING" if create_only else "DO UPDATE SET value = excluded.value"
         with self._write() as conn:
+            if replacing is not None and not create_only:
+                return (
+                    conn.execute(
+                        "UPDATE records SET value = ?"
+                        " WHERE kind = ? AND namespace = ? AND name = ? AND value = ?",
+                        (record.value, record.kind, record.namespace, record.name, replacing),
+                    ).rowcount
+                    == 1
+                )
             stored = conn.execute(
                 "INSERT INTO records (kind, namespace, name, value) VALUES (?, ?, ?, ?)"
                 f" ON CONFLICT (kind, namespace, name) {on_conflict}",
