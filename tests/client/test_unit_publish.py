@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import socket
 import sys
@@ -235,6 +236,27 @@ def test_a_blob_vanishing_before_the_manifest_is_retried_once(tmp_path: Path) ->
     assert publish(stub, manifest, paths)  # type: ignore[arg-type]
     assert stub.missing_calls == 2
     assert len(stub.blobs) == 2
+
+
+def test_a_blob_the_server_names_is_uploaded_though_a_probe_finds_it(tmp_path: Path) -> None:
+    # A blob being collected still answers present to a probe; the publish's answer
+    # names it (the server took the entry back), and the retry uploads it anyway.
+    manifest, paths = _stub_manifest(tmp_path)
+    (blob,) = paths
+
+    class Collecting(StubRemote):
+        def missing(self, digests: list[str]) -> list[str] | None:
+            self.missing_calls += 1
+            return []
+
+    stub = Collecting(
+        [
+            Response(400, {}, json.dumps({"detail": "missing", "missing": [blob]}).encode()),
+            Response(201, {}, b""),
+        ]
+    )
+    assert publish(stub, manifest, paths)  # type: ignore[arg-type]
+    assert stub.blobs == [blob]
 
 
 def test_a_refused_manifest_is_a_counted_failure(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ and, at interpreter exit, a flush bounded by ``NEFFCACHE_PUBLISH_WAIT``.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import queue
 import threading
@@ -85,14 +86,26 @@ def failure_record(
     return record
 
 
+def _named_missing(body: bytes) -> list[str]:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return []
+    missing = value.get("missing") if isinstance(value, dict) else None
+    return [d for d in missing if isinstance(d, str)] if isinstance(missing, list) else []
+
+
 def publish(remote: Remote, manifest: Manifest, paths: dict[str, Path]) -> bool:
     """Upload what the server lacks, then the manifest. True once the server holds an
     entry for the key (ours, or an identical or earlier one: entries are immutable)."""
+    named: list[str] = []  # blobs the server said it lacks: uploaded whatever a probe says
     for _attempt in (0, 1):
         missing = remote.missing(sorted(paths))
         if missing is None:
             return False
-        for digest in missing:
+        # A blob being collected still answers present to a probe; the publish's answer
+        # names it, and then it is uploaded anyway.
+        for digest in dict.fromkeys([*missing, *named]):
             if digest not in paths or not remote.put_blob(digest, paths[digest]):
                 STATS.count("publish_failures")
                 return False
@@ -115,7 +128,10 @@ def publish(remote: Remote, manifest: Manifest, paths: dict[str, Path]) -> bool:
                 if isinstance(alias, str)
             )
         if response.status == 400 and b"missing" in response.body:
-            continue  # a blob vanished between the check and the manifest: once more
+            # A blob vanished, or was being collected, as the manifest went up: once
+            # more, with the blobs the answer names.
+            named = [d for d in _named_missing(response.body) if d in paths]
+            continue
         STATS.count("publish_failures")
         log.warning(
             "neffcache: publishing %s was refused: HTTP %s", manifest["key"], response.status
