@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,16 +19,10 @@ from typing import Any
 import blake3
 import httpx
 import pytest
+from loopback import free_port
 
 NEFFCACHE = [sys.executable, "-m", "neffcache.client.cli"]
 MIB = 2**20
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def clean_env(**extra: str) -> dict[str, str]:

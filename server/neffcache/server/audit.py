@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from neffcache.server.errors import StoreError
-from neffcache.server.index import AuditRecord, Index
+from neffcache.server.index import AuditRecord, Index, Token
 from neffcache.server.manifest import canonical_json
 
 log = logging.getLogger("neffcache.server.audit")
@@ -28,6 +28,19 @@ def record(
         namespace=namespace,
         target=target,
         detail=canonical_json(detail),
+    )
+
+
+def token_created(actor: str, token: Token) -> AuditRecord:
+    return record(
+        actor,
+        "token.create",
+        "",
+        token.token_id,
+        scope=token.scope,
+        namespaces=list(token.namespaces),
+        name=token.name,
+        trusted=token.trusted,
     )
 
 

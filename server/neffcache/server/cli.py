@@ -190,7 +190,7 @@ def run_token_create(args: argparse.Namespace, extra: list[str]) -> int:
         }
         return _print(_request(args, "POST", "/v1/admin/tokens", body))
     from .api.admin import token_view
-    from .audit import AuditLog
+    from .audit import AuditLog, token_created
     from .auth import new_token
     from .errors import ServerError
     from .settings import load_settings
@@ -199,16 +199,9 @@ def run_token_create(args: argparse.Namespace, extra: list[str]) -> int:
     try:
         token, secret = new_token(args.scope, namespaces, args.name, trusted=args.trusted)
         index.put_token(token)
-        AuditLog(index, load_settings(data_dir=args.data_dir).audit_keep).add(
-            f"{os.environ.get('USER', 'local')} (--local)",
-            "token.create",
-            "",
-            token.token_id,
-            scope=token.scope,
-            namespaces=list(token.namespaces),
-            name=token.name,
-            trusted=token.trusted,
-        )
+        actor = f"{os.environ.get('USER', 'local')} (--local)"
+        audit = AuditLog(index, load_settings(data_dir=args.data_dir).audit_keep)
+        audit.write([token_created(actor, token)])
     except ServerError as exc:
         raise CommandError(str(exc)) from None
     finally:

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from neffcache.server.api.body import read_body
+from neffcache.server.audit import token_created
 from neffcache.server.auth import Caller, new_token
 from neffcache.server.deps import BackendsDep, CallerDep
 from neffcache.server.errors import BadRequest, Forbidden, NotFound
@@ -65,17 +66,7 @@ async def create_token(
     token, secret = new_token(body.scope, tuple(body.namespaces), body.name, trusted=body.trusted)
     await run_in_threadpool(backends.index.put_token, token)
     backends.tokens.created()
-    await run_in_threadpool(
-        backends.audit.add,
-        caller.label,
-        "token.create",
-        "",
-        token.token_id,
-        scope=token.scope,
-        namespaces=list(token.namespaces),
-        name=token.name,
-        trusted=token.trusted,
-    )
+    await run_in_threadpool(backends.audit.write, [token_created(caller.label, token)])
     return {**token_view(token), "token": secret}
 
 

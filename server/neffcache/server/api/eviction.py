@@ -21,7 +21,7 @@ from neffcache.server.api.body import read_body
 from neffcache.server.auth import Caller
 from neffcache.server.deps import Backends, BackendsDep, CallerDep
 from neffcache.server.errors import BadRequest, Conflict, Forbidden
-from neffcache.server.eviction.evictor import Applied
+from neffcache.server.eviction.evictor import Applied, victim_detail
 from neffcache.server.eviction.plan import Plan, Victim
 from neffcache.server.manifest import NAMESPACE, load_json, validated
 
@@ -147,19 +147,7 @@ async def audit(
 
 
 def _victim_view(victim: Victim) -> dict[str, Any]:
-    entry = victim.stats
-    return {
-        "namespace": entry.namespace,
-        "key": entry.key,
-        "reason": victim.reason,
-        "why": victim.why,
-        "bytes": entry.facts.size,
-        "compile_seconds": entry.facts.compile_seconds,
-        "compiler_version": entry.facts.compiler_version,
-        "model": entry.facts.model,
-        "last_access": entry.last_access,
-        "hits": entry.hits,
-    }
+    return {"namespace": victim.stats.namespace, "key": victim.stats.key, **victim_detail(victim)}
 
 
 def _totals(victims: Sequence[Victim]) -> dict[str, Any]:

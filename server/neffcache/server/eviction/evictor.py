@@ -135,7 +135,9 @@ class Evictor:
                         applied.skipped += 1
                         continue
                     applied.removed.append(victim)
-                    records.append(record(actor, action, namespace, entry.key, **_detail(victim)))
+                    records.append(
+                        record(actor, action, namespace, entry.key, **victim_detail(victim))
+                    )
             finally:
                 # Also when a store error ends the loop: every removal made is audited.
                 self.audit.write(records)
@@ -220,7 +222,8 @@ class Evictor:
         return Pinned(self.index, namespace, self.trusted_writers())
 
 
-def _detail(victim: Victim) -> dict[str, Any]:
+def victim_detail(victim: Victim) -> dict[str, Any]:
+    """What the audit log and the API say of a removed (or to-be-removed) entry."""
     entry = victim.stats
     return {
         "reason": victim.reason,
