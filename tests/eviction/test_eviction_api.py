@@ -12,6 +12,7 @@ evictor read it; real time passes only where a test sleeps (failure TTLs, grace)
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -761,9 +762,8 @@ def test_turning_trust_on_applies_on_every_replica_at_once(
         a.create("main")
         mallory = a.token("write", ["main"], "branch build")
         reader = a.token("read", ["main"], "trainer")
-        # B reads main's policy (open) while publishing a trusted entry: now cached.
-        before = b.publish("main", key(1), {"model.neff": neff("before")}, a.admin)
-        assert before.status_code == 201
+        # B reads main's policy (open) on a lookup miss: now in its cache.
+        assert b.entry("main", key(1), reader).status_code == 404
         locked = a.request("PATCH", "/v1/admin/namespaces/main", {"trusted_writers_only": True})
         assert locked.status_code == 200
         after = b.publish("main", key(2), {"model.neff": neff("after")}, mallory)
@@ -779,7 +779,7 @@ def test_trust_is_refused_while_untrusted_entries_are_held(cache: Cache) -> None
     assert cache.publish("main", key(1), {"model.neff": neff("early")}, mallory).status_code == 201
     refused = cache.request("PATCH", "/v1/admin/namespaces/main", {"trusted_writers_only": True})
     assert refused.status_code == 400
-    assert "untrusted" in refused.json()["detail"]
+    assert "holds entries" in refused.json()["detail"]
     assert cache.request("GET", "/v1/admin/namespaces/main").json()["trusted_writers_only"] is False
 
 
@@ -1115,7 +1115,7 @@ def republish_during_collection(
         time.sleep(1.2)
         republished: list[int] = []
 
-        def publish_again(digest_: str) -> None:
+        def publish(digest_: str) -> None:
             # What a client does: ask which blobs are missing, upload none, publish.
             asked = b.request("POST", "/v1/blobs/missing", {"digests": [digest_]})
             assert asked.json()["missing"] == []
@@ -1124,10 +1124,20 @@ def republish_during_collection(
                 b.request("PUT", f"/v1/ns/team-b/entries/{key(2)}", body).status_code
             )
 
+        publisher: list[threading.Thread] = []
+
+        def publish_again(digest_: str) -> None:
+            # Through the other replica, while this one is about to remove the blob:
+            # the publish lands and waits for the collection to decide.
+            publisher.append(threading.Thread(target=publish, args=(digest_,)))
+            publisher[0].start()
+            time.sleep(0.5)
+
         blobs.before_delete = publish_again
         a.run_pass()
-        # The blob was condemned when the publish landed: the entry is taken back and
-        # the blob asked for, rather than left naming a removed blob.
+        publisher[0].join(timeout=30)
+        # The blob was condemned when the publish landed: it waited, found the blob
+        # removed, took its entry back and asked for the blob.
         assert republished == [400]
         assert not a.present("team-b", key(2))
         # What the client does next: upload the blob, publish again.

@@ -62,7 +62,7 @@ def register(sub: Any, error_type: type[Exception]) -> None:
 
     from . import admincli
 
-    for parser in (create, listing, revoke):
+    for parser in (admin, token, create, listing, revoke):
         admincli._one_line(parser)
     admincli.register(admin_sub)
 

@@ -167,10 +167,12 @@ def _blob_response(backends: Backends, digest: str, range_header: str | None) ->
 
         def unchanged() -> bool:
             now = blobs.stamp(digest)
-            # Removed (collected) while it was read: the read holds the file it
-            # opened, whose bytes were verified, so a download is not cut off. A new
-            # file in its place has another stamp.
-            return now is None or now[0] == stamp
+            if now is None:
+                # Removed while it was read. Collected: the read holds the file it
+                # opened, whose bytes were verified, and a download is not cut off.
+                # Quarantined (found corrupt by another read): the memo forgot it.
+                return memo.trusted(digest, stamp)
+            return now[0] == stamp
 
         trusted = _trusted_response(backends, digest, size, span, unchanged)
         if trusted is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from time import monotonic, sleep
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
@@ -13,11 +14,11 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from neffcache.server.api.body import read_body
-from neffcache.server.api.rules import require_writer
+from neffcache.server.api.rules import check_writer, require_writer
 from neffcache.server.auth import Caller
 from neffcache.server.deps import Backends, BackendsDep, CallerDep
-from neffcache.server.errors import BadRequest, Conflict, TooLarge
-from neffcache.server.eviction.evictor import CONDEMNED
+from neffcache.server.errors import BadRequest, Conflict, ServerError, StoreError, TooLarge
+from neffcache.server.eviction.evictor import condemned
 from neffcache.server.index import Entry, PutResult
 from neffcache.server.lookup import find_alias, find_entry
 from neffcache.server.manifest import HEX64, NAMESPACE, parse_manifest
@@ -57,12 +58,12 @@ async def put_entry(
     result = await run_in_threadpool(
         _publish,
         backends,
+        caller,
         namespace,
         key,
         manifest.files,
         canonical,
         manifest.aliases(),
-        caller.name,
     )
     if result is PutResult.CONFLICT:
         raise Conflict(f"key {key} already holds a different manifest; entries are immutable")
@@ -74,35 +75,53 @@ async def put_entry(
 
 def _publish(
     backends: Backends,
+    caller: Caller,
     namespace: str,
     key: str,
     files: dict[str, Any],
     canonical: str,
     aliases: tuple[str, ...],
-    writer: str,
 ) -> PutResult:
     digests = [ref.digest for ref in files.values()]
     backends.blob_use.touch(digests)  # referenced from now on: never collected meanwhile
     missing = [ref.digest for ref in files.values() if backends.blobs.size(ref.digest) != ref.size]
     if missing:
         raise MissingBlobs(sorted(set(missing)))
-    entry = Entry(namespace, key, canonical, time.time(), writer)
+    check_writer(backends, caller, namespace)
+    entry = Entry(namespace, key, canonical, time.time(), caller.name)
     result = backends.index.put_entry(entry, aliases)
     if result is PutResult.CREATED:
-        # A blob unreferenced for its whole grace period may be being collected (by
-        # any replica's evictor) as this publishes: if it is condemned or gone now,
-        # take the entry back and ask for the blob (Evictor._remove says why that is
-        # enough), rather than leave an entry naming a removed blob.
-        index = backends.index
-        gone = [
-            d
-            for d in digests
-            if index.get_record(CONDEMNED, "", d) is not None or backends.blobs.size(d) is None
-        ]
-        if gone:
+        try:
+            # The rule again, now that the entry is in: a namespace turned trusted-only
+            # between the check and the write (the admin's side counts entries after
+            # storing the rule) never keeps an untrusted entry.
+            check_writer(backends, caller, namespace)
+            _settle_blobs(backends, digests)
+        except ServerError:
             backends.index.delete_entry(namespace, key, entry.created_at)
-            raise MissingBlobs(sorted(set(gone)))
+            raise
     return result
+
+
+# How long a publish waits for a collection of one of its blobs to end.
+_COLLECTION_WAIT_S = 10.0
+
+
+def _settle_blobs(backends: Backends, digests: list[str]) -> None:
+    """A blob unreferenced for its whole grace period may be being collected (by any
+    replica's evictor) as this publishes. While it is condemned, wait for the evictor
+    to decide; the blob then either stays (this entry keeps it from now on) or is
+    gone, and the client is asked to upload it (Evictor._remove says why no entry is
+    then ever left naming a removed blob)."""
+    deadline = monotonic() + _COLLECTION_WAIT_S
+    for digest in digests:
+        while condemned(backends.index, digest):
+            if monotonic() > deadline:
+                raise StoreError(f"blob {digest} is being collected; publish again shortly")
+            sleep(0.05)
+    gone = [d for d in digests if backends.blobs.size(d) is None]
+    if gone:
+        raise MissingBlobs(sorted(set(gone)))
 
 
 @router.get("/v1/ns/{namespace}/entries/{key}")
@@ -139,7 +158,7 @@ async def put_alias(
         raise BadRequest(f"{alias!r} is neither a direct key nor a Neuron cache address")
     key = _alias_target(await read_body(request, _ALIAS_BODY_MAX))
     # A thread even for local stores: a write may wait for another process's lock.
-    result = await run_in_threadpool(backends.index.add_alias, namespace, alias, key)
+    result = await run_in_threadpool(_add_alias, backends, caller, namespace, alias, key)
     if result is None:
         return absent(f"no entry {key} in namespace {namespace}")
     if result is PutResult.CONFLICT:
@@ -147,6 +166,13 @@ async def put_alias(
     if result is PutResult.CREATED:
         backends.wakeups.notify(namespace, (alias,))  # lease waiters on that name
     return Response(status_code=201 if result is PutResult.CREATED else 200)
+
+
+def _add_alias(
+    backends: Backends, caller: Caller, namespace: str, alias: str, key: str
+) -> PutResult | None:
+    check_writer(backends, caller, namespace)  # again, after the body: see require_writer
+    return backends.index.add_alias(namespace, alias, key)
 
 
 def _alias_target(body: bytes) -> str:

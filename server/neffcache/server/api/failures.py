@@ -13,7 +13,8 @@ from starlette.concurrency import run_in_threadpool
 
 from neffcache.server.api.body import read_body
 from neffcache.server.api.entries import Key, Namespace, absent
-from neffcache.server.api.rules import require_writer
+from neffcache.server.api.rules import check_writer, require_writer
+from neffcache.server.auth import Caller
 from neffcache.server.deps import Backends, BackendsDep, CallerDep
 from neffcache.server.failure import FailureReport, failure_record, parse_failure
 from neffcache.server.index import Failure
@@ -45,8 +46,13 @@ async def put_failure(
     settings = backends.settings
     failure = Failure(namespace, key, record, now, now + policy.failure_ttl_seconds)
     # A thread even for local stores: a write may wait for another process's lock.
-    await run_in_threadpool(backends.index.put_failure, failure, settings.failures_per_key)
+    await run_in_threadpool(_put, backends, caller, failure, settings.failures_per_key)
     return Response(record.encode(), status_code=201, media_type="application/json")
+
+
+def _put(backends: Backends, caller: Caller, failure: Failure, keep: int) -> None:
+    check_writer(backends, caller, failure.namespace)  # again, after the body
+    backends.index.put_failure(failure, keep)
 
 
 @router.get("/v1/ns/{namespace}/failures/{key}")

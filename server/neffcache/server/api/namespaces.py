@@ -80,6 +80,8 @@ async def create_namespace(
     if not created:
         raise Conflict(f"namespace {namespace!r} exists; change it with PATCH (admin set)")
     backends.policies.forget(namespace)
+    if chosen.get("trusted_writers_only"):
+        await run_in_threadpool(_recount, backends, namespace, None)
     await run_in_threadpool(
         backends.audit.add, caller.label, "namespace.create", namespace, "", set=chosen
     )
@@ -112,6 +114,8 @@ async def change_namespace(
     else:
         raise Conflict(f"namespace {namespace!r} keeps changing; try again")
     backends.policies.forget(namespace)
+    if after.get("trusted_writers_only") and not before.get("trusted_writers_only"):
+        await run_in_threadpool(_recount, backends, namespace, record.value)
     # The values in force before, defaults included: "ranking: value -> lru", not null.
     was = effective(namespace, before, backends.settings).model_dump(mode="json")
     old = {name: was[name] for name in changes}
@@ -153,13 +157,7 @@ def _check_policy(
                 f"only namespaces that do too; not {', '.join(open_)}"
             )
         if not old.trusted_writers_only:
-            untrusted = _untrusted_entries(backends, namespace)
-            if untrusted:
-                raise BadRequest(
-                    f"namespace {namespace!r} holds {untrusted} entries published by "
-                    "untrusted tokens: a namespace becomes trusted-writers-only when it is "
-                    "created or while it holds none (create a new one, or expire them)"
-                )
+            _require_empty(backends, namespace)
     elif old.trusted_writers_only:
         readers = [
             p.namespace
@@ -171,6 +169,37 @@ def _check_policy(
                 f"namespaces that take only trusted writers read through {namespace!r} "
                 f"({', '.join(readers)}): remove it from their read_through first"
             )
+
+
+def _recount(backends: Backends, namespace: str, before: str | None) -> None:
+    """After the rule is stored: an untrusted publish checked before it may have
+    landed since. Each untrusted publish checks the rule again after its write and
+    takes itself back; one whose second check came before this store is counted here,
+    and the change is undone."""
+    if not _untrusted_entries(backends, namespace):
+        return
+    if before is None:
+        backends.index.delete_record(POLICY, namespace, "")
+    else:
+        store_fields(backends.index, namespace, json.loads(before), create=False)
+    backends.policies.forget(namespace)
+    raise Conflict(
+        f"an untrusted publish into {namespace!r} landed while it became trusted-writers-only; "
+        "the change is undone (the namespace is no longer empty)"
+    )
+
+
+def _require_empty(backends: Backends, namespace: str) -> None:
+    """A namespace turns trusted-writers-only only while it holds no entry: it would
+    vouch for what any writer put there, entries and also the aliases any writer may
+    have added to a trusted entry (aliases carry no writer)."""
+    held = next(iter(backends.evictor.stats(namespace)), None)
+    if held is not None:
+        raise BadRequest(
+            f"namespace {namespace!r} holds entries: a namespace takes only trusted writers "
+            "from its creation, or from a moment it is empty (create a new one with "
+            "--trusted-writers-only, or expire what it holds)"
+        )
 
 
 def _untrusted_entries(backends: Backends, namespace: str) -> int:

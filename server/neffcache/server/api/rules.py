@@ -15,12 +15,19 @@ async def policy_of(backends: Backends, namespace: str) -> NamespacePolicy:
 
 
 async def require_writer(backends: Backends, caller: Caller, namespace: str) -> NamespacePolicy:
-    """The namespace's policy, once the caller is known to be allowed to write it.
-
-    Read from the index, not the per-replica cache: a namespace turned trusted-only
-    through another replica takes no untrusted write from that instant on."""
+    """The namespace's policy, once the caller is known to be allowed to write it: a
+    first check, before the request's body is read (write routes check again with
+    ``check_writer`` right before the index write, so a body sent slowly cannot carry
+    a write past a change of the rule)."""
     caller.require("write", namespace)
-    policy = await backends.run(backends.policies.current, namespace)
+    return await backends.run(check_writer, backends, caller, namespace)
+
+
+def check_writer(backends: Backends, caller: Caller, namespace: str) -> NamespacePolicy:
+    """The trusted-writers rule, on the policy as the index holds it now (not the
+    per-replica cache: a namespace turned trusted-only through another replica takes
+    no untrusted write from that instant on). Raises Forbidden."""
+    policy = backends.policies.current(namespace)
     if policy.trusted_writers_only and not caller.trusted:
         raise Forbidden(
             f"namespace {namespace!r} takes only trusted writers; publish into a namespace "

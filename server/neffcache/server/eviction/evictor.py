@@ -29,8 +29,26 @@ from neffcache.server.settings import ServerSettings
 log = logging.getLogger("neffcache.server.eviction")
 
 _PAGE = 1000
-# Index records (namespace "") of blobs being removed (see Evictor._remove).
+# Index records (namespace "") of blobs being removed (see Evictor._remove); the value
+# is when the mark was made (epoch seconds).
 CONDEMNED = "condemned"
+# A mark older than this is ignored by publishers and swept: one left by an evictor
+# that died cannot block a blob's publishes for long. The evictor stops removing a
+# batch before its marks reach this age, with a margin for replicas' clock skew.
+MARK_TTL_S = 600.0
+_MARK_MARGIN_S = 120.0
+
+
+def condemned(index: Index, digest: str, now: float | None = None) -> bool:
+    """Whether an evictor is deciding about this blob now (a live mark)."""
+    mark = index.get_record(CONDEMNED, "", digest)
+    if mark is None:
+        return False
+    try:
+        made = float(mark.value)
+    except ValueError:
+        return False
+    return (time.time() if now is None else now) - made < MARK_TTL_S
 
 
 @dataclass
@@ -143,10 +161,13 @@ class Evictor:
                 self.audit.write(records)
         return applied
 
-    def collect_blobs(self) -> Collected:
-        """Remove blobs no entry references, after their grace (module docstring)."""
+    def collect_blobs(self, leading: Callable[[], bool] = lambda: True) -> Collected:
+        """Remove blobs no entry references, after their grace (module docstring).
+        ``leading`` says whether this replica is still the evictor; asked before
+        removals begin and every so often during them."""
         now = self.clock()
         grace = self.settings.blob_grace_seconds
+        self._sweep_marks(now)
         # Listed before the references are read: a blob stored after the listing is
         # not considered, and one referenced by an entry published meanwhile is seen.
         listed = list(self.blobs.blobs())
@@ -167,40 +188,60 @@ class Evictor:
                 collected.waiting += 1
             else:
                 due.append(blob)
-        if due:
-            self._remove(due, collected, orphans)
         self._orphans = orphans
+        if due:
+            self._remove(due, collected, leading)
         return collected
 
-    def _remove(self, due: list[BlobInfo], collected: Collected, orphans: dict[str, float]) -> None:
+    def _sweep_marks(self, now: float) -> None:
+        for mark in self.index.records(CONDEMNED):
+            try:
+                stale = now - float(mark.value) >= MARK_TTL_S
+            except ValueError:
+                stale = True
+            if stale:
+                self.index.delete_record(CONDEMNED, "", mark.name)
+
+    def _remove(
+        self, due: list[BlobInfo], collected: Collected, leading: Callable[[], bool]
+    ) -> None:
         """Remove blobs found unreferenced, safely against publishes that reference
         them meanwhile (through any replica, over a blob the publisher found present):
 
         1. each is marked condemned in the index, then
         2. references are read again: a blob referenced now is kept, then
-        3. the rest are removed, and the marks cleared.
+        3. each of the rest is removed, and its mark cleared.
 
-        A publish checks its blobs after publishing (api/entries.py): a blob missing
-        or condemned then makes it take its entry back and ask for the blob. A publish
-        before step 2 is seen by it; one after step 2 comes after step 1, so it sees
-        the mark until step 3 ends, or the blob gone after. No entry is ever left
-        naming a blob removed under it.
+        A publish checks its blobs after publishing (api/entries.py): while one is
+        condemned it waits, and if the blob is then gone it takes its entry back and
+        asks for it. A publish before step 2 is seen by it; one after step 2 comes
+        after step 1, so it sees the mark until the blob's step 3 ends, and the blob
+        gone after. So no entry is ever left naming a removed blob, as long as a mark
+        lives (``MARK_TTL_S``): the removals stop before their marks get that old, or
+        when this replica stops being the evictor.
         """
-        now = repr(self.clock())
-        marked = []
+        marked_at = self.clock()
+        marked: set[str] = set()
+        grace = self.settings.blob_grace_seconds
         try:
             for blob in due:
-                self.index.put_record(Record(CONDEMNED, "", blob.digest, now))
-                marked.append(blob.digest)
+                self.index.put_record(Record(CONDEMNED, "", blob.digest, repr(marked_at)))
+                marked.add(blob.digest)
             referenced = self._referenced()
-            grace = self.settings.blob_grace_seconds
             for blob in due:
-                orphans.pop(blob.digest, None)
+                # Checked before every removal (a renewal of the lease: removals are
+                # few): a replica that lost the lease stops, so two collections never
+                # interleave their removals and marks.
+                if self.clock() - marked_at > MARK_TTL_S - _MARK_MARGIN_S or not leading():
+                    return  # the next pass takes up the rest
                 if blob.digest in referenced or self.blob_use.used_within(blob.digest, grace):
-                    continue
-                if self.blobs.delete(blob.digest):
+                    pass
+                elif self.blobs.delete(blob.digest):
                     collected.blobs += 1
                     collected.bytes += blob.size
+                self._orphans.pop(blob.digest, None)
+                self.index.delete_record(CONDEMNED, "", blob.digest)
+                marked.discard(blob.digest)
         finally:
             for digest in marked:
                 self.index.delete_record(CONDEMNED, "", digest)

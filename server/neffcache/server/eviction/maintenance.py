@@ -134,7 +134,7 @@ class Maintenance:
             if self.lead():
                 done.applied = self.evictor.apply(victims, actor)
             if self.lead():
-                done.collected = self.evictor.collect_blobs()
+                done.collected = self.evictor.collect_blobs(self.lead)
             done.seconds = time.monotonic() - started
         if done.applied.removed or done.collected.blobs:
             log.info(
