@@ -370,7 +370,9 @@ def test_the_admin_commands_end_to_end(servers: Callable[..., Server], tmp_path:
 
         ok(run("namespace", "set", "team-a", "--quota", "1000"))
         dry = ok(run("evict", "--dry-run"))
-        assert "would remove 1 entries, 800 B, 0.50 compile-hours at stake" in dry
+        assert (
+            "would remove 1 entries, 800 B, worth 30m of compile time (0.50 compile-hours)" in dry
+        )
         assert key("short")[:16] in dry
         dry_json = as_json(run("evict", "--dry-run", "--json"))
         assert dry_json["total"]["bytes"] == 800
@@ -379,7 +381,7 @@ def test_the_admin_commands_end_to_end(servers: Callable[..., Server], tmp_path:
         assert client.get(f"/v1/ns/team-a/entries/{key('short')}").status_code == 200
 
         swept = ok(run("evict"))
-        assert "removed 1 entries, 800 B, 0.50 compile-hours" in swept
+        assert "removed 1 entries, 800 B, worth 30m of compile time (0.50 compile-hours)" in swept
         assert "blobs collected: 1" in swept
         assert client.get(f"/v1/ns/team-a/entries/{key('short')}").status_code == 404
 
@@ -387,7 +389,9 @@ def test_the_admin_commands_end_to_end(servers: Callable[..., Server], tmp_path:
         assert [e["key"] for e in would["entries"]] == [key("long")]
         assert client.get(f"/v1/ns/team-a/entries/{key('long')}").status_code == 200
         expired = ok(run("expire", "--compiler-version", "2.20.*"))
-        assert "removed 1 entries, 800 B, 1.50 compile-hours" in expired
+        assert (
+            "removed 1 entries, 800 B, worth 1.5h of compile time (1.50 compile-hours)" in expired
+        )
         assert client.get(f"/v1/ns/team-a/entries/{key('long')}").status_code == 404
 
     # Trusted writers: a namespace that takes only them, CI's token and another.

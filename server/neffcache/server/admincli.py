@@ -442,7 +442,8 @@ def _victims_text(value: dict[str, Any], verb: str) -> str:
     unknown = total["unknown_compile_time"]
     summary = (
         f"{verb} {total['entries']} entries, {human_bytes(total['bytes'])}, "
-        f"{total['compile_hours']:.2f} compile-hours at stake"
+        f"worth {human_seconds(total['compile_hours'] * 3600)} of compile time "
+        f"({total['compile_hours']:.2f} compile-hours)"
         + (f" ({unknown} without a known compile time)" if unknown else "")
     )
     if value.get("skipped"):
