@@ -28,6 +28,7 @@ CLIENT_FORBIDDEN = (
     "botocore",
     "starlette",
     "uvicorn",
+    "prometheus_client",
 )
 SERVER_FORBIDDEN = ("neffcache.client",)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
@@ -17,6 +17,7 @@ from neffcache.server.blobuse import BlobUse
 from neffcache.server.eviction.evictor import Evictor
 from neffcache.server.eviction.maintenance import Maintenance
 from neffcache.server.index import Index
+from neffcache.server.metrics import Metrics, Usage
 from neffcache.server.namespaces import Policies
 from neffcache.server.settings import ServerSettings
 from neffcache.server.verified import VerifiedMemo
@@ -40,15 +41,31 @@ class Backends:
     audit: AuditLog = field(init=False)
     evictor: Evictor = field(init=False)
     maintenance: Maintenance = field(init=False)
+    metrics: Metrics = field(init=False)
 
     def __post_init__(self) -> None:
         self.blob_use = BlobUse(self.settings.blob_grace_seconds)
         self.policies = Policies(self.index, self.settings)
         self.audit = AuditLog(self.index, self.settings.audit_keep)
+        self.metrics = Metrics(self._usage)
         self.evictor = Evictor(
-            self.index, self.blobs, self.policies, self.audit, self.settings, self.blob_use
+            self.index,
+            self.blobs,
+            self.policies,
+            self.audit,
+            self.settings,
+            self.blob_use,
+            metrics=self.metrics,
         )
         self.maintenance = Maintenance(self.index, self.evictor, self.access, self.settings)
+
+    def _usage(self) -> Iterator[Usage]:
+        for policy in self.policies.all():
+            entries = size = 0
+            for entry in self.evictor.stats(policy.namespace):
+                entries += 1
+                size += entry.facts.size
+            yield Usage(policy.namespace, entries, size, policy.quota_bytes)
 
     @property
     def inline(self) -> bool:

@@ -45,6 +45,10 @@ def _first(backends: Backends, namespace: str, look: Callable[[str], Entry | Non
             found = look(source)
             if found is not None:
                 break
-    if found is not None:
+    if found is None:
+        result = "miss"
+    else:
         backends.access.hit(found.namespace, found.key)
+        result = "hit" if found.namespace == namespace else "hit_read_through"
+    backends.metrics.lookups.labels(namespace, result).inc()
     return found

@@ -149,7 +149,15 @@ async def answer_blob(
     caller.require("read")
     # A range hashes the whole blob first: too long for the event loop, whatever the store.
     run = run_in_threadpool if range_header else backends.run
-    return await run(_blob_response, backends, digest, range_header)
+    metrics = backends.metrics
+    try:
+        response = await run(_blob_response, backends, digest, range_header)
+    except NotFound:
+        metrics.blob_reads.labels("miss").inc()
+        raise
+    metrics.blob_reads.labels("hit").inc()
+    metrics.blob_bytes_served.inc(int(response.headers.get("content-length", 0)))
+    return response
 
 
 def _blob_response(backends: Backends, digest: str, range_header: str | None) -> Response:

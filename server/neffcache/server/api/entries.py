@@ -65,6 +65,7 @@ async def put_entry(
         canonical,
         manifest.aliases(),
     )
+    backends.metrics.publishes.labels(namespace, result.value).inc()
     if result is PutResult.CONFLICT:
         raise Conflict(f"key {key} already holds a different manifest; entries are immutable")
     if result is PutResult.CREATED:

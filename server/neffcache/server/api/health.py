@@ -1,9 +1,12 @@
-"""``/healthz`` (the process is up) and ``/readyz`` (its backends answer)."""
+"""``/healthz`` (the process is up), ``/readyz`` (its backends answer) and
+``/metrics`` (Prometheus; metrics.py)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.concurrency import run_in_threadpool
 
 from neffcache.server.deps import BackendsDep
 from neffcache.server.errors import StoreError
@@ -27,3 +30,11 @@ def readyz(backends: BackendsDep) -> JSONResponse:
     if problems:
         return JSONResponse({"status": "unavailable", "problems": problems}, status_code=503)
     return JSONResponse({"status": "ready"})
+
+
+@router.get("/metrics")
+async def metrics(backends: BackendsDep) -> Response:
+    """Prometheus text format, without a token (as scrapers expect): counts and
+    namespace names only, never keys, digests or tokens."""
+    body = await run_in_threadpool(backends.metrics.exposition)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

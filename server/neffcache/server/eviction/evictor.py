@@ -23,6 +23,7 @@ from neffcache.server.blobuse import BlobUse
 from neffcache.server.eviction.pins import Pinned, version_matches
 from neffcache.server.eviction.plan import Plan, Victim, plan_namespace
 from neffcache.server.index import AuditRecord, EntryStats, Index, Record
+from neffcache.server.metrics import Metrics
 from neffcache.server.namespaces import Policies
 from neffcache.server.settings import ServerSettings
 
@@ -81,6 +82,7 @@ class Evictor:
         settings: ServerSettings,
         blob_use: BlobUse,
         clock: Callable[[], float] = time.time,
+        metrics: Metrics | None = None,
     ) -> None:
         self.index = index
         self.blobs = blobs
@@ -89,6 +91,7 @@ class Evictor:
         self.settings = settings
         self.blob_use = blob_use
         self.clock = clock
+        self.metrics = metrics
         # Digest -> when a collection first found it unreferenced (this process's view).
         self._orphans: dict[str, float] = {}
 
@@ -156,6 +159,10 @@ class Evictor:
                     records.append(
                         record(actor, action, namespace, entry.key, **victim_detail(victim))
                     )
+                    if self.metrics is not None:
+                        labels = (namespace, victim.reason)
+                        self.metrics.evictions.labels(*labels).inc()
+                        self.metrics.evicted_bytes.labels(*labels).inc(entry.facts.size)
             finally:
                 # Also when a store error ends the loop: every removal made is audited.
                 self.audit.write(records)
@@ -239,6 +246,9 @@ class Evictor:
                 elif self.blobs.delete(blob.digest):
                     collected.blobs += 1
                     collected.bytes += blob.size
+                    if self.metrics is not None:
+                        self.metrics.blobs_collected.inc()
+                        self.metrics.blob_bytes_collected.inc(blob.size)
                 self._orphans.pop(blob.digest, None)
                 self.index.delete_record(CONDEMNED, "", blob.digest)
                 marked.discard(blob.digest)

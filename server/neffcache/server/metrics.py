@@ -1,0 +1,131 @@
+"""The server's Prometheus metrics, all defined here (``GET /metrics``).
+
+Names follow ``neffcache_<component>_<what>[_total]``. Each replica counts what it
+served; Prometheus sums replicas. Every app has its own registry, so several apps in
+one process (tests, a bench) never mix their counts. The per-namespace gauges read the
+index, at most once a minute, when Prometheus scrapes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+# Seconds: a lease wait lasts from a moment to a long compile.
+_WAIT_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 1800, 3600)
+
+
+@dataclass(frozen=True)
+class Usage:
+    namespace: str
+    entries: int
+    bytes: int
+    quota_bytes: int | None
+
+
+class Metrics:
+    def __init__(self, usage: Callable[[], Iterable[Usage]], usage_ttl: float = 60.0) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        #: Entry lookups (by key, alias or lease name) by namespace asked and result:
+        #: ``hit`` (own namespace), ``hit_read_through`` (a namespace it reads), ``miss``.
+        self.lookups = Counter(
+            "neffcache_lookups_total",
+            "Entry lookups by result",
+            ["namespace", "result"],
+            registry=r,
+        )
+        #: Publishes by namespace and result: created, same, conflict, refused.
+        self.publishes = Counter(
+            "neffcache_publishes_total",
+            "Entry publishes by result",
+            ["namespace", "result"],
+            registry=r,
+        )
+        #: Blob downloads answered (hit, miss), and the bytes of the answers (their
+        #: Content-Length: whole blobs and ranges; a download cut off counts in full).
+        self.blob_reads = Counter(
+            "neffcache_blob_reads_total", "Blob downloads answered", ["result"], registry=r
+        )
+        self.blob_bytes_served = Counter(
+            "neffcache_blob_bytes_served_total", "Bytes of blob answers", registry=r
+        )
+        #: Entries removed by eviction or expiry, and their bytes, by namespace and reason
+        #: (expired, compiler-retention, quota, admin-expire).
+        self.evictions = Counter(
+            "neffcache_evictions_total", "Entries removed", ["namespace", "reason"], registry=r
+        )
+        self.evicted_bytes = Counter(
+            "neffcache_evicted_bytes_total",
+            "Bytes of entries removed",
+            ["namespace", "reason"],
+            registry=r,
+        )
+        #: Unreferenced blobs collected, and their bytes.
+        self.blobs_collected = Counter(
+            "neffcache_blobs_collected_total", "Unreferenced blobs removed", registry=r
+        )
+        self.blob_bytes_collected = Counter(
+            "neffcache_blob_bytes_collected_total",
+            "Bytes of unreferenced blobs removed",
+            registry=r,
+        )
+        #: Answers to compile-lease requests by namespace and state (done, granted,
+        #: held, failed, free), and how long each request waited before its answer.
+        self.lease_answers = Counter(
+            "neffcache_lease_answers_total",
+            "Compile lease answers",
+            ["namespace", "state"],
+            registry=r,
+        )
+        self.lease_wait = Histogram(
+            "neffcache_lease_wait_seconds",
+            "Time a lease request waited",
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        r.register(_UsageCollector(usage, usage_ttl))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _UsageCollector(Collector):
+    """Entries, bytes and quota per namespace: a scan of the index, cached."""
+
+    def __init__(self, usage: Callable[[], Iterable[Usage]], ttl: float) -> None:
+        self._usage = usage
+        self._ttl = ttl
+        self._cached: tuple[float, list[Usage]] | None = None
+        self._lock = threading.Lock()
+
+    def describe(self) -> list[Metric]:
+        return []  # no scan at registration: the families are named when collected
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            now = time.monotonic()
+            if self._cached is None or now - self._cached[0] > self._ttl:
+                self._cached = (now, list(self._usage()))
+            found = self._cached[1]
+        entries = GaugeMetricFamily(
+            "neffcache_namespace_entries", "Entries held", labels=["namespace"]
+        )
+        held = GaugeMetricFamily(
+            "neffcache_namespace_bytes", "Bytes of entries held", labels=["namespace"]
+        )
+        quota = GaugeMetricFamily(
+            "neffcache_namespace_quota_bytes", "Quota of the namespace", labels=["namespace"]
+        )
+        for usage in found:
+            entries.add_metric([usage.namespace], usage.entries)
+            held.add_metric([usage.namespace], usage.bytes)
+            if usage.quota_bytes is not None:
+                quota.add_metric([usage.namespace], usage.quota_bytes)
+        yield from (entries, held, quota)

@@ -1,0 +1,117 @@
+"""``GET /metrics``: Prometheus text that counts what the server did, per app."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import blake3
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from neffcache.server.app import create_app
+from neffcache.server.blobs.memory import MemoryBlobStore
+from neffcache.server.index.memory import MemoryIndex
+from neffcache.server.settings import ServerSettings
+
+
+@pytest.fixture
+def client() -> Iterator[TestClient]:
+    blobs = MemoryBlobStore()
+    settings = ServerSettings(eviction_interval_seconds=0, blob_grace_seconds=0)
+    with TestClient(create_app(settings, blob_store=blobs, index=MemoryIndex())) as client:
+        yield client
+    blobs.close()
+
+
+def samples(client: TestClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    answer = client.get("/metrics")
+    assert answer.status_code == 200
+    assert answer.headers["content-type"].startswith("text/plain")
+    found = {}
+    for family in text_string_to_metric_families(answer.text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def publish(client: TestClient, namespace: str, key: str, data: bytes, **fields: object) -> int:
+    digest = blake3.blake3(data).hexdigest()
+    assert client.put(f"/v1/blobs/{digest}", content=data).status_code in (200, 201)
+    manifest = {
+        "key": key,
+        "files": {"model.neff": {"digest": digest, "size": len(data)}},
+        "components": {"compiler_version": "2.21.1.0"},
+        **fields,
+    }
+    status: int = client.put(f"/v1/ns/{namespace}/entries/{key}", json=manifest).status_code
+    return status
+
+
+def test_lookups_publishes_blobs_and_usage_are_counted(client: TestClient) -> None:
+    key, other = "ab" * 32, "cd" * 32
+    assert publish(client, "team-a", key, b"x" * 700, compile_seconds=30) == 201
+    assert publish(client, "team-a", key, b"x" * 700, compile_seconds=30) == 200
+    assert client.get(f"/v1/ns/team-a/entries/{key}").status_code == 200
+    assert client.get(f"/v1/ns/team-a/entries/{other}").status_code == 404
+    client.post(
+        "/v1/admin/namespaces/team-b", json={"read_through": ["team-a"], "quota_bytes": 5000}
+    )
+    assert client.get(f"/v1/ns/team-b/entries/{key}").status_code == 200
+    digest = blake3.blake3(b"x" * 700).hexdigest()
+    assert client.get(f"/v1/blobs/{digest}").content == b"x" * 700
+    assert client.get(f"/v1/blobs/{'00' * 32}").status_code == 404
+    found = samples(client)
+    assert (
+        found[("neffcache_publishes_total", (("namespace", "team-a"), ("result", "created")))] == 1
+    )
+    assert found[("neffcache_publishes_total", (("namespace", "team-a"), ("result", "same")))] == 1
+    assert found[("neffcache_lookups_total", (("namespace", "team-a"), ("result", "hit")))] == 1
+    assert found[("neffcache_lookups_total", (("namespace", "team-a"), ("result", "miss")))] == 1
+    read_through = (("namespace", "team-b"), ("result", "hit_read_through"))
+    assert found[("neffcache_lookups_total", read_through)] == 1
+    assert found[("neffcache_blob_reads_total", (("result", "hit"),))] == 1
+    assert found[("neffcache_blob_reads_total", (("result", "miss"),))] == 1
+    assert found[("neffcache_blob_bytes_served_total", ())] == 700
+    assert found[("neffcache_namespace_entries", (("namespace", "team-a"),))] == 1
+    assert found[("neffcache_namespace_bytes", (("namespace", "team-a"),))] == 700
+    assert found[("neffcache_namespace_quota_bytes", (("namespace", "team-b"),))] == 5000
+    assert ("neffcache_namespace_quota_bytes", (("namespace", "team-a"),)) not in found
+
+
+def test_evictions_and_collected_blobs_are_counted(client: TestClient) -> None:
+    assert publish(client, "team-a", "ab" * 32, b"y" * 300) == 201
+    expired = client.post("/v1/admin/expire", json={"compiler_version": "2.21.*"})
+    assert expired.json()["total"]["entries"] == 1
+    assert client.post("/v1/admin/evict", json={"dry_run": False}).status_code == 200
+    client.post("/v1/admin/evict", json={"dry_run": False})  # a second pass collects
+    found = samples(client)
+    labels = (("namespace", "team-a"), ("reason", "admin-expire"))
+    assert found[("neffcache_evictions_total", labels)] == 1
+    assert found[("neffcache_evicted_bytes_total", labels)] == 300
+    assert found[("neffcache_blobs_collected_total", ())] == 1
+    assert found[("neffcache_blob_bytes_collected_total", ())] == 300
+
+
+def test_lease_answers_and_waits_are_counted(client: TestClient) -> None:
+    name = "ef" * 32
+    granted = client.post(f"/v1/ns/team-a/leases/{name}", json={"holder": "h1"})
+    assert granted.json()["state"] == "granted"
+    held = client.post(f"/v1/ns/team-a/leases/{name}", json={"holder": "h2", "wait": 0})
+    assert held.json()["state"] == "held"
+    found = samples(client)
+    for state in ("granted", "held"):
+        labels = (("namespace", "team-a"), ("state", state))
+        assert found[("neffcache_lease_answers_total", labels)] == 1
+    assert found[("neffcache_lease_wait_seconds_count", ())] == 2
+
+
+def test_each_app_counts_its_own(client: TestClient) -> None:
+    assert publish(client, "team-a", "ab" * 32, b"z") == 201
+    blobs = MemoryBlobStore()
+    settings = ServerSettings(eviction_interval_seconds=0)
+    with TestClient(create_app(settings, blob_store=blobs, index=MemoryIndex())) as other:
+        assert not any(name == "neffcache_publishes_total" for name, _ in samples(other))
+    blobs.close()
+    created = (("namespace", "team-a"), ("result", "created"))
+    assert samples(client)[("neffcache_publishes_total", created)] == 1
