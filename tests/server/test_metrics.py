@@ -115,3 +115,15 @@ def test_each_app_counts_its_own(client: TestClient) -> None:
     blobs.close()
     created = (("namespace", "team-a"), ("result", "created"))
     assert samples(client)[("neffcache_publishes_total", created)] == 1
+
+
+def test_namespace_labels_are_bounded(monkeypatch: pytest.MonkeyPatch, client: TestClient) -> None:
+    monkeypatch.setattr("neffcache.server.metrics.MAX_NAMESPACE_LABELS", 3)
+    for n in range(6):
+        assert client.get(f"/v1/ns/ns-{n}/entries/{'ab' * 32}").status_code == 404
+    found = samples(client)
+    labelled = {
+        dict(labels)["namespace"] for name, labels in found if name == "neffcache_lookups_total"
+    }
+    assert labelled == {"ns-0", "ns-1", "ns-2", "_other"}
+    assert found[("neffcache_lookups_total", (("namespace", "_other"), ("result", "miss")))] == 3

@@ -50,5 +50,6 @@ def _first(backends: Backends, namespace: str, look: Callable[[str], Entry | Non
     else:
         backends.access.hit(found.namespace, found.key)
         result = "hit" if found.namespace == namespace else "hit_read_through"
-    backends.metrics.lookups.labels(namespace, result).inc()
+    metrics = backends.metrics
+    metrics.lookups.labels(metrics.namespace(namespace), result).inc()
     return found

@@ -17,6 +17,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+# Namespaces labelled by name, at most: past it, a namespace is counted as "_other", so
+# a token that may name any namespace cannot grow the server's series without bound.
+MAX_NAMESPACE_LABELS = 1000
+OTHER = "_other"
+
 # Seconds: a lease wait lasts from a moment to a long compile.
 _WAIT_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 1800, 3600)
 
@@ -32,6 +37,8 @@ class Usage:
 class Metrics:
     def __init__(self, usage: Callable[[], Iterable[Usage]], usage_ttl: float = 60.0) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._labelled: set[str] = set()
+        self._label_lock = threading.Lock()
         r = self.registry
         #: Entry lookups (by key, alias or lease name) by namespace asked and result:
         #: ``hit`` (own namespace), ``hit_read_through`` (a namespace it reads), ``miss``.
@@ -91,6 +98,16 @@ class Metrics:
             registry=r,
         )
         r.register(_UsageCollector(usage, usage_ttl))
+
+    def namespace(self, name: str) -> str:
+        """The label of a namespace: its name, for the first ``MAX_NAMESPACE_LABELS``."""
+        if name in self._labelled:
+            return name
+        with self._label_lock:
+            if len(self._labelled) < MAX_NAMESPACE_LABELS:
+                self._labelled.add(name)
+                return name
+        return OTHER
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -65,7 +65,8 @@ async def put_entry(
         canonical,
         manifest.aliases(),
     )
-    backends.metrics.publishes.labels(namespace, result.value).inc()
+    metrics = backends.metrics
+    metrics.publishes.labels(metrics.namespace(namespace), result.value).inc()
     if result is PutResult.CONFLICT:
         raise Conflict(f"key {key} already holds a different manifest; entries are immutable")
     if result is PutResult.CREATED:

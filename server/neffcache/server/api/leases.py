@@ -109,8 +109,9 @@ async def ask_lease(
             answer = await run_in_threadpool(_try, backends, namespace, name, holder, asked, since)
             remaining = deadline - time.monotonic()
             if answer.state != "held" or remaining <= 0:
-                backends.metrics.lease_answers.labels(namespace, answer.state).inc()
-                backends.metrics.lease_wait.observe(time.monotonic() - deadline + wait)
+                metrics = backends.metrics
+                metrics.lease_answers.labels(metrics.namespace(namespace), answer.state).inc()
+                metrics.lease_wait.observe(time.monotonic() - deadline + wait)
                 return await _respond(backends, namespace, name, answer)
             assert answer.lease is not None
             # Wake on a publish or release here, when the holder's lease runs out (then

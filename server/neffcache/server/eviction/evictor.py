@@ -160,7 +160,7 @@ class Evictor:
                         record(actor, action, namespace, entry.key, **victim_detail(victim))
                     )
                     if self.metrics is not None:
-                        labels = (namespace, victim.reason)
+                        labels = (self.metrics.namespace(namespace), victim.reason)
                         self.metrics.evictions.labels(*labels).inc()
                         self.metrics.evicted_bytes.labels(*labels).inc(entry.facts.size)
             finally:
