@@ -49,6 +49,18 @@ class Caller:
             raise Forbidden(f"your token does not cover namespace {namespace!r}")
 
 
+def is_trusted(token: Token) -> bool:
+    """Whether a token may publish into namespaces that take only trusted writers:
+    marked so, or an admin token (which could mark itself anyway)."""
+    return token.trusted or token.scope == "admin"
+
+
+def trusted_writer_ids(index: Index) -> set[str]:
+    """The writer ids of entries trusted writers published: trusted tokens, and the
+    anonymous writer of protected mode (the host's own admin)."""
+    return {t.token_id for t in index.tokens() if is_trusted(t)} | {ANONYMOUS}
+
+
 def hash_secret(secret: str) -> str:
     digest: str = blake3.blake3(secret.encode(), derive_key_context="neffcache token").hexdigest()
     return digest
@@ -142,7 +154,7 @@ def authenticate(index: Index, authorization: str | None, tokens_exist: TokenPre
         token.token_id,
         token.scope,
         token.namespaces,
-        trusted=token.trusted or token.scope == "admin",
+        trusted=is_trusted(token),
         label=f"{token.token_id} ({token.name})" if token.name else token.token_id,
     )
 

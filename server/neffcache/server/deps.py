@@ -61,11 +61,8 @@ class Backends:
 
     def _usage(self) -> Iterator[Usage]:
         for policy in self.policies.all():
-            entries = size = 0
-            for entry in self.evictor.stats(policy.namespace):
-                entries += 1
-                size += entry.facts.size
-            yield Usage(policy.namespace, entries, size, policy.quota_bytes)
+            held = self.evictor.usage(policy.namespace)
+            yield Usage(policy.namespace, held.entries, held.bytes, policy.quota_bytes)
 
     @property
     def inline(self) -> bool:

@@ -62,7 +62,7 @@ async def show_namespace(
     namespace: Namespace, caller: CallerDep, backends: BackendsDep
 ) -> dict[str, Any]:
     caller.require("admin", namespace)
-    policy = await run_in_threadpool(_fresh_policy, backends, namespace)
+    policy = await run_in_threadpool(backends.policies.current, namespace)
     view = await run_in_threadpool(_view, backends, policy)
     view["pins"] = [p.view() for p in await run_in_threadpool(pins, backends.index, namespace)]
     return view
@@ -85,7 +85,7 @@ async def create_namespace(
     await run_in_threadpool(
         backends.audit.add, caller.label, "namespace.create", namespace, "", set=chosen
     )
-    return (await run_in_threadpool(_fresh_policy, backends, namespace)).view()
+    return (await run_in_threadpool(backends.policies.current, namespace)).view()
 
 
 @router.patch("/{namespace}", openapi_extra=_POLICY_BODY)
@@ -122,12 +122,7 @@ async def change_namespace(
     await run_in_threadpool(
         backends.audit.add, caller.label, "namespace.set", namespace, "", old=old, new=changes
     )
-    return (await run_in_threadpool(_fresh_policy, backends, namespace)).view()
-
-
-def _fresh_policy(backends: Backends, namespace: str) -> NamespacePolicy:
-    backends.policies.forget(namespace)
-    return backends.policies.get(namespace)
+    return (await run_in_threadpool(backends.policies.current, namespace)).view()
 
 
 def _check_policy(
@@ -210,17 +205,13 @@ def _untrusted_entries(backends: Backends, namespace: str) -> int:
 def _view(backends: Backends, policy: NamespacePolicy) -> dict[str, Any]:
     """A policy with what the namespace holds now."""
     view = policy.view()
-    entries = bytes_ = 0
-    seconds = 0.0
-    for entry in backends.evictor.stats(policy.namespace):
-        entries += 1
-        bytes_ += entry.facts.size
-        seconds += entry.facts.compile_seconds or 0.0
+    held = backends.evictor.usage(policy.namespace)
+    quota = policy.quota_bytes
     view["usage"] = {
-        "entries": entries,
-        "bytes": bytes_,
-        "compile_hours": round(seconds / 3600, 3),
-        "quota_share": None if policy.quota_bytes is None else bytes_ / policy.quota_bytes,
+        "entries": held.entries,
+        "bytes": held.bytes,
+        "compile_hours": round(held.compile_seconds / 3600, 3),
+        "quota_share": None if quota is None else held.bytes / quota,
     }
     return view
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from neffcache.server.audit import AuditLog, record
-from neffcache.server.auth import ANONYMOUS
+from neffcache.server.auth import trusted_writer_ids
 from neffcache.server.blobs import BlobInfo, BlobStore
 from neffcache.server.blobuse import BlobUse
 from neffcache.server.eviction.pins import Pinned, version_matches
@@ -66,6 +66,14 @@ class Applied:
 
 
 @dataclass
+class Usage:
+    namespace: str
+    entries: int = 0
+    bytes: int = 0
+    compile_seconds: float = 0.0
+
+
+@dataclass
 class Collected:
     blobs: int = 0
     bytes: int = 0
@@ -107,6 +115,15 @@ class Evictor:
                 return
             yield from page
             after = page[-1].key
+
+    def usage(self, namespace: str) -> Usage:
+        """What a namespace holds now: entries, bytes, known compile seconds."""
+        held = Usage(namespace)
+        for entry in self.stats(namespace):
+            held.entries += 1
+            held.bytes += entry.facts.size
+            held.compile_seconds += entry.facts.compile_seconds or 0.0
+        return held
 
     def plan(self, namespaces: Sequence[str] | None = None) -> list[Plan]:
         """What the rules would remove now, per namespace (nothing is changed)."""
@@ -265,9 +282,7 @@ class Evictor:
 
     def trusted_writers(self) -> set[str]:
         """Token ids whose entries label pins may protect (see ``Pinned``)."""
-        trusted = {t.token_id for t in self.index.tokens() if t.trusted or t.scope == "admin"}
-        trusted.add(ANONYMOUS)  # protected mode: the host's own admin
-        return trusted
+        return trusted_writer_ids(self.index)
 
     def pinned(self, namespace: str) -> Pinned:
         return Pinned(self.index, namespace, self.trusted_writers())

@@ -68,7 +68,7 @@ class Maintenance:
         self._stop.set()
         if thread is not None:
             thread.join(timeout=30)
-        self._flush()
+        self.flush()
         with contextlib.suppress(StoreError):  # it expires on its own
             self.index.release_lease(SYSTEM, LEADER, self._lease_id, None)
 
@@ -81,7 +81,7 @@ class Maintenance:
         interval = self.settings.eviction_interval_seconds
         while not self._stop.wait(self._tick()):
             try:
-                self._flush()
+                self.flush()
                 # Renewed every tick, not only per pass: the lease outlives no tick, so
                 # a dead evictor is replaced within three ticks.
                 if interval <= 0 or not self.lead():
@@ -95,9 +95,6 @@ class Maintenance:
 
     def flush(self) -> None:
         """Write this replica's recorded hits to the index now (kept on failure)."""
-        self._flush()
-
-    def _flush(self) -> None:
         try:
             self.access.flush(self.index)
         except StoreError as exc:
@@ -126,7 +123,7 @@ class Maintenance:
                 return None
             started = time.monotonic()
             self._last_pass = started
-            self._flush()  # plan on the latest access times this replica knows
+            self.flush()  # plan on the latest access times this replica knows
             done = Pass(plans=self.evictor.plan())
             victims = [v for plan in done.plans for v in plan.victims]
             # Renewed between the steps: a long pass keeps its lease (another replica
