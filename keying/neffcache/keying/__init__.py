@@ -6,8 +6,11 @@
 ...                             target="trn2", flags="--model-type=transformer")
 >>> compute_key(KeyInputs(fingerprint_hlo(module), ctx)).key         # doctest: +SKIP
 
+``graph_summary(module)`` describes a graph for explanations, never for keys: its
+structure digest (shapes and literals erased), instruction count and shapes.
+
 Depends only on the standard library, ``blake3`` and ``protobuf`` (imported on first
-use of the fingerprint functions).
+use of the fingerprint and summary functions).
 """
 
 from __future__ import annotations
@@ -40,13 +43,17 @@ from ._version import KEY_VERSION
 
 if _typing.TYPE_CHECKING:
     from ._canonical import DEBUG_FRONTEND_ATTRIBUTES, canonical_hlo, fingerprint_hlo
+    from ._summary import GraphSummary, graph_summary
 
-# The fingerprint needs protobuf, whose import costs more than a cache hit through the
-# compiler wrapper may spend in all; it loads on first use (PEP 562), so a caller that
-# only needs a direct key never pays for it.
+# The fingerprint and the graph summary need protobuf, whose import costs more than a
+# cache hit through the compiler wrapper may spend in all; it loads on first use
+# (PEP 562), so a caller that only needs a direct key never pays for it.
 _LAZY = {
-    name: "._canonical"
-    for name in ("DEBUG_FRONTEND_ATTRIBUTES", "canonical_hlo", "fingerprint_hlo")
+    **{
+        name: "._canonical"
+        for name in ("DEBUG_FRONTEND_ATTRIBUTES", "canonical_hlo", "fingerprint_hlo")
+    },
+    **{name: "._summary" for name in ("GraphSummary", "graph_summary")},
 }
 
 
@@ -76,6 +83,7 @@ __all__ = [
     "WRAPPER_ONLY_FLAGS",
     "CacheKey",
     "CompileContext",
+    "GraphSummary",
     "KeyInputs",
     "KeyingError",
     "NeuronAddress",
@@ -87,6 +95,7 @@ __all__ = [
     "compute_key",
     "direct_key",
     "fingerprint_hlo",
+    "graph_summary",
     "is_stock_artifact",
     "neuron_address",
     "neuron_cache_flags",
