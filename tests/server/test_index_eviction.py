@@ -42,7 +42,7 @@ from neffcache.server.index import (
 from neffcache.server.index import sqlite as sqlite_module
 from neffcache.server.index.memory import MemoryIndex
 from neffcache.server.index.redis import RedisIndex
-from neffcache.server.index.sqlite import SqliteIndex
+from neffcache.server.index.sqlite import SCHEMA_VERSION, SqliteIndex
 
 __all__ = ["index", "persistent_store", "store"]  # fixtures shared with test_indexes.py
 
@@ -593,7 +593,7 @@ def test_sqlite_file_from_schema_3_gets_facts_and_use(tmp_path: Path) -> None:
     assert len(index.audit(0.0, None, 5)) == 1
     index.close()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone() == (4,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
     conn.close()
     # Opening again at the current version runs no step twice.
     SqliteIndex.from_url(f"sqlite:///{path}").close()

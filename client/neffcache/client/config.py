@@ -66,6 +66,9 @@ class ClientConfig(NamedTuple):
     leases: bool = True  # ask the server who compiles a missing graph (fleet single-flight)
     lease_wait: float = 3600.0  # longest wait for another host's compile of unknown length
     model: str | None = None  # NEFFCACHE_MODEL: a label on what this job publishes (pins, reports)
+    telemetry: bool = True  # NEFFCACHE_TELEMETRY=0: send no events and ask for no explanations
+    job_id: str | None = None  # NEFFCACHE_JOB_ID, else the scheduler's (see ``job_id``)
+    instance_type: str | None = None  # NEFFCACHE_INSTANCE_TYPE (else telemetry reads the DMI)
 
     @property
     def url(self) -> str:
@@ -97,6 +100,9 @@ class ClientConfig(NamedTuple):
             leases=not _off(env, "NEFFCACHE_LEASES"),
             lease_wait=_seconds(env, "NEFFCACHE_LEASE_WAIT", 3600.0),
             model=_label(env.get("NEFFCACHE_MODEL")),
+            telemetry=not _off(env, "NEFFCACHE_TELEMETRY"),
+            job_id=job_id(env),
+            instance_type=_name(env.get("NEFFCACHE_INSTANCE_TYPE")),
         )
 
 
@@ -138,6 +144,49 @@ def _off(env: Mapping[str, str], name: str) -> bool:
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+# The schedulers' own job ids, first set wins (NEFFCACHE_JOB_ID before them all). Each
+# names one job across all its hosts and ranks, which is what reports group by; a pod
+# name or a host name is not a job. TORCHELASTIC_RUN_ID is torchrun's --rdzv-id: last,
+# because it is "none" unless set, and a fixed id may be reused by many jobs.
+JOB_ID_VARIABLES = (
+    "SLURM_JOB_ID",
+    "AWS_BATCH_JOB_ID",
+    "TRAINING_JOB_NAME",  # SageMaker training jobs
+    "PBS_JOBID",
+    "LSB_JOBID",
+    "TORCHELASTIC_RUN_ID",
+)
+_BATCH_NODE = re.compile(r"#[0-9]+$")
+
+
+def job_id(env: Mapping[str, str]) -> str | None:
+    """This job's id: ``NEFFCACHE_JOB_ID``, else the first of ``JOB_ID_VARIABLES`` set;
+    None when there is none. An AWS Batch multi-node job's ``#<node>`` suffix is cut
+    (its nodes are one job); an LSF array element keeps its index, as ``ID[INDEX]``."""
+    own = _name(env.get("NEFFCACHE_JOB_ID"))
+    if own is not None:
+        return own
+    for variable in JOB_ID_VARIABLES:
+        value = _name(env.get(variable))
+        if value is None or (variable == "TORCHELASTIC_RUN_ID" and value == "none"):
+            continue
+        if variable == "AWS_BATCH_JOB_ID":
+            value = _BATCH_NODE.sub("", value)
+        elif variable == "LSB_JOBID" and env.get("LSB_JOBINDEX", "0") not in ("", "0"):
+            value = _name(f"{value}[{env['LSB_JOBINDEX']}]") or value
+        return value
+    return None
+
+
+def _name(value: str | None) -> str | None:
+    """An identifier as the server takes it (1 to 255 printable characters, trimmed);
+    None otherwise: a value that is not is dropped rather than failing the job."""
+    value = (value or "").strip()
+    if not value or len(value) > 255 or not value.isprintable():
+        return None
+    return value
 
 
 def _label(value: str | None) -> str | None:

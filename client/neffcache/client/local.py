@@ -149,6 +149,25 @@ class LocalStore:
             return False
         return True
 
+    # A compile the SDK ran through the wrapper's shim is one graph, seen by both the
+    # wrapper and the hook: the wrapper notes the stock addresses it resolved, so that
+    # the hook's line for the same compile sends no second event (runlog.graph).
+
+    def _wrapped_path(self, address: str) -> Path:
+        return self.root / "wrapped" / blake3.blake3(address.encode()).hexdigest()[:32]
+
+    def note_wrapped(self, address: str) -> None:
+        """The wrapper resolved (served or compiled) the graph at ``address`` now."""
+        with contextlib.suppress(OSError):  # then the graph is counted twice, no worse
+            atomic_write(self._wrapped_path(address), repr(time.time()).encode())
+
+    def wrapped_since(self, address: str, since: float) -> bool:
+        """Whether the wrapper resolved ``address`` at or after ``since`` (epoch s)."""
+        try:
+            return float(self._wrapped_path(address).read_text()) >= since
+        except (OSError, ValueError):
+            return False
+
     @contextlib.contextmanager
     def lock(self, name: str, what: str, wait: float = 0.0) -> Iterator[bool]:
         """Hold the lock ``name`` while the block runs; yields True when held. Waits

@@ -268,10 +268,10 @@ class PrewarmRemote(Remote):
         self._connections_lock = threading.Lock()
         self._counts = threading.local()
 
-    def available(self) -> bool:
+    def available(self, scope: str | None = None) -> bool:
         return not self.stop.is_set()
 
-    def _mark_down(self, what: str, reason: object) -> None:
+    def _mark_down(self, what: str, reason: object, scope: str | None = None) -> None:
         STATS.count("server_errors")
         if not self.stop.is_set():  # a cut transfer is no news
             log.warning("neffcache: %s failed (%s)", what, reason)

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
+from neffcache.client.reasons import UNKNOWN
+from neffcache.client.runlog import saved_seconds
 from neffcache.client.stats import STATS
 from neffcache.keying import (
     STOCK_DONE,
@@ -47,6 +49,7 @@ from neffcache.keying import (
 if TYPE_CHECKING:
     from neffcache.client.lease import Leases
     from neffcache.client.local import LocalStore
+    from neffcache.client.reasons import Explanation, Prepared
     from neffcache.client.remote import Remote
 
 DONE = STOCK_DONE
@@ -201,6 +204,7 @@ class Core:
                 Path(hlo_path + ".lock").write_text(f"neffcache pid {os.getpid()}\n")
         try:
             self._lease_under_lock(Path(entry))
+            self._explain(Path(entry))
         except Exception:  # the cache's trouble is never the job's
             STATS.count("hook_errors")
             log.exception("neffcache: the compile lease of %s failed; compiling", entry)
@@ -229,6 +233,7 @@ class Core:
         # in the SDK) leaves nothing to wait for: let the others go.
         entry = _dir_of(hlo_path)
         self._release(self._holding.pop(entry, None), failed=False)
+        _take_explanation(entry)
         self._locked_entries.discard(entry)
         self._waited_from.pop(entry, None)
         fd = self._entry_locks.pop(hlo_path, None)
@@ -282,14 +287,18 @@ class Core:
         try:
             name = os.path.basename(cache_path)
             entry = _dir_of(cache_path)
-            if name in HLO_NAMES:
-                self._hlo_seen.setdefault(entry, time.monotonic())
+            if name in HLO_NAMES or name == FLAGS:
+                if name in HLO_NAMES:
+                    self._hlo_seen.setdefault(entry, time.monotonic())
+                if entry in self._locked_entries:  # the SDK writes its inputs, then compiles
+                    self._explain(Path(entry))
             elif name == DONE:
                 # The lease goes with the publish, released once the entry is up.
                 lease = self._holding.pop(entry, None)
                 started = self._hlo_seen.pop(entry, None)
                 seconds = None if started is None else time.monotonic() - started
-                self._record(Path(entry), "miss", "compiler", seconds)
+                remember_compile_seconds(self.local, Path(entry), seconds)
+                self._record(Path(entry), "miss", "compiler", seconds, outcome="ok", began=started)
                 environ = dict(os.environ)  # as the compile saw it, not as publishing will
                 queued = _publisher(self.config).submit(
                     lambda: self._publish(Path(entry), seconds, environ, lease)
@@ -300,6 +309,9 @@ class Core:
                 lease = self._holding.pop(entry, None)
                 started = self._hlo_seen.pop(entry, None)
                 seconds = None if started is None else time.monotonic() - started
+                self._record(
+                    Path(entry), "miss", "compiler", seconds, outcome="failed", began=started
+                )
                 text = data if isinstance(data, str) else _read_text(cache_path)
                 environ = dict(os.environ)
                 queued = _publisher(self.config).submit(
@@ -319,32 +331,101 @@ class Core:
         seconds: float | None,
         manifest: dict[str, Any] | None = None,
         fetch: float = 0.0,
+        *,
+        outcome: str | None = None,
+        began: float | None = None,
     ) -> None:
-        """Count a graph and write its run-manifest line: found in L1, fetched from
-        the server (``manifest``: what it found), or compiled by the SDK."""
-        from neffcache.client.runlog import record
+        """Count a graph and write its run-manifest line and event (runlog.graph):
+        found in L1, fetched from the server (``manifest``: what it found), compiled
+        by the SDK (``outcome`` ``ok``) or failed to (``failed``), its inputs having
+        come at ``began`` (monotonic). When the SDK's compiler was the wrapper's shim,
+        which resolved the graph meanwhile, the line says so and there is no event:
+        the wrapper's counts the graph."""
+        from neffcache.client.runlog import graph
 
-        STATS.count("compiles" if source == "compiler" else f"hits_{source}")
-        if not self.config.run_manifest:
+        if outcome != "failed":
+            STATS.count("compiles" if source == "compiler" else f"hits_{source}")
+        if not self.config.run_manifest and not self.config.telemetry:
             return
         try:
-            size = (entry / NEFF).stat().st_size
+            size = (entry / NEFF).stat().st_size if outcome != "failed" else 0
         except OSError:
             size = 0
+        address = self._address(entry)
         found = manifest or {}
-        record(
-            self.config.run_manifest,
-            via="hook",
-            key=found.get("key"),
-            direct_key=found.get("direct_key"),
-            neuron_address=self._address(entry),
-            result=result,
-            source=source,
-            fetch_seconds=round(fetch, 6),
-            compile_seconds=None if seconds is None else round(seconds, 3),
-            bytes=size,
-            fallback=None,
+        fields: dict[str, Any] = {
+            "via": "hook",
+            "key": found.get("key"),
+            "direct_key": found.get("direct_key"),
+            "neuron_address": address,
+            "result": result,
+            "source": source,
+            "fetch_seconds": round(fetch, 6),
+            "compile_seconds": None if seconds is None else round(seconds, 3),
+            "bytes": size,
+            "fallback": None,
+            "compiler_version": _version_of(address),
+        }
+        wrapped = (
+            result == "miss"
+            and address is not None
+            and began is not None
+            and self.local.wrapped_since(address, time.time() - (time.monotonic() - began))
         )
+        components = None
+        keys: dict[str, Any] = {}
+        if result == "hit":
+            fields["saved_seconds"] = (
+                saved_seconds(manifest)
+                if manifest is not None
+                else compile_seconds_of(self.local, entry)
+            )
+        else:
+            fields["outcome"] = outcome
+            reason, summary, prepared = _miss_reason(entry, wait=not wrapped)
+            fields["reason"], fields["reason_summary"] = reason, summary
+            if prepared is not None:
+                keys = {"key": prepared.key, "direct_key": prepared.direct_key}
+                components = prepared.components
+        if wrapped:
+            fields["resolved_by"] = "wrapper"
+        graph(self.config, components, event=not wrapped, also=keys, **fields)
+
+    def _explain(self, entry: Path) -> None:
+        """Once the SDK holds the entry's lock and its HLO and flags are in place (it
+        compiles next), ask the server in the background why the graph missed."""
+        spelled = _spelled(entry)
+        if spelled in _explanations or (entry / DONE).exists():
+            return
+        if not (entry / FLAGS).is_file() or not any((entry / n).is_file() for n in HLO_NAMES):
+            return
+        address = self._address(entry)
+        if address is None:
+            return
+        from neffcache.client.reasons import Explanation, Prepared, summarize
+
+        environ = dict(os.environ)
+
+        def prepare() -> Prepared | None:
+            inputs = self._inputs(entry, address, environ)
+            if inputs is None:
+                return None
+            module, ctx = inputs
+            from neffcache.client.keys import canonical_key, direct_key
+
+            try:
+                canonical = canonical_key(module, ctx)
+            except ValueError:  # KeyingError: not an HloModuleProto keying can read
+                return None
+            components = canonical.as_json()
+            summary = summarize(module)
+            if summary is not None:
+                components["graph"] = summary
+            return Prepared(canonical.key, direct_key(module, ctx).key, components)
+
+        with _explanations_lock:
+            if spelled not in _explanations:
+                _explanations[spelled] = Explanation(self.remote, prepare)
 
     # -- lookups ----------------------------------------------------------------------
 
@@ -432,10 +513,23 @@ class Core:
     ) -> tuple[Any, Any] | None:
         """The entry's direct key and a function for its canonical key, when its HLO
         and flags are in L1; None otherwise (nothing to key)."""
+        inputs = self._inputs(entry, address, environ)
+        if inputs is None:
+            return None
+        from neffcache.client.keys import canonical_key, direct_key
+
+        module, ctx = inputs
+        return direct_key(module, ctx), lambda: canonical_key(module, ctx)
+
+    def _inputs(
+        self, entry: Path, address: str, environ: dict[str, str] | None = None
+    ) -> tuple[bytes, Any] | None:
+        """The entry's HLO bytes and compile context, or None when they cannot be had
+        (no HLO or flags in L1, no ``--target`` among the flags)."""
         hlo = next((entry / n for n in HLO_NAMES if (entry / n).is_file()), None)
         if hlo is None or not (entry / FLAGS).is_file():
             return None
-        from neffcache.client.keys import canonical_key, context, direct_key
+        from neffcache.client.keys import context
 
         try:
             flags = json.loads((entry / FLAGS).read_text())
@@ -444,12 +538,16 @@ class Core:
             target = _target(flags)
             if target is None:
                 return None
-            version = address.split("/")[0][len("neuronxcc-") :]
-            ctx = context(version, target, flags, os.environ if environ is None else environ)
+            ctx = context(
+                _version_of(address) or "",
+                target,
+                flags,
+                os.environ if environ is None else environ,
+            )
             module = hlo.read_bytes()
         except (OSError, ValueError):
             return None
-        return direct_key(module, ctx), lambda: canonical_key(module, ctx)
+        return module, ctx
 
     def _materialize(self, entry: Path, manifest: dict[str, Any]) -> bool:
         def mark_done(done: Path) -> None:
@@ -552,8 +650,35 @@ def write_entry(
             copy_atomic(local.blob_path(digest), target)
         elif not remote.fetch(digest, size, target):
             return False
+    remember_compile_seconds(local, entry, saved_seconds(manifest))
     mark_done(entry / DONE)
     return True
+
+
+def _saved_path(local: LocalStore, entry: Path) -> Path:
+    import blake3
+
+    name = blake3.blake3(os.path.abspath(entry).encode()).hexdigest()[:32]
+    return local.root / "compiled" / name
+
+
+def remember_compile_seconds(local: LocalStore, entry: Path, seconds: float | None) -> None:
+    """Keep the compile time of the stock entry at ``entry`` in L1 (best effort): an L1
+    hit on it later reports what it saved, with no manifest at hand."""
+    if seconds is None:
+        return
+    from neffcache.client.local import atomic_write
+
+    with contextlib.suppress(OSError):
+        atomic_write(_saved_path(local, entry), repr(round(seconds, 3)).encode())
+
+
+def compile_seconds_of(local: LocalStore, entry: Path) -> float | None:
+    try:
+        value = float(_saved_path(local, entry).read_text())
+    except (OSError, ValueError):
+        return None
+    return value if 0 <= value < 7 * 86400 else None
 
 
 def same_environment(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -597,6 +722,37 @@ def _read_text(path: str) -> str:
 
 _the_publisher: list[Any] = []  # one per process, made on the first publish
 _publisher_lock = threading.Lock()
+
+
+# Explanations under way, by entry directory: asked for under the SDK's entry lock,
+# taken when the compile ends (the SDK makes a new cache object, and Core, per compile).
+_explanations: dict[str, Explanation] = {}
+_explanations_lock = threading.Lock()
+
+
+def _take_explanation(entry: str) -> Explanation | None:
+    with _explanations_lock:
+        return _explanations.pop(entry, None)
+
+
+def _miss_reason(entry: Path, wait: bool) -> tuple[str, str | None, Prepared | None]:
+    """The reason of the miss at ``entry``, its summary and what it was asked with;
+    ``unknown`` when no explanation was asked for (the hook did not see the graph's
+    inputs under the SDK's lock). ``wait``: up to REASON_WAIT for an answer."""
+    from neffcache.client.reasons import REASON_WAIT
+
+    explanation = _take_explanation(_spelled(entry))
+    if explanation is None:
+        return UNKNOWN, None, None
+    reason, summary = explanation.result(REASON_WAIT if wait else 0.0)
+    return reason, summary, explanation.prepared
+
+
+def _version_of(address: str | None) -> str | None:
+    """The compiler version in a stock address (``neuronxcc-<ver>/MODULE_...``)."""
+    if address is None or not address.startswith("neuronxcc-"):
+        return None
+    return address.split("/")[0][len("neuronxcc-") :] or None
 
 
 def _dir_of(path: str) -> str:

@@ -31,7 +31,9 @@ Manifest = dict[str, Any]
 # Blob transfers get the request timeout plus this much time per byte: a 256 MiB NEFF
 # over a slow link must not count as a dead server, a stalled one must still end.
 _MIN_RATE = 8 * 2**20  # bytes per second
-_down_until: dict[str, float] = {}
+_down_until: dict[str, float] = {}  # server (or "server scope") -> skipped until
+# The scope of telemetry and explanations: their trouble skips them, not the cache.
+TELEMETRY = "telemetry"
 _down_lock = threading.Lock()
 
 
@@ -50,47 +52,63 @@ class Remote:
 
     # -- state ------------------------------------------------------------------------
 
-    def available(self) -> bool:
+    def available(self, scope: str | None = None) -> bool:
         """False while the server is marked down after an error, by this process or
         by another on this host (the wrapper is a new process per graph: without the
-        shared mark each would pay the timeout again)."""
+        shared mark each would pay the timeout again). With a ``scope``
+        (``TELEMETRY``), also False while that scope alone is marked down."""
+        if not self._up(self.config.server):
+            return False
+        return scope is None or self._up(f"{self.config.server} {scope}")
+
+    def _up(self, name: str) -> bool:
         with _down_lock:
-            if time.monotonic() < _down_until.get(self.config.server, 0.0):
+            if time.monotonic() < _down_until.get(name, 0.0):
                 return False
-        until = self._shared_mark()
+        until = self._shared_mark(name)
         if until > time.time():
             with _down_lock:
-                _down_until[self.config.server] = time.monotonic() + (until - time.time())
+                _down_until[name] = time.monotonic() + (until - time.time())
             return False
         return True
 
-    def _mark_path(self) -> Path:
-        name = blake3.blake3(self.config.server.encode()).hexdigest()[:16]
-        return Path(self.config.local_dir) / ".neffcache" / "down" / name
+    def _mark_path(self, name: str | None = None) -> Path:
+        digest = blake3.blake3((name or self.config.server).encode()).hexdigest()[:16]
+        return Path(self.config.local_dir) / ".neffcache" / "down" / digest
 
-    def _shared_mark(self) -> float:
+    def _shared_mark(self, name: str) -> float:
         try:
-            return float(self._mark_path().read_text())
+            return float(self._mark_path(name).read_text())
         except (OSError, ValueError):
             return 0.0
 
-    def _mark_down(self, what: str, reason: object) -> None:
-        STATS.count("server_errors")
+    def _mark_down(self, what: str, reason: object, scope: str | None = None) -> None:
+        """Skip the server (or only ``scope``'s requests) for the back-off period."""
+        name = self.config.server if scope is None else f"{self.config.server} {scope}"
+        STATS.count("server_errors" if scope is None else f"{scope}_errors")
         with _down_lock:
-            first = time.monotonic() >= _down_until.get(self.config.server, 0.0)
-            _down_until[self.config.server] = time.monotonic() + self.config.backoff
+            first = time.monotonic() >= _down_until.get(name, 0.0)
+            _down_until[name] = time.monotonic() + self.config.backoff
         if self.config.backoff > 0:
             from neffcache.client.local import atomic_write
 
             with contextlib.suppress(OSError):  # then only this process skips the server
                 until = time.time() + self.config.backoff
-                atomic_write(self._mark_path(), repr(until).encode())
-        if first:
+                atomic_write(self._mark_path(name), repr(until).encode())
+        if first and scope is None:
             log.warning(
                 "neffcache: %s failed (%s); compiling locally, server %s skipped for %.0f s",
                 what,
                 reason,
                 self.config.server,
+                self.config.backoff,
+            )
+        elif first:
+            log.warning(
+                "neffcache: %s failed (%s); %s skipped for %.0f s (the cache is not)",
+                what,
+                reason,
+                scope,
                 self.config.backoff,
             )
 
@@ -114,25 +132,28 @@ class Remote:
         *,
         gated: bool = True,
         forbidden_ok: bool = False,
+        scope: str | None = None,
         **kwargs: Any,
     ) -> Response | None:
         """One request; None (counted, server marked down) when it did not complete or
         the server failed (5xx). ``gated=False`` sends it even while the server is
         marked down (lease renewals: a holder must not lose its lease to a back-off
         longer than the lease's life). ``forbidden_ok``: a 403 is an expected answer
-        (leases refused to a read-only token), not a misconfiguration to warn of."""
-        if gated and not self.available():
-            STATS.count("server_skipped")
+        (leases refused to a read-only token), not a misconfiguration to warn of.
+        ``scope`` (``TELEMETRY``): trouble marks down only that scope, so that a slow
+        events endpoint never turns a cache hit into a compile."""
+        if gated and not self.available(scope):
+            STATS.count("server_skipped" if scope is None else f"{scope}_skipped")
             return None
         headers = dict(self._headers)
         headers.update(kwargs.pop("headers", {}))
         try:
             response = self._connection().request(method, path, headers=headers, **kwargs)
         except HttpError as exc:
-            self._mark_down(what, exc)
+            self._mark_down(what, exc, scope)
             return None
         if response.status >= 500:
-            self._mark_down(what, f"HTTP {response.status}")
+            self._mark_down(what, f"HTTP {response.status}", scope)
             return None
         if response.status == 401 or (response.status == 403 and not forbidden_ok):
             STATS.count("auth_errors")
@@ -297,6 +318,35 @@ class Remote:
             headers={"Content-Type": "application/json"},
         )
         return response is not None and response.status in (200, 201)
+
+    # -- telemetry and explanations (scope TELEMETRY) -----------------------------------
+
+    def events(self, body: bytes, timeout: float | None = None) -> int | None:
+        """``POST /v1/events``; the status, or None on trouble (telemetry backs off)."""
+        response = self._call(
+            "sending telemetry",
+            "POST",
+            "/v1/events",
+            body=body,
+            headers={"Content-Type": "application/json"},
+            timeout=timeout,
+            forbidden_ok=True,
+            scope=TELEMETRY,
+        )
+        return None if response is None else response.status
+
+    def explain(self, body: bytes, timeout: float | None = None) -> Response | None:
+        """``POST /v1/ns/{ns}/explain``: why a key missed; None on trouble."""
+        return self._call(
+            "asking why a graph missed",
+            "POST",
+            f"{self._ns}/explain",
+            body=body,
+            headers={"Content-Type": "application/json"},
+            timeout=timeout,
+            forbidden_ok=True,
+            scope=TELEMETRY,
+        )
 
     # -- leases -----------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
+from neffcache.client.reasons import FAILED_BEFORE, UNKEYABLE
 from neffcache.client.remote import Manifest
 from neffcache.client.stats import STATS
 from neffcache.client.wrapper import (
@@ -38,6 +39,7 @@ from neffcache.client.wrapper import (
 
 if TYPE_CHECKING:
     from neffcache.client.lease import Leases
+    from neffcache.client.reasons import Explanation
     from neffcache.keying import CacheKey
 
 
@@ -53,6 +55,8 @@ class Session:
         self.remote = Remote(config)
         self.outcome: int | None = None  # set once the compiler ran or --output is written
         self._leases: Leases | None = None  # set while this call holds a compile lease
+        self._explanation: Explanation | None = None  # asked for as a miss starts compiling
+        self._components: dict[str, Any] | None = None  # the missed key's, for its event
         self.report: dict[str, Any] = {
             "via": "wrapper",
             "key": None,
@@ -68,6 +72,7 @@ class Session:
         version = compiler_version(self.real, self.local.root)
         if version is None:
             return self._uncached("no compiler version")
+        self.report["compiler_version"] = version
         self.report["neuron_address"] = neuron_address_of(self.call, version)
         try:
             module = self.call.input.read_bytes()
@@ -99,6 +104,7 @@ class Session:
                 served = self._fleet(canonical.key, direct.key, waited_from)
                 if served is not None:
                     return self._done(served)
+                self._explain(module, canonical, direct)
                 code, seconds = self._compile(canonical, direct)
                 compiled = True
                 kept = code == 0 and self._keep(module, canonical, direct, seconds)
@@ -207,7 +213,7 @@ class Session:
         STATS.count("failures_replayed")
         self.report["fallback"] = reason
         self.report["exit_code"] = code
-        self._record("miss", "compiler", 0.0, None, None)
+        self._record("miss", "compiler", 0.0, None, None, reason=FAILED_BEFORE)
         return code
 
     # -- misses -----------------------------------------------------------------------
@@ -220,7 +226,7 @@ class Session:
         self.report["exit_code"] = code
         if code != 0 or not self.call.output.is_file():
             STATS.count("compile_failures")
-            self._record("miss", "compiler", 0.0, seconds, None)
+            self._record("miss", "compiler", 0.0, seconds, None, outcome="failed")
             self._remember_failure(canonical.key, code, log_tail)
             from neffcache.client.publish import failure_record
 
@@ -229,7 +235,8 @@ class Session:
             self.remote.put_failure(canonical.key, record)
             return code, seconds
         STATS.count("compiles")
-        self._record("miss", "compiler", 0.0, seconds, None, size=self.call.output.stat().st_size)
+        size = self.call.output.stat().st_size
+        self._record("miss", "compiler", 0.0, seconds, None, size=size, outcome="ok")
         return code, seconds
 
     def _keep(self, module: bytes, canonical: CacheKey, direct: CacheKey, seconds: float) -> bool:
@@ -296,7 +303,7 @@ class Session:
         STATS.count("failures_replayed")
         self.report["fallback"] = "the rank that held the lock failed to compile this graph"
         self.report["exit_code"] = code
-        self._record("miss", "compiler", 0.0, None, None)
+        self._record("miss", "compiler", 0.0, None, None, reason=FAILED_BEFORE)
         return code
 
     # -- the rest ---------------------------------------------------------------------
@@ -310,7 +317,11 @@ class Session:
         self.outcome = code
         self.report["exit_code"] = code
         size = self.call.output.stat().st_size if code == 0 and self.call.output.is_file() else 0
-        self._record("miss", "compiler", 0.0, time.monotonic() - t0, None, size=size)
+        outcome = "ok" if size else "failed"
+        seconds = time.monotonic() - t0
+        self._record(
+            "miss", "compiler", 0.0, seconds, None, size=size, outcome=outcome, reason=UNKEYABLE
+        )
         return code
 
     def _record(
@@ -321,8 +332,13 @@ class Session:
         compile_seconds: float | None,
         manifest: dict[str, Any] | None,
         size: int | None = None,
+        *,
+        outcome: str | None = None,
+        reason: str | None = None,
     ) -> None:
-        from neffcache.client.runlog import record
+        """The graph's run-manifest line and event (runlog.graph). A miss's ``reason``
+        is given, or the explanation's, waited for now (boundedly)."""
+        from neffcache.client.runlog import graph, saved_seconds
 
         if manifest is not None:
             self.report["key"] = manifest.get("key", self.report["key"])
@@ -338,7 +354,41 @@ class Session:
             "bytes": size if size is not None else self.report.get("bytes", 0),
             "exit_code": self.report.get("exit_code", 0),
         }
-        record(self.config.run_manifest, **fields)
+        components = None
+        if result == "hit":
+            fields["saved_seconds"] = saved_seconds(manifest)
+        else:
+            fields["outcome"] = outcome
+            fields["reason"], fields["reason_summary"] = self._reason(reason)
+            components = self._components
+        if fields["neuron_address"]:
+            self.local.note_wrapped(fields["neuron_address"])  # for the hook, if it called
+        graph(self.config, components, **fields)
+
+    def _explain(self, module: bytes, canonical: CacheKey, direct: CacheKey) -> None:
+        """Ask the server why this graph missed, in the background (reasons.py)."""
+        from neffcache.client.reasons import Explanation, Prepared, summarize
+
+        self._components = canonical.as_json()
+
+        def prepare() -> Prepared:
+            summary = summarize(module)
+            components = canonical.as_json()
+            if summary is not None:
+                components["graph"] = summary
+            self._components = components
+            return Prepared(canonical.key, direct.key, components)
+
+        self._explanation = Explanation(self.remote, prepare)
+
+    def _reason(self, given: str | None) -> tuple[str, str | None]:
+        from neffcache.client.reasons import UNKNOWN
+
+        if given is not None:
+            return given, None
+        if self._explanation is None:
+            return UNKNOWN, None
+        return self._explanation.result()
 
 
 def replayable(code: int) -> bool:

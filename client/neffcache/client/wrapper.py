@@ -141,6 +141,11 @@ def main(argv: Sequence[str]) -> int:
         return run_plain(real, args)
     from neffcache.client.session import Session
 
+    if config.telemetry:
+        from neffcache.client import telemetry
+
+        # One process per graph: no thread; the events go as this call ends.
+        telemetry.sender(threaded=False)
     session = Session(config, real, call)
     try:
         return session.run()
@@ -151,6 +156,9 @@ def main(argv: Sequence[str]) -> int:
             return session.outcome
         log.exception("neffcache: the wrapper failed; running the compiler without the cache")
         return run_plain(real, args)
+    finally:
+        if config.telemetry:
+            telemetry.finish()  # bounded (telemetry.EXIT_WAIT); os._exit may follow
 
 
 def exit_fast(code: int) -> NoReturn:

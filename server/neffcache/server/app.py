@@ -20,12 +20,16 @@ from neffcache.server import __version__
 from neffcache.server.api import (
     admin,
     blobs,
+    dashboard,
     entries,
+    events,
     eviction,
+    explain,
     failures,
     health,
     leases,
     namespaces,
+    reports,
 )
 from neffcache.server.auth import TokenPresence, ensure_bootstrap_token
 from neffcache.server.blobs import BlobStore, open_blob_store
@@ -33,6 +37,7 @@ from neffcache.server.deps import Backends
 from neffcache.server.errors import ServerError
 from neffcache.server.fastpath import FastPath
 from neffcache.server.index import Index, open_index
+from neffcache.server.reports.prices import load_prices
 from neffcache.server.settings import ServerSettings, redact
 from neffcache.server.verified import VerifiedMemo
 
@@ -46,6 +51,8 @@ def create_app(
     index: Index | None = None,
 ) -> FastAPI:
     settings = settings or ServerSettings()
+    # A bad price_table stops start-up with one line (ConfigError), before any store opens.
+    load_prices(settings.price_table)
     owned: list[Any] = []
     if blob_store is None:
         blob_store = open_blob_store(settings.blob_store_url())
@@ -83,7 +90,20 @@ def create_app(
         verified=VerifiedMemo(settings.reverify_seconds),
     )
     app.state.backends.audit.write(changes)
-    for module in (health, blobs, entries, failures, leases, admin, namespaces, eviction):
+    for module in (
+        health,
+        blobs,
+        entries,
+        failures,
+        leases,
+        admin,
+        namespaces,
+        eviction,
+        events,
+        reports,
+        explain,
+        dashboard,
+    ):
         app.include_router(module.router)
     app.add_exception_handler(ServerError, _server_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

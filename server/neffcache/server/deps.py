@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
@@ -16,6 +17,7 @@ from neffcache.server.blobs import BlobStore
 from neffcache.server.blobuse import BlobUse
 from neffcache.server.eviction.evictor import Evictor
 from neffcache.server.eviction.maintenance import Maintenance
+from neffcache.server.eviction.usage import UsageMemo
 from neffcache.server.index import Index
 from neffcache.server.metrics import Metrics, Usage
 from neffcache.server.namespaces import Policies
@@ -33,6 +35,8 @@ class Backends:
     index: Index
     tokens: TokenPresence
     wakeups: Wakeups = field(default_factory=Wakeups)
+    # The clock events are stamped with (tests report several days' events in one run).
+    clock: Callable[[], float] = time.time
     verified: VerifiedMemo = field(default_factory=lambda: VerifiedMemo(3600.0))
     access: AccessLog = field(default_factory=AccessLog)
     blob_use: BlobUse = field(init=False)
@@ -42,6 +46,7 @@ class Backends:
     evictor: Evictor = field(init=False)
     maintenance: Maintenance = field(init=False)
     metrics: Metrics = field(init=False)
+    usage: UsageMemo = field(init=False)  # what each namespace holds, a minute old at most
 
     def __post_init__(self) -> None:
         self.blob_use = BlobUse(self.settings.blob_grace_seconds)
@@ -58,10 +63,11 @@ class Backends:
             metrics=self.metrics,
         )
         self.maintenance = Maintenance(self.index, self.evictor, self.access, self.settings)
+        self.usage = UsageMemo(self.evictor)
 
     def _usage(self) -> Iterator[Usage]:
         for policy in self.policies.all():
-            held = self.evictor.usage(policy.namespace)
+            held = self.usage.usage(policy.namespace)
             yield Usage(policy.namespace, held.entries, held.bytes, policy.quota_bytes)
 
     @property

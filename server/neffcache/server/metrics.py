@@ -24,6 +24,10 @@ OTHER = "_other"
 
 # Seconds: a lease wait lasts from a moment to a long compile.
 _WAIT_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 1800, 3600)
+# Seconds: a client's fetch is an L1 copy (milliseconds) or a download of a large NEFF.
+_FETCH_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300)
+# Seconds: a compile takes from seconds to hours for the largest graphs.
+_COMPILE_BUCKETS = (1, 5, 15, 60, 300, 900, 1800, 3600, 7200, 14400, 28800, 86400)
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,49 @@ class Metrics:
             "neffcache_lease_wait_seconds",
             "Time a lease request waited",
             buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        # --- from clients' telemetry events (POST /v1/events), counted when stored.
+        #: Events stored, by kind (graph, counters).
+        self.events_received = Counter(
+            "neffcache_events_received_total", "Telemetry events stored", ["kind"], registry=r
+        )
+        #: Graphs clients resolved, by namespace, result (hit, miss) and where the NEFF
+        #: came from (l1, server, compiler; unknown when the event does not say).
+        self.client_graphs = Counter(
+            "neffcache_client_graphs_total",
+            "Graphs clients resolved",
+            ["namespace", "result", "source"],
+            registry=r,
+        )
+        #: Clients' misses by namespace and reason: one of the shared reason codes
+        #: (explain/reasons.py), anything else or none as ``unknown``.
+        self.client_misses = Counter(
+            "neffcache_client_misses_total",
+            "Client misses by reason",
+            ["namespace", "reason"],
+            registry=r,
+        )
+        #: How long clients took to fetch a NEFF (L1 or server), per graph that says.
+        self.client_fetch_seconds = Histogram(
+            "neffcache_client_fetch_seconds",
+            "Client fetch time per graph",
+            buckets=_FETCH_BUCKETS,
+            registry=r,
+        )
+        #: How long clients' compiles took (failed ones too), per graph that says.
+        self.client_compile_seconds = Histogram(
+            "neffcache_client_compile_seconds",
+            "Client compile time per graph",
+            buckets=_COMPILE_BUCKETS,
+            registry=r,
+        )
+        #: Clients' Stats counters (fall-backs, server errors, timeouts...), summed
+        #: over their deltas; names outside the client's known list count as ``other``.
+        self.client_counters = Counter(
+            "neffcache_client_counters_total",
+            "Client counters, summed",
+            ["name"],
             registry=r,
         )
         r.register(_UsageCollector(usage, usage_ttl))

@@ -129,6 +129,23 @@ class ServerSettings(BaseSettings):
     audit_keep: int = Field(
         100_000, ge=100, le=10_000_000, description="audit records kept, newest first"
     )
+    events_retention_seconds: float = Field(
+        90 * 86400.0,
+        ge=3600,
+        le=3 * 366 * 86400,
+        allow_inf_nan=False,
+        description="how long clients' telemetry events are kept (reports, explanations)",
+    )
+    events_keep: int = Field(
+        2_000_000,
+        ge=1000,
+        le=100_000_000,
+        description="telemetry events kept at most, newest first (bounds the index)",
+    )
+    price_table: Path | None = Field(
+        None,
+        description="TOML file of instance prices over the shipped table (reports' money figures)",
+    )
     bootstrap_admin_token: SecretStr | None = Field(
         None, description="an admin token the server creates at start-up if absent"
     )

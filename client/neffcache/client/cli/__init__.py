@@ -28,9 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="A shared compilation cache for AWS Neuron.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    from . import _key_cmd, _prewarm_cmd, _wrap_cmd
+    from . import _explain_cmd, _key_cmd, _prewarm_cmd, _report_cmd, _wrap_cmd
 
-    for command in (_key_cmd, _wrap_cmd, _prewarm_cmd):
+    for command in (_key_cmd, _wrap_cmd, _prewarm_cmd, _explain_cmd, _report_cmd):
         command.register(sub)
     from importlib.metadata import entry_points  # scans every installed package
 

@@ -12,10 +12,11 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 from neffcache.keying import (
     TARGETS,
+    CacheKey,
     CompileContext,
     KeyInputs,
     check_compiler_version,
@@ -39,6 +40,12 @@ def register(sub: Any) -> None:
         usage="neffcache key HLO_FILE [--compiler-version V] [--target T] [-- FLAG ...]",
     )
     parser.add_argument("hlo_file", metavar="HLO_FILE", help="a serialized HloModuleProto")
+    add_compile_options(parser)
+    parser.set_defaults(run=run)
+
+
+def add_compile_options(parser: argparse.ArgumentParser) -> None:
+    """``--compiler-version`` and ``--target``, shared with ``neffcache explain``."""
     parser.add_argument(
         "--compiler-version",
         metavar="V",
@@ -49,26 +56,40 @@ def register(sub: Any) -> None:
         choices=TARGETS,
         help="accelerator family; default: a --target flag, else NEURON_PLATFORM_TARGET_OVERRIDE",
     )
-    parser.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace, flags: list[str]) -> int:
-    module = _read(args.hlo_file)
+class ModuleKey(NamedTuple):
+    """The keys of one module in the context the command line and environment give."""
+
+    canonical: CacheKey
+    context: CompileContext
+
+
+def module_key(module: bytes, args: argparse.Namespace, flags: list[str]) -> ModuleKey:
+    """The canonical key of ``module`` under ``add_compile_options``' options, the
+    compiler flags after ``--`` and this process's allowlisted environment."""
     version = (
         check_compiler_version(args.compiler_version)
         if args.compiler_version
         else compiler_version()
     )
-    target = _target(args.target, flags)
     context = CompileContext.create(
-        compiler_version=version, target=target, flags=flags, env=compile_env(os.environ)
+        compiler_version=version,
+        target=_target(args.target, flags),
+        flags=flags,
+        env=compile_env(os.environ),
     )
-    canonical = compute_key(KeyInputs(fingerprint_hlo(module), context))
+    return ModuleKey(compute_key(KeyInputs(fingerprint_hlo(module), context)), context)
+
+
+def run(args: argparse.Namespace, flags: list[str]) -> int:
+    module = read_module(args.hlo_file)
+    canonical, context = module_key(module, args, flags)
     result = {
         "key": canonical.key,
         "direct_key": direct_key(module, context).key,
         "fingerprint": canonical.components["fingerprint"],
-        "neuron_flags_hash": neuron_flags_hash(neuron_cache_flags(flags, target)),
+        "neuron_flags_hash": neuron_flags_hash(neuron_cache_flags(flags, context.target)),
         "components": canonical.as_json(),
     }
     json.dump(result, sys.stdout, indent=2)
@@ -76,7 +97,7 @@ def run(args: argparse.Namespace, flags: list[str]) -> int:
     return 0
 
 
-def _read(path: str) -> bytes:
+def read_module(path: str) -> bytes:
     try:
         with open(path, "rb") as f:
             return f.read()

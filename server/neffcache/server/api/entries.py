@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from neffcache.server.api.body import read_body
@@ -19,6 +20,7 @@ from neffcache.server.auth import Caller
 from neffcache.server.deps import Backends, BackendsDep, CallerDep
 from neffcache.server.errors import BadRequest, Conflict, ServerError, StoreError, TooLarge
 from neffcache.server.eviction.evictor import condemned
+from neffcache.server.explain.notes import note_published
 from neffcache.server.index import Entry, PutResult
 from neffcache.server.lookup import find_alias, find_entry
 from neffcache.server.manifest import HEX64, NAMESPACE, parse_manifest
@@ -72,7 +74,10 @@ async def put_entry(
     if result is PutResult.CREATED:
         # Requests long-polling a lease on this graph (api/leases.py) answer now.
         backends.wakeups.notify(namespace, (key, *manifest.aliases()))
-    return Response(status_code=201 if result is PutResult.CREATED else 200)
+        # The program map learns the entry after the answer (explain/notes.py).
+        task = BackgroundTask(note_published, backends.index, backends.blobs, namespace, key)
+        return Response(status_code=201, background=task)
+    return Response(status_code=200)
 
 
 def _publish(

@@ -111,6 +111,15 @@ class Maintenance:
         mine = Lease(SYSTEM, LEADER, self._lease_id, self.actor, now, now + ttl)
         return self.index.acquire_lease(mine).lease_id == self._lease_id
 
+    def trim_events(self) -> None:
+        """Drop telemetry events past their retention. Appends trim too; this pass
+        bounds them by age while no client reports."""
+        before = time.time() - self.settings.events_retention_seconds
+        try:
+            self.index.append_events([], self.settings.events_keep, before)
+        except StoreError as exc:
+            log.warning("cannot trim telemetry events: %s", exc)
+
     def leader(self) -> str | None:
         """Who holds the evictor lease now, if anyone."""
         lease = self.index.get_lease(SYSTEM, LEADER, time.time())
@@ -132,6 +141,7 @@ class Maintenance:
                 done.applied = self.evictor.apply(victims, actor)
             if self.lead():
                 done.collected = self.evictor.collect_blobs(self.lead)
+            self.trim_events()
             done.seconds = time.monotonic() - started
         if done.applied.removed or done.collected.blobs:
             log.info(

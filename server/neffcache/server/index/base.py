@@ -12,7 +12,9 @@ For eviction the index also keeps, per entry, the facts a manifest implies (size
 compile time, compiler version, model, the blobs it references: ``EntryFacts``) and
 when the server last served it (``touch_entries``); namespace policies and pins as
 small records (``put_record``); and an audit log. Entries are removed only by
-``delete_entry``, which takes their aliases with them.
+``delete_entry``, which takes their aliases with them. Telemetry events from clients
+(``append_events``) form a second log, bounded by count and by age, read in time
+order by reports and per key by explanations.
 """
 
 from __future__ import annotations
@@ -177,6 +179,31 @@ class AuditRecord:
         }
 
 
+@dataclass(frozen=True)
+class Event:
+    """One telemetry event a client reported (``POST /v1/events``), as stored."""
+
+    at: float  # server clock at receipt; orders the log
+    namespace: str
+    kind: str  # "graph" | "counters"
+    key: str  # the graph's key; "" when none
+    body: str  # canonical JSON of the whole stored event, both stamps included
+
+
+def event_cursor(at: float, seq: int) -> str:
+    """The cursor ``Index.events`` hands out: the last event's place in the log, its
+    time then the backend's sequence for the order of appending."""
+    return f"{at!r}/{seq}"  # repr round-trips the float exactly
+
+
+def event_place(cursor: str) -> tuple[float, int]:
+    """The place a cursor names; ValueError for anything ``event_cursor`` did not make."""
+    at, sep, seq = cursor.partition("/")
+    if not sep:
+        raise ValueError(f"not an events cursor: {cursor!r}")
+    return float(at), int(seq)
+
+
 class Index(Protocol):
     """An implementation may set a class attribute ``local = True`` when it answers
     from this machine's disk or memory; the server then calls it on its event loop
@@ -310,3 +337,32 @@ class Index(Protocol):
     def audit(self, since: float, namespace: str | None, limit: int) -> list[AuditRecord]:
         """Up to ``limit`` records with ``at >= since`` (of one namespace, or all),
         newest first; records of one instant in reverse order of appending."""
+
+    # --- telemetry events
+
+    def append_events(self, events: Sequence[Event], keep: int, before: float) -> None:
+        """Append events, then drop every event with ``at < before`` and all but the
+        ``keep`` newest (by ``at``, then order of appending), so storage stays bounded;
+        with no events, only trims. Readers may see part of a batch before the rest;
+        no event is ever half-stored."""
+
+    def events(
+        self,
+        since: float,
+        until: float,
+        namespaces: Sequence[str] | None,
+        after: str | None,
+        limit: int,
+    ) -> tuple[list[Event], str | None]:
+        """Up to ``limit`` (>= 1) events with ``since <= at < until`` (of these
+        namespaces, or of all for None), oldest first (by ``at``, then order of
+        appending), resuming after the opaque cursor ``after`` (None: from the
+        first); and the cursor of the next page, None when this page was the last.
+        Paging never repeats an event, nor skips one that existed throughout the
+        listing. A cursor this backend did not hand out, or a ``limit`` below 1,
+        raises ValueError."""
+
+    def events_for_key(self, namespace: str, key: str, limit: int) -> list[Event]:
+        """The newest ``limit`` events of (namespace, key) still in the log, newest
+        first; ``[]`` when none, and for the key ``""`` (events without a key). A
+        backend may keep fewer per key: Redis keeps each key's newest 100."""

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
+import itertools
 import threading
 from collections.abc import Sequence
 
@@ -12,6 +14,7 @@ from .base import (
     Entry,
     EntryFacts,
     EntryStats,
+    Event,
     Failure,
     Lease,
     PutResult,
@@ -19,7 +22,12 @@ from .base import (
     Token,
     Touch,
     entry_facts,
+    event_cursor,
+    event_place,
 )
+
+# An event's place in the log: its time, then its sequence (order of appending).
+_Place = tuple[float, int]
 
 
 class MemoryIndex:
@@ -41,6 +49,11 @@ class MemoryIndex:
         self._use: dict[tuple[str, str], list[float]] = {}
         self._records: dict[tuple[str, str, str], Record] = {}
         self._audit: list[AuditRecord] = []  # oldest first
+        # The events log, sorted by place (oldest first), and each (namespace, key)'s
+        # events in the same order, so events_for_key reads no other key's.
+        self._events: list[tuple[_Place, Event]] = []
+        self._events_by_key: dict[tuple[str, str], list[tuple[_Place, Event]]] = {}
+        self._event_seq = itertools.count(1)
         self._lock = threading.Lock()
 
     @classmethod
@@ -290,3 +303,67 @@ class MemoryIndex:
         # Stable: records of one instant stay in reverse order of appending.
         found.sort(key=lambda r: r.at, reverse=True)
         return found[:limit]
+
+    # --- telemetry events
+
+    def append_events(self, events: Sequence[Event], keep: int, before: float) -> None:
+        with self._lock:
+            for event in events:
+                item = ((event.at, next(self._event_seq)), event)
+                # Nearly always appended at the end: stamps are taken at receipt.
+                bisect.insort(self._events, item, key=_place)
+                if event.key:
+                    mine = self._events_by_key.setdefault((event.namespace, event.key), [])
+                    bisect.insort(mine, item, key=_place)
+            old = bisect.bisect_left(self._events, (before, 0), key=_place)
+            drop = max(old, len(self._events) - max(keep, 0))
+            for place, event in self._events[:drop]:
+                self._forget_for_key(place, event)
+            del self._events[:drop]
+
+    def _forget_for_key(self, place: _Place, event: Event) -> None:
+        # Caller holds _lock. The log drops its oldest, so the key's oldest goes too.
+        where = (event.namespace, event.key)
+        mine = self._events_by_key.get(where)
+        if mine and mine[0][0] == place:
+            del mine[0]
+            if not mine:
+                del self._events_by_key[where]
+
+    def events(
+        self,
+        since: float,
+        until: float,
+        namespaces: Sequence[str] | None,
+        after: str | None,
+        limit: int,
+    ) -> tuple[list[Event], str | None]:
+        if limit < 1:
+            raise ValueError(f"an events page holds at least 1 event, not {limit}")
+        start: _Place = (since, 0) if after is None else max((since, 0), event_place(after))
+        wanted = None if namespaces is None else set(namespaces)
+        page: list[tuple[_Place, Event]] = []
+        with self._lock:
+            # bisect_right: an event at the cursor's place itself was read already;
+            # no event has sequence 0, so (since, 0) excludes nothing at ``since``.
+            i = bisect.bisect_right(self._events, start, key=_place)
+            while i < len(self._events) and len(page) <= limit:
+                place, event = self._events[i]
+                if event.at >= until:
+                    break
+                if wanted is None or event.namespace in wanted:
+                    page.append((place, event))
+                i += 1
+        more = len(page) > limit
+        page = page[:limit]
+        cursor = event_cursor(*page[-1][0]) if more else None
+        return [event for _, event in page], cursor
+
+    def events_for_key(self, namespace: str, key: str, limit: int) -> list[Event]:
+        with self._lock:
+            mine = list(self._events_by_key.get((namespace, key), []))
+        return [event for _, event in reversed(mine[-limit:])] if limit > 0 else []
+
+
+def _place(item: tuple[_Place, Event]) -> _Place:
+    return item[0]

@@ -24,11 +24,19 @@ Every key starts with ``neffcache:``::
     neffcache:audit                     sorted set of audit records, scored by ``at``;
                                         each member is "<seq, 20 digits> <JSON>"
     neffcache:audit-seq                 the last seq handed out
+    neffcache:events                    sorted set of telemetry events, scored by the
+                                        server's ``at``; each member is
+                                        "<seq, 20 digits> <at> <JSON [ns, kind, key]>\n<body>"
+    neffcache:events-seq                the last seq handed out
+    neffcache:events:{ns}:{key}         list of the key's newest events (their members
+                                        in neffcache:events), the latest pushed first;
+                                        expires a retention after its last write
 
-``put_entry``, ``add_alias``, ``delete_entry``, ``touch_entries`` (per batch) and
-``append_audit`` each run as one Lua script, so they are atomic across replicas. The
-scripts touch several keys, some of them named inside the script (the aliases an entry
-loses, the entry an alias names), which a standalone Redis (or one primary) allows and
+``put_entry``, ``add_alias``, ``delete_entry``, ``touch_entries`` (per batch),
+``append_audit`` and ``append_events`` (per batch) each run as one Lua script, so they
+are atomic across replicas. The scripts touch several keys, some of them named inside
+the script (the aliases an entry loses, the entry an alias names, the lists of the
+events an append drops), which a standalone Redis (or one primary) allows and
 Redis Cluster does not. ``put_failure`` is one script on one key; the key
 expires when its newest record does, so Redis itself reclaims keys nobody writes
 again. A lease is one key with Redis's own expiry, so a lease's life is measured on
@@ -67,6 +75,7 @@ from .base import (
     Entry,
     EntryFacts,
     EntryStats,
+    Event,
     Failure,
     Lease,
     PutResult,
@@ -74,6 +83,8 @@ from .base import (
     Token,
     Touch,
     entry_facts,
+    event_cursor,
+    event_place,
 )
 
 # Short, so that a dead Redis fails a request (and readiness) in seconds rather than
@@ -83,8 +94,8 @@ TIMEOUT_S = 2.0
 # more would only multiply the wait when Redis is down. A retried put_entry that had
 # already run reports SAME instead of CREATED, which is still true; a retried
 # delete_entry reports False for an entry it deleted; a retried touch batch may count
-# its hits twice and a retried append_audit log its records twice, which eviction (an
-# estimate of use) and readers of the log tolerate.
+# its hits twice and a retried append_audit or append_events log its records twice,
+# which eviction (an estimate of use), readers of the log and reports tolerate.
 RETRIES = 1
 
 PREFIX = "neffcache:"
@@ -96,11 +107,23 @@ NAMESPACES = PREFIX + "namespaces"
 EVICTION_SINCE = PREFIX + "eviction-since"
 AUDIT = PREFIX + "audit"
 AUDIT_SEQ = PREFIX + "audit-seq"
+EVENTS = PREFIX + "events"
+EVENTS_SEQ = PREFIX + "events-seq"
+EVENT_LISTS = PREFIX + "events:"  # then "{ns}:{key}"
 
 # Touches per script call: each call holds Redis for its whole batch.
 TOUCH_BATCH = 500
 # Audit records read per round trip; one namespace's are picked out in Python.
 AUDIT_PAGE = 500
+# Events per append script: each call holds Redis for its whole batch.
+EVENTS_BATCH = 500
+# Events read per round trip when only some namespaces are wanted (picked out in Python).
+EVENTS_PAGE = 500
+# Events kept per (namespace, key) for events_for_key: explanations read a few.
+EVENTS_PER_KEY = 100
+# Events dropped from the log per script call at most (a lowered events_keep drops
+# many at once): each call holds Redis for its whole batch.
+TRIM_BATCH = 5000
 
 # Shared by the alias-writing scripts: make the alias at ``alias_key`` (named ``alias``)
 # name ``key`` unless it names another entry that exists; an alias naming a key with no
@@ -217,16 +240,107 @@ for i = 1, #KEYS, 3 do
 end
 """
 
-# KEYS[1] the audit log, KEYS[2] its sequence; ARGV[1] how many to keep, then per record
-# its time and its JSON. The zero-padded sequence makes members of one instant sort
-# (and so read back, newest first) in order of appending; trimming by rank drops the
-# oldest by (time, sequence), the order the log is read in.
-_APPEND_AUDIT = """
-for i = 2, #ARGV, 2 do
-  local seq = redis.call('INCR', KEYS[2])
-  redis.call('ZADD', KEYS[1], ARGV[i], string.format('%020d', seq) .. ' ' .. ARGV[i + 1])
+# A log in a sorted set, shared by the audit log and the events: each record is scored
+# by its time, and its member starts with a zero-padded sequence, so members of one
+# instant sort (and so read back) in order of appending. log_add returns the member.
+# log_trim drops records older than ``before`` (a time, or '-inf' for none), then all
+# but the ``keep`` newest by rank: both drop the oldest by (time, sequence), the order
+# the log is read in, so what is left is always a suffix of what was written.
+_LOG = """
+local function log_add(log, seq_key, at, text)
+  local member = string.format('%020d', redis.call('INCR', seq_key)) .. ' ' .. text
+  redis.call('ZADD', log, at, member)
+  return member
 end
-redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[1]) + 1))
+local function log_trim(log, keep, before)
+  redis.call('ZREMRANGEBYSCORE', log, '-inf', '(' .. before)
+  redis.call('ZREMRANGEBYRANK', log, 0, -(tonumber(keep) + 1))
+end
+"""
+
+# KEYS[1] the audit log, KEYS[2] its sequence; ARGV[1] how many to keep, then per record
+# its time and its JSON.
+_APPEND_AUDIT = (
+    _LOG
+    + """
+for i = 2, #ARGV, 2 do
+  log_add(KEYS[1], KEYS[2], ARGV[i], ARGV[i + 1])
+end
+log_trim(KEYS[1], ARGV[1], '-inf')
+"""
+)
+
+# KEYS[1] the events log, KEYS[2] its sequence, KEYS[3..] the key lists of this batch;
+# ARGV[1] how many to keep, ARGV[2] ``before``, ARGV[3] how many per key, ARGV[4] the
+# lists' lifetime in ms, ARGV[5] the key lists' prefix, ARGV[6] how many to drop at
+# most (TRIM_BATCH), then per event its time, its text ("<time> <JSON [ns, kind,
+# key]>" and a newline, then the body) and the index in KEYS of its key's list (0 for
+# none). A list item is the event's member in the log, so that what leaves the log
+# leaves its list too; the lists' expiry only reclaims keys nobody writes to again.
+# Returns 1 when more are due to be dropped.
+_APPEND_EVENTS = (
+    _LOG
+    + """
+local function event_list(member)
+  local header = string.match(member, '^%d+ %S+ ([^\\n]*)')
+  local fields = cjson.decode(header)
+  if fields[3] == '' then return nil end
+  local ns = string.gsub(string.gsub(fields[1], '%%', '%%25'), ':', '%%3A')
+  return ARGV[5] .. ns .. ':' .. fields[3]
+end
+local function drop_oldest(members)
+  if #members == 0 then return end
+  for _, member in ipairs(members) do
+    local list = event_list(member)
+    if list then redis.call('LREM', list, 1, member) end
+  end
+  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #members - 1)
+end
+for i = 7, #ARGV, 3 do
+  local member = log_add(KEYS[1], KEYS[2], ARGV[i], ARGV[i + 1])
+  local slot = tonumber(ARGV[i + 2])
+  if slot > 0 then redis.call('LPUSH', KEYS[slot], member) end
+end
+for j = 3, #KEYS do
+  redis.call('LTRIM', KEYS[j], 0, tonumber(ARGV[3]) - 1)
+  redis.call('PEXPIRE', KEYS[j], ARGV[4])
+end
+-- The oldest by (time, sequence) are the lowest ranks: first those past ``before``,
+-- then past ``keep``.
+local budget = tonumber(ARGV[6])
+local old = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2], 'LIMIT', 0, budget)
+drop_oldest(old)
+budget = budget - #old
+local excess = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[1])
+if excess > 0 and budget > 0 then
+  drop_oldest(redis.call('ZRANGE', KEYS[1], 0, math.min(excess, budget) - 1))
+end
+if redis.call('ZCARD', KEYS[1]) > tonumber(ARGV[1]) then return 1 end
+if #redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2], 'LIMIT', 0, 1) > 0 then
+  return 1
+end
+return 0
+"""
+)
+
+# KEYS[1] the events log; ARGV[1] the cursor's time, ARGV[2] its zero-padded sequence
+# (members of that time up to it are skipped), ARGV[3] the exclusive upper bound
+# "(<until>", ARGV[4] how many. Atomic, so that the count skipped is exact however the
+# log changes between pages: a batch's events share one time, so one time can hold
+# many members, and a cursor may stop among them (those it passed come first).
+_READ_EVENTS = """
+local skip = 0
+while true do
+  local chunk = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], ARGV[1], 'LIMIT', skip, 100)
+  local passed = 0
+  for _, member in ipairs(chunk) do
+    if string.sub(member, 1, 20) > ARGV[2] then break end
+    passed = passed + 1
+  end
+  skip = skip + passed
+  if passed < 100 then break end
+end
+return redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], ARGV[3], 'LIMIT', skip, ARGV[4])
 """
 
 # KEYS[1] the key's failures, a sorted set scored by expiry; ARGV[1] "now" (the new
@@ -330,6 +444,11 @@ def _record_field(namespace: str, name: str) -> str:
     return json.dumps([namespace, name])
 
 
+def _events_key(namespace: str, key: str) -> str:
+    # The append script builds the same name from EVENT_LISTS, escaping as _ns does.
+    return f"{EVENT_LISTS}{_ns(namespace)}:{key}"
+
+
 def _failures_key(namespace: str, key: str) -> str:
     return f"{PREFIX}failures:{_ns(namespace)}:{key}"
 
@@ -397,6 +516,8 @@ class RedisIndex:
         self._delete_entry = client.register_script(_DELETE_ENTRY)
         self._touch_entries = client.register_script(_TOUCH_ENTRIES)
         self._append_audit = client.register_script(_APPEND_AUDIT)
+        self._append_events = client.register_script(_APPEND_EVENTS)
+        self._read_events = client.register_script(_READ_EVENTS)
         self._put_failure = client.register_script(_PUT_FAILURE)
         self._acquire_lease = client.register_script(_ACQUIRE_LEASE)
         self._renew_lease = client.register_script(_RENEW_LEASE)
@@ -778,6 +899,100 @@ class RedisIndex:
             if len(rows) < page:
                 break
         return found[:limit]
+
+    # --- telemetry events
+
+    def append_events(self, events: Sequence[Event], keep: int, before: float) -> None:
+        more = True
+        for start in range(0, len(events), EVENTS_BATCH):
+            more = self._append_event_batch(events[start : start + EVENTS_BATCH], keep, before)
+        while more:  # trimming left for later calls: each drops at most TRIM_BATCH
+            more = self._append_event_batch([], keep, before)
+
+    def _append_event_batch(self, events: Sequence[Event], keep: int, before: float) -> bool:
+        """Append (up to EVENTS_BATCH) events and trim; True when more trimming is due."""
+        keys = [EVENTS, EVENTS_SEQ]
+        slots: dict[tuple[str, str], int] = {}
+        records: list[EncodableT] = []
+        for event in events:
+            slot = 0
+            if event.key:
+                where = (event.namespace, event.key)
+                if where not in slots:
+                    keys.append(_events_key(*where))
+                    slots[where] = len(keys)  # 1-based in Lua
+                slot = slots[where]
+            records += [repr(event.at), _event_text(event), slot]
+        # The lists outlive the newest event of the batch by no more than its retention.
+        life_ms = _ms(max((e.at for e in events), default=before) - before)
+        args: list[EncodableT] = [
+            keep,
+            repr(before),
+            EVENTS_PER_KEY,
+            life_ms,
+            EVENT_LISTS,
+            TRIM_BATCH,
+            *records,
+        ]
+        with self._mapped():
+            return bool(self._append_events(keys=keys, args=args))
+
+    def events(
+        self,
+        since: float,
+        until: float,
+        namespaces: Sequence[str] | None,
+        after: str | None,
+        limit: int,
+    ) -> tuple[list[Event], str | None]:
+        if limit < 1:
+            raise ValueError(f"an events page holds at least 1 event, not {limit}")
+        at, seq = (since, 0) if after is None else max((since, 0), event_place(after))
+        wanted = None if namespaces is None else set(namespaces)
+        # With no filter every event read is kept: read one more than the page.
+        page = EVENTS_PAGE if wanted is not None else min(limit + 1, EVENTS_PAGE)
+        found: list[tuple[tuple[float, int], Event]] = []
+        while len(found) <= limit:
+            args: list[EncodableT] = [repr(at), f"{seq:020d}", f"({until!r}", page]
+            with self._mapped():
+                rows = self._read_events(keys=[EVENTS], args=args)
+            members = [_str(member) for member in rows]
+            for member in members:
+                place, event = _event_from(member)
+                at, seq = place  # read: the next page starts after it
+                if wanted is None or event.namespace in wanted:
+                    found.append((place, event))
+            if len(members) < page:
+                break
+        more = len(found) > limit
+        found = found[:limit]
+        cursor = event_cursor(*found[-1][0]) if more else None
+        return [event for _, event in found], cursor
+
+    def events_for_key(self, namespace: str, key: str, limit: int) -> list[Event]:
+        if limit < 1 or not key:
+            return []
+        with self._mapped():
+            items = self._redis.lrange(_events_key(namespace, key), 0, -1)
+        assert isinstance(items, list), type(items)
+        # Pushed in order of appending, which replicas' clocks may not quite follow.
+        found = [_event_from(_str(item)) for item in items]
+        found.sort(key=lambda pair: pair[0], reverse=True)
+        return [event for _, event in found[:limit]]
+
+
+def _event_text(event: Event) -> str:
+    # JSON has no raw newline: the body starts after the first one.
+    header = json.dumps([event.namespace, event.kind, event.key], ensure_ascii=False)
+    return f"{event.at!r} {header}\n{event.body}"
+
+
+def _event_from(member: str) -> tuple[tuple[float, int], Event]:
+    """An events-log member: its place in the log (time, sequence) and its event."""
+    seq, at, rest = member.split(" ", 2)
+    header, body = rest.split("\n", 1)
+    namespace, kind, key = json.loads(header)
+    return (float(at), int(seq)), Event(float(at), namespace, kind, key, body)
 
 
 class _AuditCursor:

@@ -9,6 +9,7 @@ relies on the database, not on a Python lock, so it stays atomic across processe
 from __future__ import annotations
 
 import contextlib
+import heapq
 import json
 import sqlite3
 import threading
@@ -24,6 +25,7 @@ from .base import (
     Entry,
     EntryFacts,
     EntryStats,
+    Event,
     Failure,
     Lease,
     PutResult,
@@ -31,11 +33,13 @@ from .base import (
     Token,
     Touch,
     entry_facts,
+    event_cursor,
+    event_place,
 )
 
 # Stored in PRAGMA user_version. Bump it when a table changes, and add the step from
 # the previous version to _STEPS; a file newer than this code is refused at start-up.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # How long a writer waits for another process's write transaction to finish.
 BUSY_TIMEOUT_S = 5.0
@@ -135,11 +139,36 @@ CREATE INDEX IF NOT EXISTS audit_by_time ON audit (at);
 CREATE INDEX IF NOT EXISTS audit_by_namespace ON audit (namespace, at);
 """
 
+# Version 5: telemetry events. The indexes serve reads by time, of all namespaces
+# (events_by_time) or of one (events_by_namespace), and a key's newest
+# (events_by_key); each ends in the rowid (id), so ties keep the order of appending.
+# events_count holds the number of rows, so trimming to ``keep`` needs no count(*)
+# over the whole table on every append.
+_V5 = """
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY,  -- insertion order, as for failures
+    at REAL NOT NULL,
+    namespace TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    key TEXT NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_by_time ON events (at);
+CREATE INDEX IF NOT EXISTS events_by_namespace ON events (namespace, at);
+CREATE INDEX IF NOT EXISTS events_by_key ON events (namespace, key, at);
+CREATE TABLE IF NOT EXISTS events_count (
+    one INTEGER PRIMARY KEY CHECK (one = 1),
+    n INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO events_count (one, n) VALUES (1, 0);
+"""
+
 _TOKEN_COLUMNS = "token_id, secret_hash, scope, namespaces, name, created_at, revoked, trusted"
 _FACT_COLUMNS = "size, compile_seconds, compiler_version, model, digests"
 _FACT_SETS = ", ".join(f"{column} = ?" for column in _FACT_COLUMNS.split(", "))
 _STATS_COLUMNS = f"key, created_at, writer, {_FACT_COLUMNS}, last_access, hits"
 _AUDIT_COLUMNS = "at, actor, action, namespace, target, detail"
+_EVENT_COLUMNS = "id, at, namespace, kind, key, body"
 # An alias that names a key with no entry (deleted) is free: it takes the new key.
 # On SAME (it names this key) or CONFLICT (another live entry) it stays; rowcount 0.
 _UPSERT_ALIAS = (
@@ -182,7 +211,7 @@ def _backfill_v4(conn: sqlite3.Connection) -> None:
 
 # The statements that bring a file from version n - 1 to version n, by n; then, for
 # some n, Python that fills what SQL alone cannot, in the same transaction.
-_STEPS = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
+_STEPS = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5}
 _STEP_CODE: dict[int, Callable[[sqlite3.Connection], None]] = {4: _backfill_v4}
 
 
@@ -666,6 +695,83 @@ class SqliteIndex:
                 (namespace, since, limit),
             )
         return [_audit_record(row) for row in rows]
+
+    # --- telemetry events
+
+    def append_events(self, events: Sequence[Event], keep: int, before: float) -> None:
+        with self._write() as conn:
+            conn.executemany(
+                "INSERT INTO events (at, namespace, kind, key, body) VALUES (?, ?, ?, ?, ?)",
+                [(e.at, e.namespace, e.kind, e.key, e.body) for e in events],
+            )
+            (count,) = conn.execute("SELECT n FROM events_count").fetchone()
+            count += len(events)
+            # Both deletes walk events_by_time from the oldest: they cost what they drop.
+            count -= conn.execute("DELETE FROM events WHERE at < ?", (before,)).rowcount
+            if count > keep:
+                count -= conn.execute(
+                    "DELETE FROM events WHERE id IN"
+                    " (SELECT id FROM events ORDER BY at, id LIMIT ?)",
+                    (count - max(keep, 0),),
+                ).rowcount
+            conn.execute("UPDATE events_count SET n = ?", (max(count, 0),))
+
+    def events(
+        self,
+        since: float,
+        until: float,
+        namespaces: Sequence[str] | None,
+        after: str | None,
+        limit: int,
+    ) -> tuple[list[Event], str | None]:
+        if limit < 1:
+            raise ValueError(f"an events page holds at least 1 event, not {limit}")
+        # Rows come after (at, id) = start; ids are >= 1, so (since, 0) takes all of since.
+        start = (since, 0) if after is None else max((since, 0), event_place(after))
+        where = "at < ? AND (at > ? OR (at = ? AND id > ?))"
+        params: tuple[object, ...] = (until, start[0], start[0], start[1], limit + 1)
+        if namespaces is None:
+            rows = self._read(
+                f"SELECT {_EVENT_COLUMNS} FROM events WHERE {where} ORDER BY at, id LIMIT ?",
+                params,
+            )
+        else:
+            # One range scan of events_by_namespace per namespace, each already in
+            # (at, id) order, merged here: an IN list would sort every matching row.
+            pages = [
+                self._read(
+                    f"SELECT {_EVENT_COLUMNS} FROM events WHERE namespace = ? AND {where}"
+                    " ORDER BY at, id LIMIT ?",
+                    (namespace, *params),
+                )
+                for namespace in sorted(set(namespaces))
+            ]
+            rows = list(heapq.merge(*pages, key=_row_place))[: limit + 1]
+        more = len(rows) > limit
+        rows = rows[:limit]
+        cursor = event_cursor(*_row_place(rows[-1])) if more else None
+        return [_event(row) for row in rows], cursor
+
+    def events_for_key(self, namespace: str, key: str, limit: int) -> list[Event]:
+        if not key:  # events without a key belong to none
+            return []
+        rows = self._read(
+            f"SELECT {_EVENT_COLUMNS} FROM events WHERE namespace = ? AND key = ?"
+            " ORDER BY at DESC, id DESC LIMIT ?",
+            (namespace, key, limit),
+        )
+        return [_event(row) for row in rows]
+
+
+def _row_place(row: tuple[object, ...]) -> tuple[float, int]:
+    event_id, at = row[0], row[1]
+    assert isinstance(event_id, int), event_id  # INTEGER PRIMARY KEY
+    return _float(at), event_id
+
+
+def _event(row: tuple[object, ...]) -> Event:
+    _id, at, namespace, kind, key, body = row
+    return Event(_float(at), str(namespace), str(kind), str(key), str(body))
 
 
 def _path_from_url(url: str) -> Path:

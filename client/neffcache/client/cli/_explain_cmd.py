@@ -1,0 +1,263 @@
+"""``neffcache explain KEY`` or ``neffcache explain HLO_FILE [--compiler-version V]
+[--target T] [-- FLAG ...]``
+
+Asks the server why a graph missed: the nearest graphs it knows, component by
+component, what removed an entry, the last failed compile. KEY is a key the server
+heard of (a client's miss, a failure record); an HLO file is keyed here with the same
+options as ``neffcache key``, and its components and graph summary are sent. Plain
+words first; ``--json`` prints the server's answer. The server, token and default
+namespace come from the environment a training job uses (``NEFFCACHE_URL``,
+``NEFFCACHE_TOKEN``). Exit 0 with an explanation, 1 when the server cannot answer,
+2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from typing import Any
+
+from neffcache.client.config import ClientConfig, ConfigError, wants_neffcache
+
+from ._common import CommandError
+from ._key_cmd import add_compile_options, module_key, read_module
+
+_KEY = re.compile(r"^[0-9a-f]{64}$")
+_NAMESPACE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+# Explanations read the index and may parse a stored module: more than a lookup.
+_TIMEOUT = 60.0
+# Requests stay under the server's 8 MiB: past this the shapes are left out.
+_BODY_MAX = 6 * 2**20
+LOG_LINES = 30
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "explain",
+        help="why a graph missed: the nearest graphs the server knows, and what differs",
+        description=__doc__.split("\n\n")[1] if __doc__ else None,
+        usage="neffcache explain KEY | HLO_FILE [--compiler-version V] [--target T] "
+        "[--namespace NS] [--json] [-- FLAG ...]",
+    )
+    parser.add_argument(
+        "what", metavar="KEY|HLO_FILE", help="a 64-hex cache key, or a serialized HloModuleProto"
+    )
+    add_compile_options(parser)
+    parser.add_argument(
+        "--namespace", metavar="NS", help="default: the namespace of the configured cache URL"
+    )
+    parser.add_argument("--json", action="store_true", help="print the server's answer as JSON")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, flags: list[str]) -> int:
+    config = _config()
+    namespace = args.namespace or config.namespace
+    if not _NAMESPACE.match(namespace):
+        raise CommandError(f"--namespace {namespace!r} is not a namespace name")
+    if _KEY.match(args.what) and not os.path.exists(args.what):
+        if flags or args.compiler_version or args.target:
+            raise CommandError("a KEY takes no compiler options: they describe an HLO_FILE")
+        method, path, body = "GET", f"/v1/ns/{namespace}/explain/{args.what}", None
+    else:
+        method, path = "POST", f"/v1/ns/{namespace}/explain"
+        body = _request(read_module(args.what), args, flags, config)
+    try:
+        answer = _ask(config, method, path, body)
+    except _Unavailable as exc:
+        print(f"neffcache explain: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        json.dump(answer, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render(answer))
+    return 0
+
+
+def _config() -> ClientConfig:
+    try:
+        config = ClientConfig.from_env(os.environ)
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from None
+    if config is not None:
+        return config
+    if wants_neffcache(os.environ):
+        raise CommandError("NEFFCACHE_DISABLE is set: unset it to ask the server")
+    raise CommandError(
+        "no neffcache URL: set NEFFCACHE_URL (or NEURON_COMPILE_CACHE_URL) to "
+        "neffcache+http://HOST:PORT/NAMESPACE"
+    )
+
+
+def _request(
+    module: bytes, args: argparse.Namespace, flags: list[str], config: ClientConfig
+) -> bytes:
+    from neffcache.keying import graph_summary
+
+    canonical, _ = module_key(module, args, flags)
+    request: dict[str, Any] = {
+        "key": canonical.key,
+        "components": canonical.as_json(),
+        "graph": graph_summary(module).as_json(shapes_max=None),
+    }
+    if config.model:
+        request["model"] = config.model
+    body = json.dumps(request).encode()
+    if len(body) > _BODY_MAX:  # a huge graph: compared without its shapes
+        del request["graph"]["shapes"]
+        body = json.dumps(request).encode()
+    return body
+
+
+def _ask(config: ClientConfig, method: str, path: str, body: bytes | None) -> dict[str, Any]:
+    from neffcache.client.http import Connection, HttpError
+
+    headers = {"Accept": "application/json"}
+    if config.token:
+        headers["Authorization"] = f"Bearer {config.token}"
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    connection = Connection(config.server, config.connect_timeout, max(config.timeout, _TIMEOUT))
+    try:
+        response = connection.request(method, path, headers=headers, body=body)
+    except HttpError as exc:
+        raise _Unavailable(f"cannot reach {config.server}: {exc}") from None
+    finally:
+        connection.close()
+    try:
+        answer = json.loads(response.body)
+    except ValueError:
+        answer = None
+    if response.status == 400:
+        raise CommandError(_detail(answer, response.status))
+    if response.status != 200 or not isinstance(answer, dict):
+        raise _Unavailable(f"{config.server} answered {_detail(answer, response.status)}")
+    return answer
+
+
+def _detail(answer: Any, status: int) -> str:
+    if isinstance(answer, dict) and isinstance(answer.get("detail"), str):
+        return f"{status}: {answer['detail']}"
+    return f"HTTP {status}"
+
+
+class _Unavailable(Exception):
+    """The server could not answer (down, a timeout, a 5xx, no access): exit 1."""
+
+
+# --- plain words
+
+
+def render(answer: dict[str, Any]) -> str:
+    """An explanation for people: the summary first, then what supports it."""
+    lines = [str(answer.get("summary", "")), ""]
+    lines.append(f"reason: {answer.get('reason')}")
+    key = answer.get("key")
+    lines.append(f"key: {key or '(not computed)'}  namespace: {answer.get('namespace')}")
+    sentences = answer.get("sentences") or []
+    if sentences:
+        lines.append("")
+        lines += [f"- {sentence}" for sentence in sentences]
+    lines += _entry(answer.get("entry"))
+    lines += _removed(answer.get("removed"))
+    lines += _graph(answer.get("graph"))
+    lines += _nearest(answer.get("nearest") or [])
+    lines += _failure(answer.get("failure"))
+    return "\n".join(lines) + "\n"
+
+
+def _when(at: Any) -> str:
+    if not isinstance(at, (int, float)):
+        return "?"
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(at))
+
+
+def _entry(entry: Any) -> list[str]:
+    if not isinstance(entry, dict):
+        return []
+    return [
+        "",
+        f"entry: {entry.get('key')} in {entry.get('namespace')}, published "
+        f"{_when(entry.get('created_at'))} by {entry.get('writer')}",
+    ]
+
+
+def _removed(removed: Any) -> list[str]:
+    if not isinstance(removed, dict):
+        return []
+    return [
+        "",
+        f"removed: {_when(removed.get('at'))} from {removed.get('namespace')}, "
+        f"{removed.get('action')} ({removed.get('reason')}) by {removed.get('actor')}",
+        f"  {removed.get('why')}",
+    ]
+
+
+def _graph(graph: Any) -> list[str]:
+    if not isinstance(graph, dict):
+        return []
+    differing = graph.get("differing")
+    head = f"closest graph: {graph.get('fingerprint')} (same {graph.get('relation')})"
+    lines = ["", head]
+    if isinstance(differing, int):
+        lines.append(f"  {differing} of {graph.get('instructions')} instructions' shapes differ")
+    for example in graph.get("examples") or []:
+        lines.append(
+            f"  #{example.get('instruction')}: {example.get('theirs')} -> {example.get('yours')}"
+        )
+    return lines
+
+
+def _nearest(nearest: list[Any]) -> list[str]:
+    if not nearest:
+        return []
+    lines = ["", "nearest graphs the server knows (theirs vs yours):"]
+    for item in nearest:
+        if not isinstance(item, dict):
+            continue
+        present = item.get("present")
+        state = "entry present" if present is True else "no entry now" if present is False else ""
+        about = ", ".join(
+            part
+            for part in (
+                f"namespace {item.get('namespace')}",
+                state,
+                str(item.get("seen") or ""),
+                f"{_when(item.get('created_at'))}",
+                f"model {item['model']}" if item.get("model") else "",
+            )
+            if part
+        )
+        lines.append(f"  {str(item.get('key'))[:16]}  {about}")
+        for diff in item.get("differences") or []:
+            lines.append(
+                f"    {diff.get('component')}: {_value(diff.get('theirs'))} vs "
+                f"{_value(diff.get('yours'))}"
+            )
+    return lines
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value)
+
+
+def _failure(failure: Any) -> list[str]:
+    if not isinstance(failure, dict):
+        return []
+    lines = ["", f"last failure: {_when(failure.get('created_at'))}"]
+    for name in ("compiler_version", "exit_code", "compile_seconds", "host", "job_id"):
+        if name in failure:
+            lines.append(f"  {name}: {failure[name]}")
+    log = failure.get("log")
+    if isinstance(log, str) and log:
+        tail = log.rstrip("\n").split("\n")[-LOG_LINES:]
+        lines.append(f"  log (last {len(tail)} lines):")
+        lines += [f"    {line}" for line in tail]
+    return lines

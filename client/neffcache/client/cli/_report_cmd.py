@@ -1,0 +1,260 @@
+"""``neffcache report`` and ``neffcache report upgrade``: the server's cost report and
+upgrade plan (``GET /v1/reports/cost``, ``GET /v1/reports/upgrade``; docs/reports.md).
+
+The server computes and renders the report; this command asks for it and prints it
+(or writes it with ``-o``). The server and token come from the environment a training
+job uses (``NEFFCACHE_URL``, ``NEFFCACHE_TOKEN``), or from ``--url`` and ``--token``.
+Without ``--namespace`` the report covers every namespace the token reads. Exit 0 on a
+report, 1 when the server cannot be reached or fails, 2 on bad input (also when the
+server refuses it: a bad option, or a token that does not cover a namespace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from neffcache.client.config import SCHEME_PREFIX, ConfigError, cache_url, parse_url
+
+from ._common import CommandError
+
+FORMATS = ("table", "csv", "json", "html")
+GROUPINGS = ("namespace", "model", "day", "job")
+MAX_TOP = 1000
+# A report over months of events on a large server takes a while; the server answers
+# when it is done, so the wait is long and only a silent server times out.
+CONNECT_TIMEOUT = 5.0
+REPORT_TIMEOUT = 600.0
+_DURATION = re.compile(r"\s*[0-9]+(?:\.[0-9]+)?\s*[smhdw]\s*")
+_NUMBER = re.compile(r"\s*[0-9]+(?:\.[0-9]+)?\s*")
+_NAMESPACE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+
+
+class ReportFailed(Exception):
+    """The server could not be reached or failed (exit 1)."""
+
+
+def register(sub: Any) -> None:
+    parser = _one_line(
+        sub.add_parser(
+            "report",
+            help="what compiles cost and hits saved, from the server's telemetry",
+            usage="neffcache report [--since 7d] [--until WHEN] [--by namespace,model,day,job] "
+            "[--namespace NS ...] [--top N] [--format table|csv|json|html] [-o FILE]\n"
+            "       neffcache report upgrade --to-compiler V [--namespace NS ...] "
+            "[--format ...] [-o FILE]",
+            description=__doc__.split("\n\n")[1] if __doc__ else None,
+        )
+    )
+    parser.add_argument("--since", default="7d", help="7d, 12h, epoch seconds or 2026-11-01")
+    parser.add_argument("--until", default="now", help="as --since (default now)")
+    parser.add_argument("--by", default="namespace", help="namespace,model,day,job")
+    parser.add_argument("--top", default=None, help="most expensive misses listed (10)")
+    _common_options(parser, argparse.SUPPRESS, plain=True)
+    parser.set_defaults(run=run)
+    actions = parser.add_subparsers(dest="report_action", metavar="[upgrade]")
+    upgrade = _one_line(
+        actions.add_parser(
+            "upgrade",
+            help="what a compiler upgrade will recompile, per namespace, and a prewarm plan",
+            usage="neffcache report upgrade --to-compiler V [--from-compiler V] [--active 30d] "
+            "[--namespace NS ...] [--top N] [--format ...] [-o FILE]",
+        )
+    )
+    upgrade.add_argument("--to-compiler", metavar="V", help="the neuronx-cc version to come")
+    upgrade.add_argument("--from-compiler", metavar="V", help="default: the one in use")
+    upgrade.add_argument("--active", metavar="DURATION", help="in use if served within (30d)")
+    upgrade.add_argument("--top", default=argparse.SUPPRESS, help="graphs listed per plan (20)")
+    # SUPPRESS: an option given before "upgrade" is kept unless given again after it.
+    _common_options(upgrade, argparse.SUPPRESS, plain=False)
+    upgrade.set_defaults(run=run)
+
+
+def _one_line(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """A bad option is one line on stderr and exit code 2, as every neffcache command
+    reports it, not argparse's usage block."""
+
+    def error(message: str) -> Any:
+        sys.stderr.write(f"{parser.prog}: error: {message} (see --help)\n")
+        raise SystemExit(2)
+
+    parser.error = error  # type: ignore[method-assign]
+    return parser
+
+
+def _common_options(parser: argparse.ArgumentParser, default: Any, *, plain: bool) -> None:
+    parser.add_argument(
+        "--namespace",
+        action="append",
+        dest="namespaces",
+        metavar="NS",
+        default=[] if plain else default,
+        help="repeat for several (default: every namespace your token reads)",
+    )
+    parser.add_argument(
+        "--format", dest="fmt", default="table" if plain else default, help=", ".join(FORMATS)
+    )
+    parser.add_argument("-o", "--output", default=None if plain else default, metavar="FILE")
+    parser.add_argument(
+        "--url",
+        default=None if plain else default,
+        help="the server: http://HOST:PORT or neffcache+http://HOST:PORT/NAMESPACE "
+        "(default: NEFFCACHE_URL)",
+    )
+    parser.add_argument(
+        "--token", default=None if plain else default, help="default: NEFFCACHE_TOKEN"
+    )
+
+
+def run(args: argparse.Namespace, extra: list[str]) -> int:
+    if extra:
+        raise CommandError(f"unexpected arguments: {' '.join(extra)}")
+    fmt = _choice(args.fmt, FORMATS, "--format")
+    path, query = _upgrade(args) if args.report_action == "upgrade" else _cost(args)
+    query["format"] = fmt
+    for namespace in args.namespaces:
+        if not _NAMESPACE.fullmatch(namespace):
+            raise CommandError(f"--namespace {namespace!r} is not a namespace name")
+    query["namespace"] = args.namespaces
+    server, token = _target(args.url, args.token)
+    try:
+        body = _get(server, f"{path}?{urlencode(query, doseq=True)}", token)
+    except ReportFailed as exc:
+        print(f"neffcache report: {exc}", file=sys.stderr)
+        return 1
+    if fmt == "json":
+        body = (json.dumps(json.loads(body), indent=2) + "\n").encode()
+    if args.output:
+        _write(Path(args.output), body)
+        print(f"neffcache report: wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(body.decode("utf-8", errors="replace"))
+        sys.stdout.flush()
+    return 0
+
+
+def _cost(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    by = [part.strip() for part in args.by.split(",") if part.strip()]
+    if not by or any(name not in GROUPINGS for name in by):
+        raise CommandError(f"--by {args.by!r}: give one or more of {','.join(GROUPINGS)}")
+    query: dict[str, Any] = {
+        "since": _when(args.since, "--since"),
+        "until": _when(args.until, "--until"),
+        "by": ",".join(dict.fromkeys(by)),
+        "top": _count(args.top, 10, "--top"),
+    }
+    return "/v1/reports/cost", query
+
+
+def _upgrade(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    if not args.to_compiler:
+        raise CommandError("--to-compiler V is required (the neuronx-cc version to come)")
+    query: dict[str, Any] = {
+        "to_compiler": args.to_compiler,
+        "top": _count(args.top, 20, "--top"),
+    }
+    if args.from_compiler:
+        query["from_compiler"] = args.from_compiler
+    if args.active is not None:
+        if not _DURATION.fullmatch(args.active):
+            raise CommandError(f"--active {args.active!r} is not a duration such as 30d")
+        query["active"] = args.active
+    return "/v1/reports/upgrade", query
+
+
+def _choice(value: str, choices: tuple[str, ...], option: str) -> str:
+    if value not in choices:
+        raise CommandError(f"{option} {value!r}: give one of {', '.join(choices)}")
+    return value
+
+
+def _count(raw: str | None, default: int, option: str) -> int:
+    if raw is None:
+        return default
+    if not raw.isdigit() or int(raw) > MAX_TOP:
+        raise CommandError(f"{option} {raw!r}: give a whole number from 0 to {MAX_TOP}")
+    return int(raw)
+
+
+def _when(text: str, option: str) -> str:
+    """The time as given (the server reads it on its own clock), once known to parse."""
+    lowered = text.strip().lower()
+    if lowered == "now" or _DURATION.fullmatch(lowered):
+        return text.strip()
+    if _NUMBER.fullmatch(lowered) and math.isfinite(float(lowered)):
+        return text.strip()
+    try:
+        datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise CommandError(
+            f"{option} {text!r} is neither a duration (7d, 12h), epoch seconds, "
+            "nor a date (2026-11-01)"
+        ) from None
+    return text.strip()
+
+
+def _target(url: str | None, token: str | None) -> tuple[str, str | None]:
+    """The server's ``http(s)://host:port`` and the token to send."""
+    given = url or cache_url(os.environ)
+    if not given:
+        raise CommandError(
+            "no neffcache URL: set NEFFCACHE_URL to neffcache+http://HOST:PORT/NAMESPACE, "
+            "or pass --url"
+        )
+    if given.startswith(SCHEME_PREFIX):
+        try:
+            server, _ = parse_url(given)
+        except ConfigError as exc:
+            raise CommandError(str(exc)) from None
+    elif url and re.fullmatch(r"https?://[^/\s]+/?", url):
+        server = url.rstrip("/")
+    else:
+        raise CommandError(
+            f"{given!r} is not a neffcache server: use http://HOST:PORT or "
+            "neffcache+http://HOST:PORT/NAMESPACE"
+        )
+    return server, token or os.environ.get("NEFFCACHE_TOKEN") or None
+
+
+def _get(server: str, path: str, token: str | None) -> bytes:
+    from neffcache.client.http import Connection, HttpError
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        connection = Connection(server, CONNECT_TIMEOUT, REPORT_TIMEOUT)
+        try:
+            answer = connection.request("GET", path, headers=headers)
+        finally:
+            connection.close()
+    except HttpError as exc:
+        raise ReportFailed(f"cannot reach {server}: {exc}") from None
+    if answer.status == 200:
+        return answer.body
+    detail = _detail(answer.body)
+    if 400 <= answer.status < 500:
+        raise CommandError(f"{server} refused the report ({answer.status}): {detail}")
+    raise ReportFailed(f"{server} failed the report ({answer.status}): {detail}")
+
+
+def _detail(body: bytes) -> str:
+    try:
+        detail = json.loads(body).get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    text = detail if isinstance(detail, str) else body.decode("utf-8", errors="replace")
+    return " ".join(text.split())[:300] or "no reason given"
+
+
+def _write(path: Path, body: bytes) -> None:
+    try:
+        path.write_bytes(body)
+    except OSError as exc:
+        raise CommandError(f"cannot write {path}: {exc.strerror or exc}") from None

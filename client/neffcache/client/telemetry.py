@@ -1,0 +1,444 @@
+"""Telemetry: what this process's graphs cost and saved, sent to the server in the
+background (``POST /v1/events``, docs/protocol.md) for its reports and metrics.
+
+What is sent: one ``graph`` event per run-manifest line (``runlog.py`` makes both from
+one dict, so they cannot disagree), and with each batch one ``counters`` event: how
+much each ``Stats`` counter rose since the last counters event the server accepted.
+Every event names the namespace and who sent it: job id, host, instance type, model.
+
+Never on the hit path, never in the way:
+
+* ``enqueue`` appends to a bounded queue and returns (O(1)); past ``MAX_QUEUE`` events
+  the oldest is dropped and counted (``telemetry_dropped``).
+* One daemon thread posts batches of at most ``MAX_BATCH`` events and
+  ``MAX_BATCH_BYTES``, through the client's own HTTP client (``Remote``) with its
+  timeouts. Nothing is sent while the server is marked down. Trouble (no connection,
+  a timeout, a 5xx) marks down the ``telemetry`` scope alone for ``NEFFCACHE_BACKOFF``
+  seconds: the events wait in the queue, and the cache is never skipped because of
+  telemetry. A batch the server refuses (4xx) is dropped and counted
+  (``telemetry_rejected``); a server without ``/v1/events`` gets no more.
+* At interpreter exit the queue gets at most ``EXIT_WAIT`` seconds. The compiler
+  wrapper (a process per graph) runs no thread: it sends its events as it exits,
+  within the same bound (``wrapper.main``).
+
+``NEFFCACHE_TELEMETRY=0`` turns this off. (Miss explanations, ``reasons.py``, are not
+telemetry: they answer the run manifest's question of why a graph missed.)
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from neffcache.client._log import log
+from neffcache.client.config import ClientConfig
+from neffcache.client.stats import STATS
+
+if TYPE_CHECKING:
+    from neffcache.client.remote import Remote
+
+MAX_QUEUE = 10_000
+MAX_BATCH = 500
+MAX_BATCH_BYTES = 1 << 20
+# The server's bound on a graph event's components (with the graph summary).
+MAX_COMPONENTS_BYTES = 64 * 1024
+# Shapes go with a graph's summary only up to this many instructions (the server's).
+MAX_SHAPES = 2048
+EXIT_WAIT = 2.0
+# Seconds the thread gathers events before posting them: one request per second at
+# most from a training process, however many graphs it resolves meanwhile.
+LINGER = 1.0
+# A counters event alone (no graph to go with) at most this often.
+COUNTERS_EVERY = 60.0
+
+# The fields of a run-manifest line a graph event carries (the rest, ``time``,
+# ``exit_code``, ``events`` and ``reason_summary``, are the manifest's own).
+GRAPH_FIELDS = (
+    "via",
+    "key",
+    "direct_key",
+    "neuron_address",
+    "result",
+    "source",
+    "reason",
+    "fetch_seconds",
+    "compile_seconds",
+    "outcome",
+    "saved_seconds",
+    "bytes",
+    "fallback",
+    "compiler_version",
+    "pid",
+    "host",
+)
+_SHORT = {"reason": 64, "fallback": 64}  # string bounds other than the server's 255
+
+DMI_PRODUCT_NAME = "/sys/devices/virtual/dmi/id/product_name"
+# An EC2 instance type, as Nitro instances name their product (trn1.32xlarge,
+# inf2.xlarge, trn2u.48xlarge); a Xen instance says "HVM domU", a laptop its model.
+_INSTANCE_TYPE = re.compile(
+    r"[a-z][a-z0-9-]{0,15}\.(?:nano|micro|small|medium|large|[0-9]{0,3}xlarge|metal(?:-[0-9]{1,3}xl)?)"
+)
+_COUNTER = re.compile(r"[a-z0-9_]{1,64}")
+_MAX_COUNTERS = 64
+
+
+# -- who is sending --------------------------------------------------------------------
+
+_detected: dict[str, str | None] = {}
+
+
+def detect_instance_type(path: str = DMI_PRODUCT_NAME) -> str | None:
+    """The EC2 instance type the DMI names, when it names one (no network call: the
+    metadata service may be blocked, and a hop costs more than a hit); read once."""
+    if path not in _detected:
+        try:
+            text = Path(path).read_text(errors="replace").strip()
+        except OSError:
+            text = ""
+        _detected[path] = text if _INSTANCE_TYPE.fullmatch(text) else None
+    return _detected[path]
+
+
+def identity(config: ClientConfig, dmi_path: str = DMI_PRODUCT_NAME) -> dict[str, Any]:
+    """The fields naming the sender, each left out when unknown."""
+    found = {
+        "namespace": config.namespace,
+        "job_id": config.job_id,
+        "host": os.uname().nodename[:255] or None,
+        "instance_type": config.instance_type or detect_instance_type(dmi_path),
+        "model": config.model,
+    }
+    return {name: value for name, value in found.items() if value is not None}
+
+
+# -- events ----------------------------------------------------------------------------
+
+
+def graph_event(
+    config: ClientConfig, line: Mapping[str, Any], at: float, components: Any = None
+) -> dict[str, Any]:
+    """The ``graph`` event of a run-manifest line (unknown values left out);
+    ``components`` (misses) are kept only when they fit the server's bound."""
+    event: dict[str, Any] = {"kind": "graph", "at": round(at, 3), **identity(config)}
+    for name in GRAPH_FIELDS:
+        value = line.get(name)
+        if value is None:
+            continue
+        event[name] = _text(value, _SHORT.get(name, 255)) if isinstance(value, str) else value
+    if components is not None and line.get("result") == "miss":
+        bounded = bounded_components(components)
+        if bounded is not None:
+            event["components"] = bounded
+    return event
+
+
+def bounded_components(components: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``components`` within ``MAX_COMPONENTS_BYTES``: without the graph's shapes,
+    then without its summary, if need be; None when even the key's parts are larger."""
+    value = dict(components)
+    graph = value.get("graph")
+    if isinstance(graph, Mapping):
+        value["graph"] = dict(graph)
+        shapes = graph.get("shapes") or ()
+        # The server takes shapes of graphs up to MAX_SHAPES instructions, each a name.
+        if (graph.get("instructions") or 0) > MAX_SHAPES or any(len(s) > 255 for s in shapes):
+            value["graph"].pop("shapes", None)
+    for cut in ("shapes", "graph", None):
+        if len(_dumps(value)) <= MAX_COMPONENTS_BYTES:
+            return value
+        if cut == "shapes" and isinstance(value.get("graph"), dict):
+            value["graph"].pop("shapes", None)
+        elif cut == "graph":
+            value.pop("graph", None)
+    return None
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+
+
+def _text(value: str, limit: int) -> str:
+    """A string as the server takes it: no control characters (a fall-back may quote
+    a multi-line error), at most ``limit`` characters."""
+    return _CONTROL.sub(" ", value)[:limit]
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+
+
+# -- the sender ------------------------------------------------------------------------
+
+Queued = tuple[ClientConfig, dict[str, Any]]
+
+
+class Sender:
+    """The queue and whoever empties it: a daemon thread (``threaded``), or the
+    caller of ``flush`` (the compiler wrapper, which exits right after)."""
+
+    def __init__(
+        self, *, threaded: bool = True, linger: float = LINGER, max_queue: int = MAX_QUEUE
+    ) -> None:
+        self.threaded = threaded
+        self._linger = linger
+        self._max = max_queue
+        self._queue: deque[Queued] = deque()
+        self._lock = threading.Lock()  # the queue and the fields below; never held for I/O
+        self._cycled = threading.Condition(self._lock)
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = 0  # send cycles begun, and ended: what ``flush`` waits on
+        self._ended = 0
+        self._in_flight = 0  # events taken from the queue and not yet answered
+        self._deadline: float | None = None  # while flushing: every request ends by then
+        self._home: ClientConfig | None = None  # where counters go when no graph does
+        self._remotes: dict[ClientConfig, Remote] = {}  # used by one thread at a time
+        self._refused: set[str] = set()  # servers without /v1/events
+        self._warned: set[int] = set()  # the refusals already logged
+        self._reported: dict[str, int] = {}  # the counters as the server last accepted them
+        self._counters_at = time.monotonic()
+
+    def enqueue(self, config: ClientConfig, event: dict[str, Any]) -> None:
+        """Queue one event for the server of ``config``; returns at once."""
+        start = False
+        with self._lock:
+            if len(self._queue) >= self._max:
+                self._queue.popleft()
+                STATS.count("telemetry_dropped")
+            self._queue.append((config, event))
+            self._home = config
+            if self.threaded and self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="neffcache-telemetry", daemon=True
+                )
+                start = True
+            full = len(self._queue) >= MAX_BATCH
+        if start:
+            assert self._thread is not None
+            self._thread.start()
+        if full:
+            self._wake.set()
+
+    def pending(self) -> int:
+        """Events not yet accepted or dropped: queued, or in a request under way."""
+        return len(self._queue) + self._in_flight
+
+    def flush(self, timeout: float = EXIT_WAIT) -> bool:
+        """Send what is queued, for at most ``timeout`` seconds; True when the queue
+        is empty after. Trouble or a back-off ends it at once: events wait for later."""
+        deadline = time.monotonic() + timeout
+        if not self.threaded or self._thread is None:
+            self._deadline = deadline
+            try:
+                self._cycle(final=True)
+            finally:
+                self._deadline = None
+            return not self.pending()
+        with self._cycled:
+            self._deadline = deadline
+            target = self._started + 1
+            self._wake.set()
+            while self._ended < target and time.monotonic() < deadline:
+                self._cycled.wait(max(0.0, deadline - time.monotonic()))
+            self._deadline = None
+            return not self.pending()
+
+    def at_exit(self, timeout: float = EXIT_WAIT) -> None:
+        """The last flush: bounded, and what is left is counted as unsent."""
+        if self._queue or self._home is not None:
+            self.flush(timeout)
+        if self.pending():
+            STATS.count("telemetry_unsent", self.pending())
+
+    # -- the thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self._linger)
+            self._wake.clear()
+            with self._lock:
+                self._started += 1
+            try:
+                self._cycle(final=self._deadline is not None)
+            except Exception:  # telemetry's bug must not end telemetry, nor the job
+                log.exception("neffcache: sending telemetry failed")
+            finally:
+                with self._cycled:
+                    self._ended += 1
+                    self._cycled.notify_all()
+
+    def _cycle(self, final: bool) -> None:
+        """Send every queued event, batch by batch; stop at the first trouble. Then a
+        counters event alone, when counters rose and none went with a batch."""
+        sent_counters = False
+        while True:
+            batch = self._take()
+            if not batch:
+                break
+            try:
+                outcome = self._post(batch[0][0], [event for _, event in batch])
+            except BaseException:
+                self._put_back(batch)
+                raise
+            if outcome is None:
+                self._put_back(batch)
+                return
+            with self._lock:
+                self._in_flight = 0
+            sent_counters = sent_counters or outcome
+        due = final or time.monotonic() - self._counters_at >= COUNTERS_EVERY
+        if not sent_counters and due and self._home is not None and self._news():
+            self._post(self._home, [])
+
+    def _take(self) -> list[Queued]:
+        """The oldest events for one server: at most MAX_BATCH, within the size bound."""
+        taken: list[Queued] = []
+        size = 0
+        with self._lock:
+            while self._queue and len(taken) < MAX_BATCH:
+                config, event = self._queue[0]
+                if taken and config != taken[0][0]:
+                    break
+                try:
+                    data = _dumps(event)
+                except (TypeError, ValueError):  # not JSON (a NaN): the server would refuse
+                    self._queue.popleft()
+                    STATS.count("telemetry_rejected")
+                    continue
+                if taken and size + len(data) > MAX_BATCH_BYTES - 16 * 1024:
+                    break  # room kept for the counters event
+                self._queue.popleft()
+                taken.append((config, event))
+                size += len(data) + 1
+            self._in_flight = len(taken)
+        return taken
+
+    def _put_back(self, batch: list[Queued]) -> None:
+        with self._lock:
+            self._in_flight = 0
+            self._queue.extendleft(reversed(batch))
+            while len(self._queue) > self._max:
+                self._queue.popleft()
+                STATS.count("telemetry_dropped")
+
+    def _post(self, config: ClientConfig, events: list[dict[str, Any]]) -> bool | None:
+        """Post ``events`` with a counters event when counters rose: True when that
+        went, False when not (or the batch was refused), None on trouble (retry)."""
+        if config.server in self._refused:
+            STATS.count("telemetry_rejected", len(events))
+            return False
+        snapshot = STATS.snapshot()
+        counts = self._rises(snapshot)
+        batch = list(events)
+        if counts:
+            batch.append(
+                {
+                    "kind": "counters",
+                    "at": round(time.time(), 3),
+                    **identity(config),
+                    "counts": counts,
+                }
+            )
+        if not batch:
+            return False
+        timeout = None
+        if self._deadline is not None:
+            timeout = min(config.timeout, self._deadline - time.monotonic())
+            if timeout <= 0:
+                return None
+        body = b'{"events":[' + b",".join(_dumps(event) for event in batch) + b"]}"
+        status = self._remote(config).events(body, timeout=timeout)
+        if status is None:
+            return None
+        # Accepted or refused, these counts are settled: a refused batch is not sent
+        # again, lest a counters event the server cannot take go with every flush.
+        self._reported.update({name: snapshot[name] for name in counts})
+        self._counters_at = time.monotonic()
+        if 200 <= status < 300:
+            STATS.count("telemetry_sent", len(events))
+            return bool(counts)
+        STATS.count("telemetry_rejected", len(events))
+        if status in (404, 405):
+            self._refused.add(config.server)  # a server older than telemetry
+        if status not in self._warned:  # once per answer: a bad token refuses every batch
+            self._warned.add(status)
+            log.warning(
+                "neffcache: the server refused %d telemetry event(s): HTTP %d", len(batch), status
+            )
+        return False
+
+    def _rises(self, snapshot: Mapping[str, int]) -> dict[str, int]:
+        """How much each counter rose since the server last accepted it (at most 64
+        names, in name order; the rest go next time)."""
+        rises = {
+            name: value - self._reported.get(name, 0)
+            for name, value in sorted(snapshot.items())
+            if _COUNTER.fullmatch(name) and value > self._reported.get(name, 0)
+        }
+        return dict(list(rises.items())[:_MAX_COUNTERS])
+
+    def _news(self) -> bool:
+        """Whether a counter other than telemetry's own rose: worth a request alone
+        (telemetry's own would make every send the cause of the next)."""
+        return any(not name.startswith("telemetry_") for name in self._rises(STATS.snapshot()))
+
+    def _remote(self, config: ClientConfig) -> Remote:
+        remote = self._remotes.get(config)
+        if remote is None:
+            from neffcache.client.remote import Remote
+
+            remote = self._remotes[config] = Remote(config)
+        return remote
+
+
+# -- the process's sender --------------------------------------------------------------
+
+_sender: list[Sender] = []
+_sender_lock = threading.Lock()
+
+
+def sender(*, threaded: bool = True) -> Sender:
+    """This process's sender, made on first use; ``threaded`` decides its kind then
+    (the compiler wrapper asks for one without a thread before it queues anything)."""
+    with _sender_lock:
+        if not _sender:
+            made = Sender(threaded=threaded)
+            _sender.append(made)
+            atexit.register(made.at_exit)
+        return _sender[0]
+
+
+def send(config: ClientConfig, event: dict[str, Any]) -> None:
+    """Queue ``event`` for ``config``'s server, unless telemetry is off."""
+    if config.telemetry:
+        sender().enqueue(config, event)
+
+
+def finish(timeout: float = EXIT_WAIT) -> None:
+    """Flush this process's sender now, boundedly (the wrapper, before ``os._exit``)."""
+    with _sender_lock:
+        made = _sender[0] if _sender else None
+    if made is not None:
+        made.at_exit(timeout)
+
+
+def _forget_after_fork() -> None:
+    # A forked child (a ProcessPoolExecutor worker of neuron_parallel_compile) has no
+    # thread and maybe a lock held by a thread that is gone: it starts afresh.
+    global _sender_lock
+    _sender_lock = threading.Lock()
+    for inherited in _sender:  # the parent sends these; its exit hook is still ours
+        inherited._queue.clear()
+        inherited._home = None
+    _sender.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)

@@ -1,0 +1,93 @@
+"""``POST /v1/events``: clients' telemetry, stored in the index for reports and
+explanations, and counted in the metrics.
+
+Any token may report, read-only ones included (training jobs hold those), for the
+namespaces it covers: one event of another namespace refuses the whole batch (403),
+as one invalid event does (400), and nothing of it is stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+
+from neffcache.server.api.body import read_body
+from neffcache.server.auth import Caller
+from neffcache.server.deps import Backends, BackendsDep, CallerDep
+from neffcache.server.telemetry.ingest import count, misses, note, stored_events
+from neffcache.server.telemetry.schema import (
+    BODY_MAX_BYTES,
+    MAX_EVENTS,
+    CountersEvent,
+    GraphEvent,
+    TelemetryEvent,
+    parse_events,
+)
+
+router = APIRouter()
+
+
+def _inlined(schema: Any, defs: dict[str, Any]) -> Any:
+    """``schema`` with each ``#/$defs/X`` reference replaced by X (none is recursive),
+    so that it stands alone inside the OpenAPI document."""
+    if isinstance(schema, dict):
+        ref = schema.get("$ref", "")
+        if ref.startswith("#/$defs/"):
+            return _inlined(defs[ref.removeprefix("#/$defs/")], defs)
+        return {k: _inlined(v, defs) for k, v in schema.items() if k != "$defs"}
+    if isinstance(schema, list):
+        return [_inlined(item, defs) for item in schema]
+    return schema
+
+
+def _event_schema(model: type[GraphEvent] | type[CountersEvent]) -> Any:
+    schema = model.model_json_schema()
+    return _inlined(schema, schema.get("$defs", {}))
+
+
+_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "events": {
+            "type": "array",
+            "maxItems": MAX_EVENTS,
+            "items": {"oneOf": [_event_schema(GraphEvent), _event_schema(CountersEvent)]},
+        }
+    },
+    "required": ["events"],
+    "additionalProperties": False,
+}
+
+
+@router.post(
+    "/v1/events",
+    status_code=202,
+    openapi_extra={"requestBody": {"content": {"application/json": {"schema": _SCHEMA}}}},
+)
+async def post_events(request: Request, caller: CallerDep, backends: BackendsDep) -> Response:
+    # Read only after the caller is known (CallerDep), and never past the cap.
+    body = await read_body(request, BODY_MAX_BYTES)
+    now = backends.clock()
+    # A worker thread even for local stores: a batch is up to 4 MiB of JSON to
+    # validate, and an SQLite write may wait for another process's lock.
+    batch = await run_in_threadpool(_ingest, backends, caller, body, now)
+    missed = misses(batch)
+    task = BackgroundTask(note, backends.index, missed, now) if missed else None
+    return JSONResponse({"accepted": len(batch)}, status_code=202, background=task)
+
+
+def _ingest(backends: Backends, caller: Caller, body: bytes, now: float) -> list[TelemetryEvent]:
+    """Validate, check every namespace named, then store and count the whole batch."""
+    batch = parse_events(body)
+    for namespace in sorted({event.namespace for event in batch}):
+        caller.require("read", namespace)
+    settings = backends.settings
+    before = now - settings.events_retention_seconds
+    if batch:
+        backends.index.append_events(stored_events(batch, now), settings.events_keep, before)
+    count(backends.metrics, batch)  # what was stored, and only that
+    return batch

@@ -1,0 +1,1 @@
+"""Why a graph missed: the reasons, the program map, and the explanation."""

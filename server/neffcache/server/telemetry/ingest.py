@@ -1,0 +1,87 @@
+"""From a validated batch to what the server keeps: the stored events, the metrics,
+and the program map's notes of missed graphs (for explanations)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from neffcache.server.explain.reasons import reason_label
+from neffcache.server.index import Index
+from neffcache.server.index.base import Event
+from neffcache.server.manifest import canonical_json
+from neffcache.server.metrics import Metrics
+from neffcache.server.telemetry.counters import counter_label
+from neffcache.server.telemetry.schema import GraphEvent, TelemetryEvent
+
+log = logging.getLogger("neffcache.server.telemetry")
+
+
+def stored_events(batch: Sequence[TelemetryEvent], now: float) -> list[Event]:
+    """The events as stored: each one's fields (nulls left out), with the client's
+    ``at`` kept as ``client_at`` and the server's receipt time ``now`` as ``at``."""
+    stored = []
+    for event in batch:
+        fields = event.model_dump(mode="json", exclude_none=True)
+        client_at = fields.pop("at", None)
+        fields["at"] = now
+        if client_at is not None:
+            fields["client_at"] = client_at
+        key = event.key if isinstance(event, GraphEvent) and event.key else ""
+        stored.append(Event(now, event.namespace, event.kind, key, canonical_json(fields)))
+    return stored
+
+
+def count(metrics: Metrics, batch: Sequence[TelemetryEvent]) -> None:
+    """Count a stored batch in the metrics; every label is bounded (namespaces by
+    ``Metrics.namespace``, reasons by the shared codes, counters by an allowlist)."""
+    for event in batch:
+        metrics.events_received.labels(event.kind).inc()
+        namespace = metrics.namespace(event.namespace)
+        if isinstance(event, GraphEvent):
+            source = event.source or "unknown"
+            metrics.client_graphs.labels(namespace, event.result, source).inc()
+            if event.result == "miss":
+                metrics.client_misses.labels(namespace, reason_label(event.reason)).inc()
+            if event.fetch_seconds is not None:
+                metrics.client_fetch_seconds.observe(event.fetch_seconds)
+            if event.compile_seconds is not None:
+                metrics.client_compile_seconds.observe(event.compile_seconds)
+        else:
+            for name, n in event.counts.items():
+                if n:
+                    metrics.client_counters.labels(counter_label(name)).inc(n)
+
+
+def misses(batch: Sequence[TelemetryEvent]) -> list[GraphEvent]:
+    """The misses of a batch that carry their key's components."""
+    return [
+        event
+        for event in batch
+        if isinstance(event, GraphEvent) and event.result == "miss" and event.components
+    ]
+
+
+def note(index: Index, missed: Sequence[GraphEvent], now: float) -> None:
+    """Hand missed graphs to the program map (explanations). Best-effort, after the
+    answer: the events are stored already, and no trouble here may fail or slow their
+    request. Imported here, so that the events API never depends on the explanations
+    loading."""
+    try:
+        from neffcache.server.explain.notes import MissNote, note_misses
+
+        notes = [
+            MissNote(
+                namespace=event.namespace,
+                key=event.key or "",
+                components=event.components.model_dump(mode="json", exclude_none=True)
+                if event.components
+                else {},
+                model=event.model or "",
+                at=now,
+            )
+            for event in missed
+        ]
+        note_misses(index, notes)
+    except Exception:
+        log.exception("cannot note %d missed graph(s) in the program map", len(missed))

@@ -1,0 +1,74 @@
+"""A real server for the dashboard tests: ``create_app`` under uvicorn on a free
+127.0.0.1 port, in a thread of the test process (so a test can shift the clock the
+events endpoint stamps with), and the artifacts folder."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from loopback import free_port
+
+from neffcache.server.app import create_app
+from neffcache.server.settings import ServerSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class LiveServer:
+    """``create_app`` under uvicorn on 127.0.0.1, in a thread; its stores under
+    ``data_dir``, opened and closed by the app."""
+
+    def __init__(self, data_dir: Path, **settings: Any) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        # No maintenance passes: nothing may change between the page's reading and the
+        # test's.
+        self.app = app = create_app(
+            ServerSettings(data_dir=data_dir, eviction_interval_seconds=0, **settings)
+        )
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="dashboard-test-server")
+
+    def start(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise AssertionError("the server did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=20)
+
+    def client(self, token: str | None = None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30, trust_env=False)
+
+
+class Clock:
+    """The server's clock shifted by ``offset`` seconds (set as ``Backends.clock``), so
+    one test can report events on several days."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+
+def artifacts_dir() -> Path:
+    configured = os.environ.get("NEFFCACHE_TEST_ARTIFACTS")
+    folder = Path(configured) if configured else ROOT / "build" / "test-artifacts"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

@@ -1,0 +1,228 @@
+"""The program map (explain/notes.py): what publishing and missing write, bounded lists,
+compare-and-set under concurrent writers, best-effort on store errors, retention."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from explain.graphs import NEW, Graph, digest, hlo
+
+from neffcache.server.blobs.memory import MemoryBlobStore
+from neffcache.server.errors import StoreError
+from neffcache.server.explain import notes
+from neffcache.server.explain.hlo import hlo_digest, summary_of_blob
+from neffcache.server.explain.notes import MissNote, note_misses, note_published
+from neffcache.server.index import Entry, Index, open_index
+from neffcache.server.index.memory import MemoryIndex
+from neffcache.server.manifest import canonical_json
+
+# Notes are stamped with the server's clock; the first note of a process also trims
+# records older than notes.RETAIN_SECONDS, so times here are recent ones.
+T0 = time.time()
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def index(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Index]:
+    made: Index = (
+        MemoryIndex() if request.param == "memory" else open_index(f"sqlite://{tmp_path / 'i.db'}")
+    )
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def blobs() -> Iterator[MemoryBlobStore]:
+    made = MemoryBlobStore()
+    yield made
+    made.close()
+
+
+def stored(index: Index, kind: str, namespace: str, name: str) -> list[dict[str, Any]]:
+    record = index.get_record(kind, namespace, name)
+    assert record is not None, f"no {kind} record {name}"
+    value: list[dict[str, Any]] = json.loads(record.value)
+    return value
+
+
+def publish(index: Index, blobs: MemoryBlobStore, graph: Graph, **extra: Any) -> float:
+    for data in graph.files(b"neff"):
+        staged = blobs.staging_dir() / f"up-{digest(data)}"
+        staged.write_bytes(data)
+        blobs.commit(staged, digest(data))
+    manifest = canonical_json(graph.manifest(b"neff", **extra))
+    entry = Entry("team-a", graph.key, manifest, time.time(), "tok-1")
+    index.put_entry(entry, ())
+    return entry.created_at
+
+
+def test_a_published_entry_notes_its_variant_structure_and_model(
+    index: Index, blobs: MemoryBlobStore
+) -> None:
+    graph = Graph(hlo("block_a"))
+    created = publish(index, blobs, graph, model="llama", compile_seconds=12.5)
+    note_published(index, blobs, "team-a", graph.key)
+    fingerprint = graph.components["fingerprint"]
+    assert stored(index, notes.PROGRAM, "team-a", fingerprint) == [
+        {
+            "key": graph.key,
+            "compiler_version": graph.components["compiler_version"],
+            "target": "trn1",
+            "flags": ["--model-type=transformer", "--optlevel=1"],
+            "env": {},
+            "frameworks": {},
+            "model": "llama",
+            "created_at": created,
+            "compile_seconds": 12.5,
+            "seen": "published",
+        }
+    ]
+    # The structure comes from the HLO module stored with the entry.
+    assert stored(index, notes.STRUCTURE, "team-a", graph.summary.structure) == [
+        {"fingerprint": fingerprint, "instructions": 18, "at": created}
+    ]
+    assert stored(index, notes.MODEL, "team-a", "llama")[0]["structure"] == graph.summary.structure
+
+
+def test_an_entry_without_its_hlo_notes_only_its_variant(
+    index: Index, blobs: MemoryBlobStore
+) -> None:
+    graph = Graph(hlo("block_a"))
+    manifest = graph.manifest(b"neff")
+    del manifest["files"]["model.hlo_module.pb"]
+    index.put_entry(Entry("team-a", graph.key, canonical_json(manifest), 1.0, "w"), ())
+    note_published(index, blobs, "team-a", graph.key)
+    assert index.get_record(notes.PROGRAM, "team-a", graph.components["fingerprint"]) is not None
+    assert index.records(notes.STRUCTURE) == []
+
+
+def miss(graph: Graph, at: float, namespace: str = "team-a", model: str = "") -> MissNote:
+    components = {**graph.components, "graph": graph.summary.as_json()}
+    return MissNote(namespace, graph.key, components, model, at)
+
+
+def test_misses_note_their_variants_newest_first(index: Index) -> None:
+    old = Graph(hlo("block_a"))
+    new = old.with_(version=NEW)
+    note_misses(index, [miss(old, T0 + 100), miss(new, T0 + 200)])
+    items = stored(index, notes.PROGRAM, "team-a", old.components["fingerprint"])
+    assert [(i["key"], i["seen"], i["created_at"]) for i in items] == [
+        (new.key, "missed", T0 + 200),
+        (old.key, "missed", T0 + 100),
+    ]
+    assert stored(index, notes.STRUCTURE, "team-a", old.summary.structure) == [
+        {"fingerprint": old.components["fingerprint"], "instructions": 18, "at": T0 + 200}
+    ]
+
+
+def test_a_miss_of_a_published_key_keeps_it_published(index: Index, blobs: MemoryBlobStore) -> None:
+    graph = Graph(hlo("block_a"))
+    publish(index, blobs, graph, compile_seconds=7.0)
+    note_published(index, blobs, "team-a", graph.key)
+    note_misses(index, [miss(graph, time.time() + 10)])
+    (item,) = stored(index, notes.PROGRAM, "team-a", graph.components["fingerprint"])
+    assert (item["seen"], item["compile_seconds"]) == ("published", 7.0)
+
+
+def test_lists_keep_the_newest_32_one_per_key(index: Index) -> None:
+    base = Graph(hlo("block_a"))
+    graphs = [base.with_(flags=(f"--optlevel={n}",)) for n in range(40)]
+    note_misses(index, [miss(g, T0 + n) for n, g in enumerate(graphs)])
+    note_misses(index, [miss(graphs[39], T0 + 100)])  # the same key again: moved, not repeated
+    items = stored(index, notes.PROGRAM, "team-a", base.components["fingerprint"])
+    assert len(items) == notes.KEEP
+    assert [i["key"] for i in items] == [g.key for g in graphs[39:7:-1]]
+    assert items[0]["created_at"] == T0 + 100
+
+
+def test_what_cannot_be_noted_is_skipped(index: Index) -> None:
+    graph = Graph(hlo("block_a"))
+    huge = {**graph.components, "flags": ["--x=" + "y" * 10_000]}
+    note_misses(
+        index,
+        [
+            MissNote("team-a", graph.key, {"fingerprint": "not hex"}, "", T0),
+            MissNote("team-a", graph.key, huge, "", T0),
+        ],
+    )
+    assert index.records(notes.PROGRAM) == []
+
+
+def test_concurrent_notes_of_one_program_all_land(index: Index) -> None:
+    # Compare-and-set: writers racing on one record never lose each other's variant.
+    base = Graph(hlo("block_a"))
+    graphs = [base.with_(flags=(f"--optlevel={n}",)) for n in range(24)]
+    start = threading.Barrier(len(graphs))
+
+    def note(n: int) -> None:
+        start.wait()
+        note_misses(index, [miss(graphs[n], T0 + n)])
+
+    threads = [threading.Thread(target=note, args=(n,)) for n in range(len(graphs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    items = stored(index, notes.PROGRAM, "team-a", base.components["fingerprint"])
+    assert {i["key"] for i in items} == {g.key for g in graphs}
+
+
+class BrokenIndex(MemoryIndex):
+    def get_record(self, kind: str, namespace: str, name: str) -> Any:
+        raise StoreError("index down")
+
+    def get_entry(self, namespace: str, key: str) -> Any:
+        raise StoreError("index down")
+
+
+def test_notes_are_best_effort(blobs: MemoryBlobStore) -> None:
+    graph = Graph(hlo("block_a"))
+    note_misses(BrokenIndex(), [miss(graph, T0)])  # logged, not raised
+    note_published(BrokenIndex(), blobs, "team-a", graph.key)
+
+
+def test_trim_drops_old_records_and_bounds_each_kind(index: Index) -> None:
+    base = Graph(hlo("block_a"))
+    others = [Graph(hlo(name)) for name in ("variant_op", "variant_dtype", "allreduce_groups_pair")]
+    note_misses(index, [miss(base, T0)])
+    note_misses(index, [miss(g, T0 + 1000 + n, "team-b") for n, g in enumerate(others)])
+    # Base's program and structure records, and team-b's oldest program record (its
+    # structure records are three distinct ones too: the oldest goes).
+    assert notes.trim(index, before=T0 + 500, keep=2) == 4
+    kept = {(r.namespace, r.name) for r in index.records(notes.PROGRAM)}
+    assert kept == {("team-b", g.components["fingerprint"]) for g in others[1:]}
+    assert index.records(notes.STRUCTURE, "team-a") == []
+
+
+def test_trim_runs_at_most_once_per_interval(index: Index) -> None:
+    graph = Graph(hlo("block_a"))
+    long_ago = T0 - notes.RETAIN_SECONDS - 60
+    note_misses(index, [miss(graph, long_ago)])  # trims first (nothing yet), then notes
+    assert len(index.records(notes.PROGRAM)) == 1
+    later = time.time() + notes.TRIM_EVERY_SECONDS + 1
+    notes.maybe_trim(index, later)  # due again: the old record goes
+    assert index.records(notes.PROGRAM) == []
+    note_misses(index, [miss(graph, long_ago)])
+    notes.maybe_trim(index, later + 60)  # too soon: kept
+    assert len(index.records(notes.PROGRAM)) == 1
+
+
+def test_a_stored_module_that_is_not_hlo_or_fails_its_digest_is_not_summarized(
+    blobs: MemoryBlobStore,
+) -> None:
+    garbage = b"not a module at all"
+    staged = blobs.staging_dir() / "up"
+    staged.write_bytes(garbage)
+    blobs.commit(staged, digest(garbage))
+    assert summary_of_blob(blobs, digest(garbage)) is None
+    forged = digest(b"other bytes")
+    staged.write_bytes(hlo("block_a"))
+    blobs.commit(staged, forged)  # stored under a digest its bytes do not have
+    assert summary_of_blob(blobs, forged) is None
+    assert summary_of_blob(blobs, digest(b"absent")) is None
+    assert hlo_digest({"files": {"model.hlo_module.pb": {"digest": "d", "size": 2**40}}}) is None

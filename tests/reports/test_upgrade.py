@@ -1,0 +1,146 @@
+"""The upgrade plan's arithmetic, on entry stats and events built by hand."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from reports.support import DAY, HOUR, hit, key, miss
+
+from neffcache.server.index import EntryFacts, EntryStats
+from neffcache.server.reports.prices import load_prices
+from neffcache.server.reports.upgrade import NamespaceUpgrade, totals
+
+NOW = 1_800_000_000.0
+SERVER = "http://cache.internal:8787"
+
+
+def stats(
+    name: str,
+    version: str,
+    seconds: float | None,
+    hits: int,
+    served: float = NOW - HOUR,
+    model: str = "",
+) -> EntryStats:
+    facts = EntryFacts(1000, seconds, version, model, ())
+    return EntryStats("team-a", key(name), NOW - 9 * DAY, "w", facts, served, hits)
+
+
+def plan(
+    entries: list[EntryStats], events: Any = (), to: str = "2.22.0", top: int = 10, **kw: Any
+) -> dict[str, Any]:
+    made = NamespaceUpgrade("team-a", to, NOW - 30 * DAY, top, **kw)
+    made.add_entries(entries)
+    made.add_events(events)
+    answer: dict[str, Any] = made.result(load_prices(None), SERVER)
+    return answer
+
+
+ENTRIES = [
+    stats("a", "2.21.1", 2 * HOUR, hits=1, model="llama"),  # value 2 h
+    stats("b", "2.21.1", 600, hits=30, model="llama", served=NOW - 60),  # value 5 h
+    stats("c", "2.21.1", HOUR, hits=4, model="bert"),  # value 4 h
+    stats("d", "2.21.1", None, hits=50),  # unknown compile time: last
+    # An older compiler still served a while ago, and one unused for 40 days.
+    stats("e", "2.20.9", 3 * HOUR, hits=9, served=NOW - 2 * DAY),
+    stats("f", "2.19.0", 5 * HOUR, hits=9, served=NOW - 40 * DAY),
+]
+EVENTS = [
+    miss(NOW - DAY, HOUR, model="llama", instance_type="trn1.32xlarge"),
+    miss(NOW - DAY, HOUR, model="llama", instance_type="trn1.32xlarge"),
+    hit(NOW - DAY, HOUR, model="llama", instance_type="trn1.2xlarge"),
+    miss(NOW - DAY, HOUR, model="bert", instance_type="trn1.2xlarge"),
+]
+
+
+def test_the_graphs_of_the_version_in_use_will_miss_with_hours_and_money() -> None:
+    answer = plan(ENTRIES, EVENTS)
+    assert answer["from_compiler"] == "2.21.1"  # served most recently
+    assert answer["already_on_target"] is False
+    assert answer["graphs"] == 4
+    assert answer["compile_hours"] == pytest.approx(2 + 600 / HOUR + 1)
+    assert answer["unknown_compile_time"] == 1
+    # llama compiles on trn1.32xlarge, bert on trn1.2xlarge; d has no model: the
+    # namespace's most used type (trn1.32xlarge), with no known hours.
+    llama_hours = 2 + 600 / HOUR
+    assert answer["cost"] == pytest.approx(llama_hours * 21.5 + 1 * 1.34375)
+    assert answer["unpriced_hours"] == 0.0
+    assert answer["instance_type"] == "trn1.32xlarge"
+    assert set(answer["versions_in_use"]) == {"2.21.1", "2.20.9"}  # 2.19.0 unused
+
+
+def test_the_prewarm_plan_orders_models_and_graphs_by_value() -> None:
+    answer = plan(ENTRIES, EVENTS)
+    models = answer["prewarm"]["models"]
+    assert [m["model"] for m in models] == ["llama", "bert", None]
+    assert models[0]["value_hours"] == pytest.approx(7.0)
+    assert models[0]["graphs"] == 2
+    assert "NEFFCACHE_URL=neffcache+http://cache.internal:8787/team-a" in models[0]["run"]
+    assert "NEFFCACHE_MODEL=llama" in models[0]["run"]
+    assert "2.22.0" in models[0]["run"]
+    assert "NEFFCACHE_MODEL=" not in models[2]["run"]
+    graphs = [g["key"] for g in answer["prewarm"]["graphs"]]
+    assert graphs == [key("b"), key("c"), key("a"), key("d")]
+    assert answer["prewarm"]["graphs"][0]["value_hours"] == pytest.approx(5.0)
+    assert answer["prewarm"]["graphs"][3]["value_hours"] is None
+
+
+def test_the_plan_lists_at_most_top_graphs_but_counts_all() -> None:
+    answer = plan(ENTRIES, EVENTS, top=2)
+    assert [g["key"] for g in answer["prewarm"]["graphs"]] == [key("b"), key("c")]
+    assert answer["graphs"] == 4
+
+
+def test_nothing_to_rebuild_when_the_version_in_use_is_the_target() -> None:
+    answer = plan(ENTRIES, EVENTS, to="2.21.*")
+    assert answer["already_on_target"] is True
+    assert (answer["graphs"], answer["compile_hours"], answer["cost"]) == (0, 0.0, 0.0)
+    assert answer["prewarm"] == {"models": [], "graphs": []}
+
+
+def test_another_version_can_be_named_as_the_one_in_use() -> None:
+    answer = plan(ENTRIES, EVENTS, from_compiler="2.20.9")
+    assert answer["from_compiler"] == "2.20.9"
+    assert answer["graphs"] == 1
+    assert answer["compile_hours"] == 3.0
+
+
+def test_without_events_the_hours_are_unpriced() -> None:
+    answer = plan(ENTRIES)
+    assert answer["cost"] is None
+    assert answer["unpriced_hours"] == pytest.approx(answer["compile_hours"])
+    assert answer["instance_type"] is None
+
+
+def test_no_entry_in_use_means_no_version_and_nothing_to_rebuild() -> None:
+    answer = plan([stats("old", "2.19.0", HOUR, hits=3, served=NOW - 90 * DAY)])
+    assert answer["from_compiler"] is None
+    assert answer["graphs"] == 0
+
+
+def test_totals_sum_each_kind_apart() -> None:
+    parts = [plan(ENTRIES, EVENTS), plan(ENTRIES)]
+    summed = totals(parts)
+    assert summed["graphs"] == 8
+    assert summed["cost"] == pytest.approx(parts[0]["cost"])  # the priced part only
+    assert summed["unpriced_hours"] == pytest.approx(parts[1]["unpriced_hours"])
+
+
+def test_graphs_without_a_model_are_priced_at_the_namespace_s_busiest_type() -> None:
+    events = [
+        miss(NOW - DAY, HOUR, model="a", instance_type="trn1n.32xlarge"),
+        miss(NOW - DAY, HOUR, model="a", instance_type="trn1n.32xlarge"),
+        miss(NOW - DAY, HOUR, model="b", instance_type="trn1.2xlarge"),
+        miss(NOW - DAY, HOUR, model="b", instance_type="trn1.2xlarge"),
+        miss(NOW - DAY, HOUR, model="c", instance_type="trn1.2xlarge"),
+    ]
+    answer = plan([stats("x", "2.21.1", HOUR, hits=1)], events)
+    # trn1.2xlarge: 3 compiles over two models; trn1n.32xlarge: 2.
+    assert answer["instance_type"] == "trn1.2xlarge"
+    assert answer["cost"] == pytest.approx(1.34375)
+
+
+def test_the_version_asked_for_may_be_a_pattern() -> None:
+    assert plan(ENTRIES, EVENTS, from_compiler="2.20.*")["from_compiler"] == "2.20.9"
+    assert plan(ENTRIES, EVENTS, from_compiler="1.*")["from_compiler"] is None

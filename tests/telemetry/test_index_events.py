@@ -1,0 +1,393 @@
+"""The events part of the Index contract (index/base.py: ``append_events``, ``events``,
+``events_for_key``) on every backend: memory, SQLite and a real redis-server; then
+what only one backend promises."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+import neffcache.server.index.redis as redis_module
+from neffcache.server.index import Index, open_index
+from neffcache.server.index.base import Event
+from neffcache.server.index.memory import MemoryIndex
+from neffcache.server.index.sqlite import SCHEMA_VERSION
+
+KEY = "ab" * 32
+OTHER_KEY = "cd" * 32
+NEVER = 1e12  # an ``until`` past every event
+NONE_OLD = 0.0  # a ``before`` that drops nothing by age
+MANY = 1_000_000  # a ``keep`` that drops nothing by count
+
+Opener = Callable[[], Index]
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
+    """A new handle on one store per call, as a replica would open it (memory: the
+    same index, which has no second handle)."""
+    handles: list[Index] = []
+    if request.param == "memory":
+        shared = MemoryIndex()
+
+        def make() -> Index:
+            return shared
+    else:
+        url = f"sqlite:///{tmp_path}/index.db"
+        if request.param == "redis":
+            url = request.getfixturevalue("redis_server")
+            with redis.Redis.from_url(url) as client:
+                client.flushdb()
+
+        def make() -> Index:
+            handles.append(open_index(url))
+            return handles[-1]
+
+    yield make
+    for handle in handles:
+        handle.close()
+
+
+@pytest.fixture
+def index(opener: Opener) -> Index:
+    return opener()
+
+
+def event(at: float, n: int, namespace: str = "team-a", key: str = KEY) -> Event:
+    """An event whose body says which it is (``n``), so lists compare by identity."""
+    kind = "graph" if key else "counters"
+    return Event(at, namespace, kind, key, f'{{"n":{n}}}')
+
+
+def numbers(events: list[Event]) -> list[int]:
+    return [int(e.body[5:-1]) for e in events]
+
+
+def read_all(
+    index: Index,
+    limit: int,
+    namespaces: list[str] | None = None,
+    since: float = 0.0,
+    until: float = NEVER,
+) -> list[Event]:
+    """Every page in turn, checking each page's size and that the last has no cursor."""
+    found: list[Event] = []
+    cursor: str | None = None
+    while True:
+        page, cursor = index.events(since, until, namespaces, cursor, limit)
+        assert len(page) <= limit
+        found += page
+        if cursor is None:
+            return found
+        assert len(page) == limit  # a cursor only after a full page
+
+
+# --- order and bounds --------------------------------------------------------------------
+
+
+def test_events_come_oldest_first_then_in_order_of_appending(index: Index) -> None:
+    # Out of order across batches (replicas' clocks), and ties within and across them.
+    index.append_events([event(20.0, 1), event(10.0, 2), event(20.0, 3)], MANY, NONE_OLD)
+    index.append_events([event(15.0, 4), event(20.0, 5), event(10.0, 6)], MANY, NONE_OLD)
+    page, cursor = index.events(0.0, NEVER, None, None, 100)
+    assert numbers(page) == [2, 6, 4, 1, 3, 5]
+    assert [e.at for e in page] == [10.0, 10.0, 15.0, 20.0, 20.0, 20.0]
+    assert cursor is None
+
+
+def test_events_are_stored_whole(index: Index) -> None:
+    body = '{"at":1.25,"kind":"graph","model":"llama \u00e9\\n","z":[1,2]}'
+    stored = [
+        Event(1.25, "team-a", "graph", KEY, body),
+        Event(1.25, "team-b", "counters", "", '{"counts":{"compiles":3}}'),
+    ]
+    index.append_events(stored, MANY, NONE_OLD)
+    assert index.events(0.0, NEVER, None, None, 10) == (stored, None)
+
+
+def test_since_is_inclusive_and_until_exclusive(index: Index) -> None:
+    index.append_events([event(float(t), t) for t in range(10, 16)], MANY, NONE_OLD)
+    page, _ = index.events(11.0, 14.0, None, None, 100)
+    assert numbers(page) == [11, 12, 13]
+    assert index.events(14.0, 14.0, None, None, 100) == ([], None)
+    assert index.events(16.0, NEVER, None, None, 100) == ([], None)
+
+
+def test_an_empty_index_has_no_events(index: Index) -> None:
+    assert index.events(0.0, NEVER, None, None, 10) == ([], None)
+    assert index.events(0.0, NEVER, ["team-a"], None, 10) == ([], None)
+    assert index.events_for_key("team-a", KEY, 10) == []
+
+
+# --- paging ------------------------------------------------------------------------------
+
+
+def many(count: int) -> list[Event]:
+    """Events in batches that share a time, as one request's events do, in three
+    namespaces."""
+    return [event(100.0 + i // 7, i, f"team-{'abc'[i % 3]}") for i in range(count)]
+
+
+@pytest.mark.parametrize("limit", [1, 3, 7, 50])
+def test_paging_never_repeats_nor_skips(index: Index, limit: int) -> None:
+    index.append_events(many(60), MANY, NONE_OLD)
+    assert numbers(read_all(index, limit)) == list(range(60))
+
+
+def test_a_last_full_page_has_no_cursor(index: Index) -> None:
+    index.append_events(many(10), MANY, NONE_OLD)
+    first, cursor = index.events(0.0, NEVER, None, None, 5)
+    assert cursor is not None
+    second, cursor = index.events(0.0, NEVER, None, cursor, 5)
+    assert numbers(first + second) == list(range(10))
+    assert cursor is None
+
+
+@pytest.mark.parametrize("limit", [1, 4, 100])
+def test_paging_by_namespace(index: Index, limit: int) -> None:
+    index.append_events(many(60), MANY, NONE_OLD)
+    wanted = [i for i in range(60) if i % 3 != 1]  # team-a and team-c
+    # A namespace named twice is read once.
+    assert numbers(read_all(index, limit, ["team-c", "team-a", "team-c"])) == wanted
+    assert read_all(index, limit, ["team-z"]) == []
+    assert read_all(index, limit, []) == []
+
+
+def test_paging_within_a_time_range(index: Index) -> None:
+    index.append_events(many(60), MANY, NONE_OLD)
+    inside = [i for i in range(60) if 102 <= 100 + i // 7 < 105]
+    assert numbers(read_all(index, 4, None, since=102.0, until=105.0)) == inside
+    assert numbers(read_all(index, 4, ["team-b"], since=102.0, until=105.0)) == [
+        i for i in inside if i % 3 == 1
+    ]
+
+
+def test_paging_goes_on_across_appends_and_handles(opener: Opener) -> None:
+    writer, reader = opener(), opener()
+    writer.append_events(many(30), MANY, NONE_OLD)
+    found: list[Event] = []
+    cursor: str | None = None
+    later = 30
+    while True:
+        page, cursor = reader.events(0.0, NEVER, None, cursor, 4)
+        found += page
+        if cursor is None:
+            break
+        # Events arriving meanwhile (later, or at the very time paging stands at).
+        writer.append_events([event(page[-1].at, later), event(500.0, later + 1)], MANY, 0.0)
+        later += 2
+    seen = numbers(found)
+    assert len(seen) == len(set(seen)), "an event came twice"
+    assert set(range(30)) <= set(seen), "an event that existed throughout was skipped"
+
+
+def test_a_cursor_survives_trimming_of_what_it_passed(index: Index) -> None:
+    index.append_events(many(40), MANY, NONE_OLD)
+    first, cursor = index.events(0.0, NEVER, None, None, 15)
+    index.append_events([], 30, NONE_OLD)  # drops the 10 oldest, all read already
+    rest = read_all_from(index, cursor, 15)
+    assert numbers(first + rest) == list(range(40))
+
+
+def read_all_from(index: Index, cursor: str | None, limit: int) -> list[Event]:
+    found: list[Event] = []
+    while cursor is not None:
+        page, cursor = index.events(0.0, NEVER, None, cursor, limit)
+        found += page
+    return found
+
+
+def test_a_foreign_cursor_is_a_value_error(index: Index) -> None:
+    with pytest.raises(ValueError, match="not an events cursor"):
+        index.events(0.0, NEVER, None, "not a cursor", 10)
+
+
+def test_an_empty_page_is_a_value_error(index: Index) -> None:
+    index.append_events(many(3), MANY, NONE_OLD)
+    with pytest.raises(ValueError, match="at least 1 event"):
+        index.events(0.0, NEVER, None, None, 0)
+
+
+# --- retention ---------------------------------------------------------------------------
+
+
+def test_events_older_than_before_are_dropped(index: Index) -> None:
+    index.append_events([event(10.0, 1), event(20.0, 2, key=OTHER_KEY)], MANY, NONE_OLD)
+    index.append_events([event(30.0, 3)], MANY, 20.0)
+    assert numbers(read_all(index, 10)) == [2, 3]  # at == before is kept
+    assert numbers(index.events_for_key("team-a", KEY, 10)) == [3]
+    assert numbers(index.events_for_key("team-a", OTHER_KEY, 10)) == [2]
+
+
+def test_only_the_newest_keep_events_stay(index: Index) -> None:
+    # In order: times 10 (events 0, 4, 8), 11 (1, 5, 9), 12 (2, 6, 10), 13 (3, 7, 11).
+    index.append_events([event(10.0 + i % 4, i) for i in range(12)], 5, NONE_OLD)
+    # The newest by time, then by order of appending.
+    assert numbers(read_all(index, 3)) == [6, 10, 3, 7, 11]
+    index.append_events([event(50.0, 12)], 5, NONE_OLD)
+    assert numbers(read_all(index, 3)) == [10, 3, 7, 11, 12]
+    assert numbers(index.events_for_key("team-a", KEY, 100)) == [12, 11, 7, 3, 10]
+
+
+def test_an_empty_append_only_trims(index: Index) -> None:
+    index.append_events([event(float(t), t) for t in range(10)], MANY, NONE_OLD)
+    index.append_events([], 6, 2.0)
+    assert numbers(read_all(index, 4)) == [4, 5, 6, 7, 8, 9]
+    index.append_events([], MANY, 8.0)
+    assert numbers(read_all(index, 4)) == [8, 9]
+    assert numbers(index.events_for_key("team-a", KEY, 10)) == [9, 8]
+
+
+# --- events_for_key ----------------------------------------------------------------------
+
+
+def test_events_for_key_are_newest_first_and_only_the_key(index: Index) -> None:
+    index.append_events(
+        [
+            event(10.0, 1),
+            event(12.0, 2, key=OTHER_KEY),
+            event(11.0, 3, namespace="team-b"),
+            event(12.0, 4),
+            event(11.0, 5),  # appended later at an earlier time
+            event(12.0, 6, key=""),  # no key: never listed
+        ],
+        MANY,
+        NONE_OLD,
+    )
+    index.append_events([event(12.0, 7)], MANY, NONE_OLD)
+    assert numbers(index.events_for_key("team-a", KEY, 10)) == [7, 4, 5, 1]
+    assert numbers(index.events_for_key("team-a", KEY, 2)) == [7, 4]
+    assert numbers(index.events_for_key("team-b", KEY, 10)) == [3]
+    assert index.events_for_key("team-c", KEY, 10) == []
+    assert index.events_for_key("team-a", "", 10) == []
+
+
+def test_namespaces_that_look_alike_stay_apart(index: Index) -> None:
+    # On Redis, ":" and "%" are escaped in key names, by Python and by the Lua trim.
+    index.append_events(
+        [event(1.0, 1, namespace="a:b", key="c"), event(1.0, 2, namespace="a", key="b:c")],
+        MANY,
+        NONE_OLD,
+    )
+    index.append_events([event(2.0, 3, namespace="a%3Ab", key="c")], MANY, NONE_OLD)
+    assert numbers(index.events_for_key("a:b", "c", 10)) == [1]
+    assert numbers(index.events_for_key("a", "b:c", 10)) == [2]
+    index.append_events([], MANY, 1.5)
+    assert index.events_for_key("a:b", "c", 10) == []
+    assert numbers(index.events_for_key("a%3Ab", "c", 10)) == [3]
+
+
+# --- one backend -------------------------------------------------------------------------
+
+
+def test_sqlite_keeps_its_row_count_and_reads_through_indexes(tmp_path: Path) -> None:
+    index = open_index(f"sqlite:///{tmp_path}/index.db")
+    index.append_events([event(float(i % 5), i) for i in range(50)], 30, 1.0)
+    index.append_events([event(9.0, 50)], 20, NONE_OLD)
+    index.close()
+    with sqlite3.connect(tmp_path / "index.db") as conn:
+        counted, kept = conn.execute(
+            "SELECT (SELECT n FROM events_count), (SELECT count(*) FROM events)"
+        ).fetchone()
+        assert counted == kept == 20
+        plans = {
+            name: str(conn.execute(f"EXPLAIN QUERY PLAN {query}").fetchall())
+            for name, query in {
+                "events_by_time": "SELECT * FROM events WHERE at >= 0 AND at < 9"
+                " ORDER BY at, id LIMIT 5",
+                "events_by_namespace": "SELECT * FROM events WHERE namespace = 'a'"
+                " AND at < 9 AND (at > 1 OR (at = 1 AND id > 3)) ORDER BY at, id LIMIT 5",
+                "events_by_key": "SELECT * FROM events WHERE namespace = 'a' AND key = 'k'"
+                " ORDER BY at DESC, id DESC LIMIT 5",
+            }.items()
+        }
+    for name, plan in plans.items():
+        assert name in plan, plan
+        assert "TEMP B-TREE" not in plan, plan  # no sort of the matching rows
+
+
+def _v4_file(path: Path) -> None:
+    """A file as version 4 left it, with an entry and an audit record."""
+    from neffcache.server.index import sqlite as sqlite_module
+
+    conn = sqlite3.connect(path)
+    for step in (1, 2, 3, 4):
+        conn.executescript(sqlite_module._STEPS[step])
+    conn.execute(
+        "INSERT INTO entries (namespace, key, manifest, created_at, writer, last_access)"
+        " VALUES ('team-a', ?, '{\"neff\":\"11\"}', 5.5, 'tok1', 5.5)",
+        (KEY,),
+    )
+    conn.execute("INSERT INTO audit VALUES (1, 2.0, 'me', 'pin', 'team-a', 'p', '{}')")
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA user_version = 4")
+    conn.commit()
+    conn.close()
+
+
+def test_sqlite_file_from_schema_4_gains_the_events_log(tmp_path: Path) -> None:
+    path = tmp_path / "index.db"
+    _v4_file(path)
+    index = open_index(f"sqlite:///{path}")
+    entry = index.get_entry("team-a", KEY)
+    assert entry is not None
+    assert entry.created_at == 5.5
+    assert [r.action for r in index.audit(0.0, None, 10)] == ["pin"]
+    index.append_events([event(1.0, 1), event(2.0, 2)], MANY, NONE_OLD)
+    index.append_events([event(3.0, 3)], 2, NONE_OLD)
+    assert numbers(read_all(index, 1)) == [2, 3]
+    assert numbers(index.events_for_key("team-a", KEY, 5)) == [3, 2]
+    index.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (5,)
+        made = {row[1] for row in conn.execute("PRAGMA index_list(events)")}
+        assert {"events_by_time", "events_by_namespace", "events_by_key"} <= made
+        assert conn.execute("SELECT n FROM events_count").fetchone() == (2,)
+    # Opening again at the current version runs no step twice.
+    again = open_index(f"sqlite:///{path}")
+    assert numbers(read_all(again, 5)) == [2, 3]
+    again.close()
+
+
+def test_redis_key_lists_follow_the_log_and_expire(redis_server: str) -> None:
+    with redis.Redis.from_url(redis_server, decode_responses=True) as client:
+        client.flushdb()
+        index = open_index(redis_server)
+        stored = [event(100.0 + i, i, key=f"{i % 3:064x}") for i in range(9)]
+        index.append_events(stored, 5, 50.0)
+        lists = sorted(client.scan_iter("neffcache:events:team-a:*"))
+        assert lists == [f"neffcache:events:team-a:{i:064x}" for i in range(3)]
+        # What left the log by count left its key's list too.
+        assert sum(client.llen(name) for name in lists) == client.zcard("neffcache:events") == 5
+        # They live as long as the batch's newest event is retained: 108 - 50 seconds.
+        assert all(57_000 <= client.pttl(name) <= 58_000 for name in lists)
+        index.close()
+
+
+def test_redis_keeps_only_the_newest_events_of_a_key(redis_server: str) -> None:
+    with redis.Redis.from_url(redis_server) as client:
+        client.flushdb()
+    index = open_index(redis_server)
+    index.append_events([event(1.0 + i, i) for i in range(130)], MANY, NONE_OLD)
+    found = numbers(index.events_for_key("team-a", KEY, 1000))
+    assert found == list(range(129, 129 - redis_module.EVENTS_PER_KEY, -1))
+    index.close()
+
+
+def test_redis_drops_a_large_excess_in_bounded_steps(
+    redis_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with redis.Redis.from_url(redis_server) as client:
+        client.flushdb()
+    monkeypatch.setattr(redis_module, "TRIM_BATCH", 7)
+    monkeypatch.setattr(redis_module, "EVENTS_BATCH", 10)
+    index = open_index(redis_server)
+    index.append_events([event(float(i), i, key=f"{i % 4:064x}") for i in range(45)], MANY, 0.0)
+    index.append_events([], 12, 5.0)  # 5 too old, then 28 too many: several calls
+    assert numbers(read_all(index, 100)) == list(range(33, 45))
+    assert sum(len(index.events_for_key("team-a", f"{k:064x}", 100)) for k in range(4)) == 12
+    index.close()
