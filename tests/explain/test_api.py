@@ -5,6 +5,7 @@ is written the way a server writes it (after the answer to each publish)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -18,10 +19,12 @@ from explain.graphs import NEW, OLD, Graph, digest, hlo
 from fastapi.testclient import TestClient
 
 from neffcache.server.api import entries as entries_module
+from neffcache.server.api import explain as explain_api
 from neffcache.server.app import create_app
 from neffcache.server.blobs import open_blob_store
 from neffcache.server.blobs.memory import MemoryBlobStore
 from neffcache.server.deps import Backends
+from neffcache.server.explain import gather as gather_module
 from neffcache.server.explain.notes import MissNote, note_misses
 from neffcache.server.index import Index, open_index
 from neffcache.server.index.base import Event
@@ -150,6 +153,30 @@ def test_compiler_flags_target_and_env_changes(api: Api) -> None:
     assert "variable XLA_FLAGS is set now" in env["summary"]
 
 
+def test_components_are_compared_as_keys_spell_them(api: Api) -> None:
+    # Flags as a user types them (the command word, "-O 1", a --target flag that
+    # agrees with the target) and XLA's dump options are no difference: only the
+    # target is.
+    api.publish("team-a", BLOCK)
+    theirs = BLOCK.with_(target="trn2")
+    request = theirs.request()
+    del request["key"]
+    request["components"] = {
+        **theirs.components,
+        "flags": ["compile", "--model-type", "transformer", "-O", "1", "--target=trn2"],
+        "env": {"XLA_FLAGS": "--xla_dump_to=/tmp/dump"},
+    }
+    got = api.post("team-a", request).json()
+    assert got["key"] == theirs.key
+    assert (got["reason"], got["summary"]) == (
+        "target-changed",
+        "same program, target trn1 vs trn2",
+    )
+    assert got["nearest"][0]["differences"] == [
+        {"component": "target", "yours": "trn2", "theirs": "trn1"}
+    ]
+
+
 def test_a_shape_variant_is_compared_instruction_by_instruction(api: Api) -> None:
     api.publish("team-a", BLOCK)
     got = api.explain("team-a", Graph(hlo("variant_shape")))
@@ -192,6 +219,21 @@ def test_the_latest_graph_of_the_same_model(api: Api) -> None:
     assert unlabelled["reason"] == "new-graph"
 
 
+def test_the_latest_other_graph_of_the_model_when_the_graph_missed_before(api: Api) -> None:
+    # The model's newest graph is the asked one, noted by its own miss: the one before
+    # it is the comparison.
+    api.publish("team-a", BLOCK, model="llama")
+    missed = Graph(hlo("variant_op"))
+    components = {**missed.components, "graph": missed.summary.as_json()}
+    api.event("team-a", missed.key, time.time(), result="miss", components=components)
+    note_misses(
+        api.backends.index, [MissNote("team-a", missed.key, components, "llama", time.time())]
+    )
+    got = api.explain("team-a", missed, model="llama")
+    assert got["reason"] == "graph-changed"
+    assert got["graph"]["fingerprint"] == BLOCK.components["fingerprint"]
+
+
 def test_a_new_graph(api: Api) -> None:
     api.publish("team-a", BLOCK)
     got = api.explain("team-a", Graph(hlo("allreduce_groups_pair")))
@@ -203,13 +245,91 @@ def test_a_new_graph(api: Api) -> None:
 # --- what happened to this key
 
 
-def test_published_since_the_reported_miss(api: Api) -> None:
-    api.event("team-a", BLOCK.key, time.time() - 30, result="miss", components=BLOCK.components)
+def test_a_key_published_after_its_reported_miss(api: Api) -> None:
+    # The upgraded job missed (its event), compiled and published: asked later, the
+    # miss is still a compiler upgrade, and the entry is there now.
     api.publish("team-a", BLOCK)
+    upgraded = BLOCK.with_(version=NEW)
+    components = {**upgraded.components, "graph": upgraded.summary.as_json()}
+    api.event("team-a", upgraded.key, time.time(), result="miss", components=components)
+    api.publish("team-a", upgraded)
+    got = api.explain_key("team-a", upgraded.key)
+    assert got["reason"] == "compiler-changed"
+    assert got["sentences"][-1].startswith("Also: an entry exists now: published ")
+    assert "after the miss at" in got["sentences"][-1]
+    assert got["entry"]["key"] == upgraded.key
+    # A shape variant the same way: compared instruction by instruction all the same.
+    wider = Graph(hlo("variant_shape"))
+    components = {**wider.components, "graph": wider.summary.as_json(shapes_max=None)}
+    api.event("team-a", wider.key, time.time(), result="miss", components=components)
+    api.publish("team-a", wider)
+    got = api.explain_key("team-a", wider.key)
+    assert got["reason"] == "shapes-changed"
+    assert "8 of 18 instructions' shapes" in got["summary"]
+
+
+def test_a_miss_reported_after_its_compile_is_dated_from_its_lookup(api: Api) -> None:
+    # The client sends a graph's event when its compile ends, and publishes then too:
+    # the event may come in after the entry. The lookup was a compile earlier.
+    api.publish("team-a", BLOCK)
+    published = api.backends.index.get_entry("team-a", BLOCK.key)
+    assert published is not None
+    api.event(
+        "team-a",
+        BLOCK.key,
+        published.created_at + 1.0,
+        result="miss",
+        outcome="ok",
+        compile_seconds=600.0,
+        components=BLOCK.components,
+    )
     got = api.explain_key("team-a", BLOCK.key)
-    assert got["reason"] == "published-since"
-    assert "after the miss at" in got["summary"]
-    assert got["entry"]["key"] == BLOCK.key
+    assert got["reason"] == "new-graph"  # as of the miss; the entry came after it
+    assert "after the miss at" in got["sentences"][-1], got["sentences"]
+    assert "did not reach the server" not in json.dumps(got)
+
+
+def test_explanations_are_worked_out_off_the_event_loop(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Dozens of index reads and an 8 MiB body to validate: never where every other
+    # request waits, whatever the stores (local ones run single calls inline).
+    seen: list[str] = []
+
+    def checked(real: Callable[..., Any], name: str) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            try:
+                asyncio.get_running_loop()
+                seen.append(f"{name} on the loop")
+            except RuntimeError:
+                seen.append(name)
+            return real(*args)
+
+        return call
+
+    monkeypatch.setattr(explain_api, "gather", checked(explain_api.gather, "gather"))
+    monkeypatch.setattr(explain_api, "parse_request", checked(explain_api.parse_request, "parse"))
+    api.explain("team-a", BLOCK)
+    api.explain_key("team-a", BLOCK.key)
+    assert seen == ["parse", "gather", "gather"]
+
+
+def test_only_the_compared_graphs_module_is_read(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Three stored graphs of the same structure; one is compared, one module read.
+    for name in ("block_a", "variant_constant", "variant_layout"):
+        api.publish("team-a", Graph(hlo(name)))
+    read: list[str] = []
+    real = gather_module.summary_of_blob
+
+    def summary(blobs: Any, digest: str) -> Any:
+        read.append(digest)
+        return real(blobs, digest)
+
+    monkeypatch.setattr(gather_module, "summary_of_blob", summary)
+    got = api.explain("team-a", Graph(hlo("variant_shape")))
+    assert got["reason"] == "shapes-changed"
+    assert got["graph"]["differing"] == 8
+    assert len(read) == 1
 
 
 def test_asking_is_not_a_use_of_the_entry(api: Api) -> None:
@@ -233,6 +353,22 @@ def test_read_through_and_other_namespaces(api: Api) -> None:
     assert through["entry"]["namespace"] == "shared"
 
 
+def test_an_entry_gone_from_a_namespace_read_through_without_an_audit_record(api: Api) -> None:
+    api.admin("POST", "/v1/admin/namespaces/reader", {"read_through": ["shared"]})
+    api.publish("shared", BLOCK)
+    # A client of reader missed it too (the server was down, say): reader's own note.
+    components = {**BLOCK.components, "graph": BLOCK.summary.as_json()}
+    note_misses(api.backends.index, [MissNote("reader", BLOCK.key, components, "", time.time())])
+    entry = api.backends.index.get_entry("shared", BLOCK.key)
+    assert entry is not None
+    assert api.backends.index.delete_entry("shared", BLOCK.key, entry.created_at)
+    got = api.explain("reader", BLOCK)
+    assert got["reason"] == "evicted"
+    assert (
+        "in namespace shared); it is gone and the audit log no longer says why" in (got["summary"])
+    )
+
+
 def test_another_namespace_the_token_cannot_read_is_not_named(api: Api) -> None:
     api.publish("secret-team", BLOCK)
     admin = api.admin("POST", "/v1/admin/tokens", {"scope": "admin", "namespaces": ["*"]})
@@ -243,10 +379,36 @@ def test_another_namespace_the_token_cannot_read_is_not_named(api: Api) -> None:
     ).json()
     api.headers = {"Authorization": f"Bearer {reader['token']}"}
     got = api.explain_key("team-a", BLOCK.key)
-    assert got["reason"] == "other-namespace"
+    # Not even that some namespace holds the key: that would tell a token for team-a
+    # which graphs (and settings) another team compiles.
+    assert got["reason"] == "unknown"
+    assert "namespace" not in got["summary"].replace("namespace team-a", "")
     assert "secret-team" not in json.dumps(got)
     # Nor is its program map read: the same program there is no variant here.
     assert api.explain("team-a", BLOCK.with_(version=NEW))["reason"] == "new-graph"
+
+
+def test_the_namespaces_a_token_names_are_looked_into_however_many_exist(api: Api) -> None:
+    # 40 namespaces sort before the one this token may also read: the index's first
+    # 32 would not include it.
+    for n in range(40):
+        api.publish(f"aa-{n:02}", BLOCK.with_(target="inf2"))
+    api.publish("zz-team", BLOCK)
+    admin = api.admin("POST", "/v1/admin/tokens", {"scope": "admin", "namespaces": ["*"]})
+    reader = api.client.post(
+        "/v1/admin/tokens",
+        json={"scope": "read", "namespaces": ["team-a", "zz-team"]},
+        headers={"Authorization": f"Bearer {admin['token']}"},
+    ).json()
+    api.headers = {"Authorization": f"Bearer {reader['token']}"}
+    got = api.explain_key("team-a", BLOCK.key)
+    assert got["reason"] == "other-namespace"
+    assert got["summary"] == (
+        "an entry exists in namespace zz-team, which team-a does not read through"
+    )
+    upgraded = api.explain("team-a", BLOCK.with_(version=NEW))
+    assert upgraded["reason"] == "compiler-changed"
+    assert {n["namespace"] for n in upgraded["nearest"]} == {"zz-team"}
 
 
 def test_evicted_by_the_quota(api: Api) -> None:
@@ -394,6 +556,43 @@ def test_bad_requests_are_one_line_400s(api: Api, body: bytes, said: str) -> Non
     detail = answer.json()["detail"]
     assert said in detail
     assert "\n" not in detail
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (
+            {
+                "key": "a" * 64,
+                "graph": {"structure": "5" * 64, "instructions": 1, "shapes": [1] * 200_000},
+            },
+            "graph.shapes.0: a string of at most 4096 characters",
+        ),
+        (
+            {
+                "components": {
+                    "graph": {
+                        "structure": "5" * 64,
+                        "instructions": 2,
+                        "shapes": ["add f32[]", "x" * 4097],
+                    }
+                }
+            },
+            "components.graph.shapes.1: a string of at most 4096 characters",
+        ),
+        (
+            {"components": {"env": {f"V{n}": 1 for n in range(100_000)}}},
+            "components.env: at most 64 names, not 100000",
+        ),
+    ],
+)
+def test_a_large_bad_request_is_one_short_400(api: Api, body: Any, said: str) -> None:
+    # Not a problem per element: 8 MiB of them took half a minute and answered 200 MB.
+    answer = api.post("team-a", body)
+    assert answer.status_code == 400
+    detail = answer.json()["detail"]
+    assert said in detail
+    assert len(detail) < 300
 
 
 def test_a_bad_key_or_namespace_in_the_path_is_400(api: Api) -> None:

@@ -300,3 +300,50 @@ def test_no_url_is_exit_2_and_a_server_down_is_exit_1(server: Server) -> None:
     assert done.returncode == 1
     assert done.stderr.startswith("neffcache explain: cannot reach http://127.0.0.1:")
     assert done.stderr.count("\n") == 1
+
+
+def test_a_graph_with_a_shape_longer_than_the_server_takes_is_sent_without_shapes() -> None:
+    # A tuple of 8 tuples of 8 tuples of 8 arrays prints far past the 4096 characters
+    # the server takes for one instruction's shape: the request would be a 400.
+    from argparse import Namespace
+
+    from neffcache.client.cli import _explain_cmd
+    from neffcache.client.config import ClientConfig
+
+    def field(number: int, payload: bytes) -> bytes:
+        return bytes([number << 3 | 2]) + _varint(len(payload)) + payload
+
+    leaf = b"\x10\x0b" + b"\x18\x80\x08" * 2  # f32[1024,1024]
+    shape = leaf
+    for _ in range(3):
+        shape = b"\x10\x0d" + field(4, shape) * 8  # a TUPLE of 8 of the last
+    module = RawModule()
+    module.ParseFromString(hlo("block_a"))
+    module.computations[-1].instructions.append(
+        field(2, b"tuple") + field(3, shape) + b"\x98\x02" + _varint(9001)
+    )
+    data = module.SerializeToString()
+    args = Namespace(compiler_version=NEW, target="trn1")
+    config = ClientConfig.from_env({"NEFFCACHE_URL": "neffcache+http://127.0.0.1:1/team-a"})
+    assert config is not None
+    sent = json.loads(_explain_cmd._request(data, args, [], config))
+    assert sent["graph"]["instructions"] == 19
+    assert "shapes" not in sent["graph"]
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def test_a_removal_without_a_why_prints_no_empty_line() -> None:
+    from neffcache.client.cli._explain_cmd import render
+
+    removed = {"at": 0.0, "namespace": "a", "action": "evict", "reason": "quota", "why": ""}
+    text = render({"summary": "evicted", "reason": "evicted", "key": None, "removed": removed})
+    assert "removed: 1970-01-01 00:00 UTC from a, evict (quota) by None" in text
+    assert not text.endswith("  \n")

@@ -212,16 +212,49 @@ def test_failed_before_from_an_event_on_another_day_without_a_log() -> None:
 
 
 def test_published_since_the_miss() -> None:
+    # Asked as the miss happens (a client's POST): an entry there now means another
+    # job compiled the graph meanwhile.
     entry = Present("team-a", KEY, NOW - 60, "tok-1", {"model": "llama", "compile_seconds": 90.0})
-    asked = Asked("team-a", KEY, YOURS, missed_at=NOW - 600)
-    got = explain(inputs(asked=asked, entry=entry))
+    got = explain(inputs(entry=entry))
     assert got.reason == "published-since"
-    assert got.summary == (
-        "an entry exists now: published 08:59 UTC, after the miss at 08:50 UTC: another job "
-        "compiled it meanwhile"
-    )
+    assert got.summary == "an entry exists now: published 08:59 UTC"
     assert got.entry is not None
     assert (got.entry["writer"], got.entry["model"]) == ("tok-1", "llama")
+    # Published before a reported miss: the client did not find what was there.
+    before = explain(inputs(asked=Asked("team-a", KEY, YOURS, missed_at=NOW - 30), entry=entry))
+    assert before.reason == "published-since"
+    assert before.summary.endswith(
+        "before the miss at 08:59 UTC: the client did not reach the server then, or looked "
+        "in another namespace"
+    )
+
+
+def test_a_key_published_after_its_reported_miss_is_explained_as_of_the_miss() -> None:
+    # The job that missed compiled and published it (or another did): that is not why
+    # it missed. Why it did comes first; the entry last.
+    entry = Present("team-a", KEY, NOW - 60, "tok-1", {})
+    asked = Asked("team-a", KEY, YOURS, missed_at=NOW - 600)
+    own = variant(key=KEY, created_at=NOW - 60)  # the program map's note of that publish
+    upgraded = explain(
+        inputs(asked=asked, entry=entry, own=own, variants=(variant(compiler_version=OLD),))
+    )
+    assert upgraded.reason == "compiler-changed"
+    assert upgraded.sentences[-1] == (
+        "Also: an entry exists now: published 08:59 UTC, after the miss at 08:50 UTC: the job "
+        "that missed it (or another) compiled it meanwhile."
+    )
+    assert upgraded.entry is not None
+    new = explain(inputs(asked=asked, entry=entry, own=own))
+    assert new.reason == "new-graph"
+    # A variant, a failure or a removal after the miss did not cause it either.
+    later = variant(compiler_version=OLD, created_at=NOW - 300)
+    failed = FailureSeen(NOW - 300, {"log": "boom"}, "record")
+    after = explain(inputs(asked=asked, entry=entry, variants=(later,), failure=failed))
+    assert after.reason == "new-graph"
+    failed_before = FailureSeen(NOW - 900, {"log": "boom"}, "record")
+    assert explain(inputs(asked=asked, entry=entry, failure=failed_before)).reason == (
+        "failed-before"
+    )
 
 
 def test_published_in_a_namespace_read_through() -> None:
@@ -235,9 +268,11 @@ def test_another_namespace_not_read_through() -> None:
     got = explain(inputs(elsewhere=("team-b",)))
     assert got.reason == "other-namespace"
     assert got.summary == "an entry exists in namespace team-b, which team-a does not read through"
-    hidden = explain(inputs(hidden_elsewhere=2))
-    assert hidden.summary == "an entry exists in another namespace, which your token cannot read"
-    assert "team" not in hidden.summary.replace("team-a", "")
+    several = explain(inputs(elsewhere=("team-b", "team-c")))
+    assert several.summary == (
+        "an entry exists in namespace team-b, which team-a does not read through "
+        "(and in 1 other namespace)"
+    )
 
 
 def graph_asked(shapes: tuple[str, ...] | None) -> Asked:
@@ -359,9 +394,10 @@ def test_every_server_reason_is_produced_by_some_case_above() -> None:
 
 
 def test_an_entry_now_wins_over_everything_else() -> None:
+    # The entry is read through from "shared"; team-a's own one was evicted after.
     got = explain(
         inputs(
-            entry=Present("team-a", KEY, NOW, "w", {}),
+            entry=Present("shared", KEY, NOV_12 - DAY, "w", {}),
             removals=(removal("quota"),),
             variants=(variant(compiler_version=OLD),),
         )
@@ -369,6 +405,38 @@ def test_an_entry_now_wins_over_everything_else() -> None:
     assert got.reason == "published-since"
     assert got.removed is not None  # still told
     assert "Also: evicted 2026-11-12 by namespace team-a's quota." in got.sentences
+
+
+def test_what_happened_before_the_last_publish_is_not_told() -> None:
+    # Failed on Nov 11, evicted on Nov 12, published again since: neither failure nor
+    # removal is about the entry there now.
+    failed = FailureSeen(NOV_12 - DAY, {"log": "boom"}, "record")
+    entry = Present("team-a", KEY, NOV_12 + DAY, "w", {})
+    got = explain(inputs(entry=entry, removals=(removal("quota"),), failure=failed))
+    assert got.reason == "published-since"
+    assert not any(s.startswith("Also:") for s in got.sentences), got.sentences
+    assert (got.removed, got.failure) == (None, None)
+    # Gone again, without an audit record: the program map's publish is the last one.
+    own = variant(key=KEY, created_at=NOV_12 + DAY, present=False)
+    gone = explain(inputs(own=own, removals=(removal("quota"),), failure=failed))
+    assert gone.reason == "evicted"
+    assert "the audit log no longer says why" in gone.summary
+    assert not any(s.startswith("Also:") for s in gone.sentences), gone.sentences
+    # A failure after that publish is the last compile, and is told.
+    later = FailureSeen(NOV_12 + 2 * DAY, {"log": "boom"}, "record")
+    assert explain(inputs(own=own, failure=later)).reason == "failed-before"
+
+
+def test_a_key_that_had_an_entry_is_never_called_never_seen() -> None:
+    entry = Present("team-a", KEY, NOW - DAY, "w", {})
+    own = variant(key=KEY, created_at=NOW - DAY, present=False)
+    for got in (explain(inputs(entry=entry)), explain(inputs(own=own))):
+        assert got.reason in ("published-since", "evicted")
+        assert not any("never seen" in s for s in got.sentences), got.sentences
+        assert got.graph is None
+    # Only missed before (never published): the program is still new to the server.
+    missed = variant(key=KEY, seen="missed", present=False)
+    assert explain(inputs(own=missed)).reason == "new-graph"
 
 
 def test_the_newest_of_a_failure_and_a_removal_wins() -> None:
@@ -425,6 +493,11 @@ def test_a_variant_only_missed_says_it_was_never_published() -> None:
             ["the same flags in another order: --a=1 --b=2 vs --b=2 --a=1"],
         ),
         (["--x="], ["--x"], ['flag --x differs: "" vs (set, no value)']),
+        (
+            ["--a=1", "--a=2"],
+            ["--a=2"],
+            ["the same flags, some given more than once: --a=1 --a=2 vs --a=2"],
+        ),
     ],
 )
 def test_flag_changes_in_plain_words(theirs: list[str], yours: list[str], said: list[str]) -> None:

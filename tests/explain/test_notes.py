@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from explain.graphs import NEW, Graph, digest, hlo
 
 from neffcache.server.blobs.memory import MemoryBlobStore
 from neffcache.server.errors import StoreError
+from neffcache.server.explain import hlo as hlo_module
 from neffcache.server.explain import notes
 from neffcache.server.explain.hlo import hlo_digest, summary_of_blob
 from neffcache.server.explain.notes import MissNote, note_misses, note_published
@@ -129,6 +131,51 @@ def test_a_miss_of_a_published_key_keeps_it_published(index: Index, blobs: Memor
     assert (item["seen"], item["compile_seconds"]) == ("published", 7.0)
 
 
+def test_a_miss_after_a_publish_keeps_when_it_was_published(
+    index: Index, blobs: MemoryBlobStore
+) -> None:
+    graph = Graph(hlo("block_a"))
+    created = publish(index, blobs, graph)
+    note_published(index, blobs, "team-a", graph.key)
+    note_misses(index, [miss(graph, created + 5 * 86400)])  # evicted since, say
+    (item,) = stored(index, notes.PROGRAM, "team-a", graph.components["fingerprint"])
+    assert (item["seen"], item["created_at"]) == ("published", created)
+
+
+def test_variants_are_noted_in_the_spelling_keys_use(index: Index) -> None:
+    graph = Graph(hlo("block_a"), target="trn2", env={"XLA_FLAGS": "--xla_cpu_fast_math"})
+    typed = {
+        **graph.components,
+        "flags": ["compile", "--model-type", "transformer", "-O", "1", "--target", "trn2"],
+        "env": {"XLA_FLAGS": "--xla_dump_to=/tmp/d --xla_cpu_fast_math"},
+    }
+    note_misses(index, [MissNote("team-a", graph.key, typed, "", T0)])
+    (item,) = stored(index, notes.PROGRAM, "team-a", graph.components["fingerprint"])
+    assert item["flags"] == ["--model-type=transformer", "--optlevel=1"]
+    assert item["env"] == {"XLA_FLAGS": "--xla_cpu_fast_math"}
+
+
+def test_components_that_do_not_make_their_key_are_no_variant(index: Index) -> None:
+    # The structure is still noted: it does not depend on the key.
+    graph = Graph(hlo("block_a"))
+    other = graph.with_(version=NEW)
+    wrong = {**other.components, "graph": graph.summary.as_json()}
+    partial = {"fingerprint": graph.components["fingerprint"], "graph": graph.summary.as_json()}
+    note_misses(
+        index,
+        [
+            MissNote("team-a", graph.key, wrong, "", T0),
+            MissNote("team-a", graph.key, partial, "", T0),
+            MissNote("team-a", "", dict(graph.components), "", T0),  # an event without a key
+        ],
+    )
+    assert index.records(notes.PROGRAM) == []
+    assert (
+        stored(index, notes.STRUCTURE, "team-a", graph.summary.structure)[0]["fingerprint"]
+        == (graph.components["fingerprint"])
+    )
+
+
 def test_lists_keep_the_newest_32_one_per_key(index: Index) -> None:
     base = Graph(hlo("block_a"))
     graphs = [base.with_(flags=(f"--optlevel={n}",)) for n in range(40)]
@@ -172,6 +219,34 @@ def test_concurrent_notes_of_one_program_all_land(index: Index) -> None:
     assert {i["key"] for i in items} == {g.key for g in graphs}
 
 
+def test_concurrent_notes_all_land_on_redis(redis_server: str) -> None:
+    # Over a network every round trip leaves room for another writer: retrying at
+    # once, 32 writers of one program lost several of their notes.
+    import redis
+
+    with redis.Redis.from_url(redis_server) as connection:
+        connection.flushdb()
+    index = open_index(redis_server)
+    base = Graph(hlo("block_a"))
+    graphs = [base.with_(flags=(f"--optlevel={n}",)) for n in range(notes.KEEP)]
+    start = threading.Barrier(len(graphs))
+
+    def note(n: int) -> None:
+        start.wait()
+        note_misses(index, [miss(graphs[n], T0 + n, model="llama")])
+
+    threads = [threading.Thread(target=note, args=(n,)) for n in range(len(graphs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    try:
+        items = stored(index, notes.PROGRAM, "team-a", base.components["fingerprint"])
+        assert {i["key"] for i in items} == {g.key for g in graphs}
+    finally:
+        index.close()
+
+
 class BrokenIndex(MemoryIndex):
     def get_record(self, kind: str, namespace: str, name: str) -> Any:
         raise StoreError("index down")
@@ -210,6 +285,50 @@ def test_trim_runs_at_most_once_per_interval(index: Index) -> None:
     note_misses(index, [miss(graph, long_ago)])
     notes.maybe_trim(index, later + 60)  # too soon: kept
     assert len(index.records(notes.PROGRAM)) == 1
+
+
+class CountingBlobStore(MemoryBlobStore):
+    """Counts reads; the first one waits until the test lets it go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+        self.release = threading.Event()
+
+    def read(self, digest: str) -> Any:
+        self.reads += 1
+        self.release.wait(10)
+        return super().read(digest)
+
+
+def test_concurrent_explanations_read_one_stored_module_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(hlo_module, "_cache", OrderedDict())  # nothing summarized yet
+    blobs = CountingBlobStore()
+    module = hlo("variant_shape")
+    staged = blobs.staging_dir() / "up"
+    staged.write_bytes(module)
+    blobs.commit(staged, digest(module))
+    started = threading.Barrier(5)
+    found: list[Any] = []
+
+    def ask() -> None:
+        started.wait()
+        found.append(summary_of_blob(blobs, digest(module)))
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    started.wait()
+    time.sleep(0.2)  # the askers reach the read, or wait for it (either way: one read)
+    blobs.release.set()
+    for thread in threads:
+        thread.join()
+    assert blobs.reads == 1
+    assert len(found) == 4
+    assert len({s.structure for s in found}) == 1
+    blobs.close()
 
 
 def test_a_stored_module_that_is_not_hlo_or_fails_its_digest_is_not_summarized(

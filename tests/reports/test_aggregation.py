@@ -269,3 +269,63 @@ def test_past_the_tally_limit_the_cheapest_misses_are_dropped_first() -> None:
     answer = report(events, top=2, miss_limit=4)
     assert [t["key"] for t in answer["top_misses"]] == [key(5), key(4)]
     assert any("approximate" in note for note in answer["notes"])
+
+
+def test_a_window_from_the_epoch_fills_the_days_between_its_events() -> None:
+    # A chart of days draws them side by side: a day without lookups is a day of zeros,
+    # not a gap that joins Nov 30 to Dec 3.
+    events = [miss(T0, HOUR), miss(T0 + 3 * DAY, 2 * HOUR)]
+    answer = report(events, since=0.0, until=T0 + 4 * DAY)
+    days = [(day["day"], day["lookups"]) for day in answer["days"]]
+    assert days == [
+        ("2026-11-30", 1),
+        ("2026-12-01", 0),
+        ("2026-12-02", 0),
+        ("2026-12-03", 1),
+        ("2026-12-04", 0),
+    ]
+
+
+def test_an_epoch_window_without_events_has_no_days() -> None:
+    assert report([], since=0.0, until=T0)["days"] == []
+
+
+# --- money that is unknown
+
+
+def test_money_is_unknown_when_only_lookups_without_hours_had_a_price() -> None:
+    graph_key = key("g")
+    events = [
+        # Priced, but no hour to price: a miss that never compiled, a hit saving nothing.
+        miss(T0, instance_type=BIG, key=graph_key),
+        hit(T0, 0.0, instance_type=BIG),
+        # Every hour there was is on an instance type without a price.
+        miss(T0 + 1, HOUR, instance_type="x9.huge", key=graph_key),
+        hit(T0 + 1, 1800, instance_type="x9.huge"),
+    ]
+    answer = report(events)
+    totals = answer["totals"]
+    assert (totals["unpriced_hours_spent"], totals["unpriced_hours_saved"]) == (1.0, 0.5)
+    assert totals["cost_spent"] is None  # not $0.00: an hour was spent, at no known price
+    assert totals["cost_saved"] is None
+    (top,) = answer["top_misses"]
+    assert (top["compile_hours"], top["cost"]) == (1.0, None)
+
+
+def test_lookups_without_hours_cost_nothing_when_nothing_is_unpriced() -> None:
+    totals = report([miss(T0, instance_type=BIG), hit(T0, 0.0, instance_type=BIG)])["totals"]
+    assert (totals["cost_spent"], totals["cost_saved"]) == (0.0, 0.0)
+
+
+def test_an_instance_type_is_named_once_however_a_client_spells_it() -> None:
+    events = [
+        miss(T0, HOUR, instance_type="X9.Huge"),
+        miss(T0, HOUR, instance_type="x9.huge "),
+        miss(T0, HOUR, instance_type="TRN1.32XLARGE"),
+        miss(T0, HOUR, instance_type=" "),  # names none
+    ]
+    answer = report(events)
+    assert answer["prices"]["unpriced_instance_types"] == ["x9.huge"]
+    assert list(answer["prices"]["applied"]) == [BIG]
+    assert answer["prices"]["events_without_instance_type"] == 1
+    assert answer["totals"]["cost_spent"] == pytest.approx(21.5)

@@ -5,6 +5,7 @@ API. Every figure checked below was computed by hand from the seeded events."""
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import hashlib
 import io
@@ -263,7 +264,7 @@ def test_every_format_has_its_content_type_and_the_same_figures(
         assert answer.text.startswith("<!DOCTYPE html>")
         assert "$48.38" in answer.text
     elif fmt == "table":
-        assert "compile-hours spent 3.25 ($48.38)" in answer.text
+        assert "compile-hours spent 3.25 (3.2h, $48.38)" in answer.text
     else:
         assert answer.json()["totals"]["lookups"] == 6
 
@@ -275,9 +276,12 @@ def test_every_format_has_its_content_type_and_the_same_figures(
         ({"since": "1d", "until": "2d"}, "must be before until"),
         ({"by": "host"}, "by: 'host' is not one of"),
         ({"by": ","}, "by: give one or more"),
+        ({"by": "namespace," + "x" * 5000}, "by: 'xxxx"),  # quoted in part: one short line
         ({"format": "xml"}, "format 'xml' is not one of"),
         ({"top": "-1"}, "top"),
         ({"namespace": "Team A"}, "is not a namespace name"),
+        # Both before the epoch: both the epoch, an empty window.
+        ({"since": "0001-01-01T00:00+01:00", "until": "0001-01-01T12:00Z"}, "must be before"),
     ],
 )
 def test_bad_input_is_a_one_line_400(seeded: Cache, params: dict[str, str], message: str) -> None:
@@ -286,12 +290,32 @@ def test_bad_input_is_a_one_line_400(seeded: Cache, params: dict[str, str], mess
     detail = answer.json()["detail"]
     assert message in detail
     assert "\n" not in detail
+    assert len(detail) < 300
 
 
 def test_since_takes_epoch_seconds_and_iso_dates(seeded: Cache) -> None:
     assert seeded.report(since="0")["totals"]["lookups"] == 6
     assert seeded.report(since="2000-01-01", until="2000-01-02")["totals"]["lookups"] == 0
     assert seeded.report(since="2000-01-01T00:00Z")["totals"]["lookups"] == 6
+
+
+@pytest.mark.parametrize("fmt", ["json", "table", "html", "csv"])
+def test_times_past_what_a_date_can_show_are_bounded_not_a_500(seeded: Cache, fmt: str) -> None:
+    # A duration of 400 digits is infinite; a year past 9999 has no date to print.
+    for params in ({"since": "9" * 400 + "d"}, {"since": "0", "until": "9" * 12}):
+        answer = seeded.get("/v1/reports/cost", format=fmt, **params)
+        assert answer.status_code == 200, answer.text
+        if fmt == "json":
+            report = answer.json()
+            assert report["since"] == 0.0
+            assert report["until"] <= 253402214400.0  # 9999-12-31
+            assert report["totals"]["lookups"] == 6
+    seeded.publish("team-a", "x", 320, compile_seconds=HOUR,
+                   components={"compiler_version": "2.21.1"})  # fmt: skip
+    answer = seeded.get("/v1/reports/upgrade", to_compiler="2.22.0", active="9" * 400 + "d")
+    assert answer.status_code == 200, answer.text
+    (part,) = answer.json()["namespaces"]
+    assert 0.0 <= part["active_since"] < 60.0  # from the epoch (give or take the request)
 
 
 # --- the upgrade report
@@ -376,3 +400,42 @@ def test_reports_on_a_redis_index(redis_server: str, tmp_path: Path) -> None:
     finally:
         for store in stores:
             store.close()
+
+
+# --- load
+
+
+def test_at_most_two_reports_are_computed_at_once(
+    stores: tuple[BlobStore, Index], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A report parses every event of its window: dashboards must not be able to start
+    # any number of them side by side. Two at a time; the others wait their turn.
+    import neffcache.server.api.reports as reports_api
+
+    running, peak = [0], [0]
+
+    async def slow_report(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        running[0] += 1
+        peak[0] = max(peak[0], running[0])
+        for _ in range(2000):  # let every other request in that may come in
+            if running[0] > 2:
+                break
+            await asyncio.sleep(0)
+        running[0] -= 1
+        return {}
+
+    monkeypatch.setattr(reports_api, "cost_report", slow_report)
+    monkeypatch.setattr(reports_api, "upgrade_report", slow_report)
+    settings = ServerSettings(data_dir=tmp_path, eviction_interval_seconds=0)
+    app = create_app(settings, blob_store=stores[0], index=stores[1])
+
+    async def five() -> list[int]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            paths = ["/v1/reports/cost"] * 3 + ["/v1/reports/upgrade?to_compiler=2.22.0"] * 2
+            answers = await asyncio.gather(*(client.get(path) for path in paths))
+        return [answer.status_code for answer in answers]
+
+    assert asyncio.run(five()) == [200] * 5
+    assert peak[0] == 2
+    assert reports_api.CONCURRENT_REPORTS == 2  # as docs/reports.md says

@@ -141,7 +141,7 @@ def test_report_prints_the_table_with_the_configured_prices(server: tuple[Serve,
     text = done.stdout
     # 1 h on trn1.32xlarge ($21.50) + 0.5 h on trn1.2xlarge at the file's $2.00; team-b's
     # 10 minutes name no instance type.
-    assert "compile-hours spent 1.67 ($22.50); saved by hits 2.00 ($43.00)" in text
+    assert "compile-hours spent 1.67 (1.7h, $22.50); saved by hits 2.00 (2h, $43.00)" in text
     assert "prices: file " in text
     assert "lookups naming no instance type: 1" in text
     assert "RUNS  cold 2 (1.67 compile-hours), warm 1 (0.00), mixed 0 (0.00)" in text
@@ -218,6 +218,7 @@ def test_report_upgrade_prints_the_plan(server: tuple[Serve, str]) -> None:
         (["--since", "yesterday"], "--since 'yesterday' is neither"),
         (["--by", "host"], "--by 'host'"),
         (["--top", "many"], "--top 'many'"),
+        (["--top", "\u00b2"], "--top '\u00b2'"),  # a digit to str.isdigit, not to int()
         (["--namespace", "team-b"], "does not cover namespace 'team-b'"),
         (["upgrade"], "--to-compiler V is required"),
         (["--frobnicate"], "unrecognized arguments"),

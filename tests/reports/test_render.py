@@ -88,7 +88,7 @@ def test_cost_table_shows_totals_rows_runs_misses_and_storage() -> None:
     text = cost_table(cost())
     assert text.startswith("neffcache cost report, 2026-11-29 10:00Z to 2026-11-30 11:00Z")
     assert "hits 1 (1 from L1, 0 from the server), misses 2, hit rate 33.3%" in text
-    assert "compile-hours spent 3.00 ($21.50); saved by hits 1.00 ($21.50)" in text
+    assert "compile-hours spent 3.00 (3h, $21.50); saved by hits 1.00 (1h, $21.50)" in text
     assert re.search(r"team-a\s+llama\s+2\s+50\.0%", text)
     assert "RUNS  cold 1 (2.00 compile-hours), warm 1 (0.00), mixed 0 (0.00)" in text
     assert key(1)[:16] in text
@@ -134,3 +134,14 @@ def test_upgrade_renderings_carry_the_plan() -> None:
     page = upgrade_html(report)
     assert "<script" not in page
     assert "2.21.1" in page
+
+
+def test_csv_cells_from_clients_are_never_formulas() -> None:
+    from neffcache.server.reports.render_text import _csv
+
+    text = _csv([["model", "hours"], ['=HYPERLINK("http://x")', -1.5], ["@SUM(A1)", 2]])
+    assert text.splitlines() == [
+        "model,hours",
+        '"\'=HYPERLINK(""http://x"")",-1.5',
+        "'@SUM(A1),2",
+    ]

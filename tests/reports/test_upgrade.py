@@ -144,3 +144,27 @@ def test_graphs_without_a_model_are_priced_at_the_namespace_s_busiest_type() -> 
 def test_the_version_asked_for_may_be_a_pattern() -> None:
     assert plan(ENTRIES, EVENTS, from_compiler="2.20.*")["from_compiler"] == "2.20.9"
     assert plan(ENTRIES, EVENTS, from_compiler="1.*")["from_compiler"] is None
+
+
+def test_money_is_unknown_when_every_known_hour_is_unpriced() -> None:
+    # llama's jobs run on a priced type, but its graph's compile time is unknown (no
+    # hour to price); bert's hour is on a type without a price.
+    entries = [
+        stats("l", "2.21.1", None, hits=2, model="llama"),
+        stats("b", "2.21.1", HOUR, hits=1, model="bert"),
+    ]
+    events = [
+        miss(NOW - DAY, HOUR, model="llama", instance_type="trn1.32xlarge"),
+        miss(NOW - DAY, HOUR, model="bert", instance_type="x9.huge"),
+    ]
+    answer = plan(entries, events)
+    assert [m["cost"] for m in answer["prewarm"]["models"]] == [None, 0.0]  # bert, llama
+    assert (answer["compile_hours"], answer["unpriced_hours"]) == (1.0, 1.0)
+    assert answer["cost"] is None  # not $0.00: the one hour to rebuild has no price
+    nothing = plan([stats("n", "2.21.1", None, hits=1, model="llama")], events)
+    assert nothing["cost"] == 0.0  # no hour at all: nothing to pay
+    summed = totals([answer, nothing])
+    assert (summed["cost"], summed["unpriced_hours"]) == (None, 1.0)
+    assert totals([answer, plan(ENTRIES, EVENTS)])["cost"] == pytest.approx(
+        plan(ENTRIES, EVENTS)["cost"]
+    )

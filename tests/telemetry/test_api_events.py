@@ -533,3 +533,33 @@ def test_trouble_noting_misses_never_fails_the_request(
     assert len(stored(index)) == 1
     assert "cannot note 1 missed graph(s)" in caplog.text
     assert "program map unavailable" in caplog.text
+
+
+def test_at_most_a_few_batches_are_noted_at_once(
+    index: Index, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Each batch being noted holds a worker thread that remote stores' calls share: a
+    # burst of misses must not take them all. Past the bound, a batch is not noted.
+    import neffcache.server.explain.notes as notes_module
+    import neffcache.server.telemetry.ingest as ingest
+    from neffcache.server.telemetry.schema import parse_events
+
+    noted: list[int] = []
+    monkeypatch.setattr(notes_module, "note_misses", lambda idx, misses: noted.append(len(misses)))
+    monkeypatch.setattr(ingest, "_skipped", {"graphs": 0, "logged": float("-inf")})
+    body = {"events": [graph(result="miss", components=components())] * 3}
+    missed = ingest.misses(parse_events(json.dumps(body).encode()))
+    held = 0
+    try:
+        while ingest._noting.acquire(blocking=False):  # every slot busy elsewhere
+            held += 1
+        assert held == ingest.NOTE_BATCHES
+        with caplog.at_level(logging.WARNING, logger="neffcache.server.telemetry"):
+            ingest.note(index, missed, 1.0)
+        assert noted == []
+        assert "3 missed graph(s) not noted" in caplog.text
+    finally:
+        for _ in range(held):
+            ingest._noting.release()
+    ingest.note(index, missed, 1.0)
+    assert noted == [3]

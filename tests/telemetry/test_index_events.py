@@ -264,6 +264,9 @@ def test_events_for_key_are_newest_first_and_only_the_key(index: Index) -> None:
     assert numbers(index.events_for_key("team-b", KEY, 10)) == [3]
     assert index.events_for_key("team-c", KEY, 10) == []
     assert index.events_for_key("team-a", "", 10) == []
+    # No limit is no event on every backend (SQLite's LIMIT -1 would mean all of them).
+    assert index.events_for_key("team-a", KEY, 0) == []
+    assert index.events_for_key("team-a", KEY, -1) == []
 
 
 def test_namespaces_that_look_alike_stay_apart(index: Index) -> None:
@@ -308,6 +311,43 @@ def test_sqlite_keeps_its_row_count_and_reads_through_indexes(tmp_path: Path) ->
     for name, plan in plans.items():
         assert name in plan, plan
         assert "TEMP B-TREE" not in plan, plan  # no sort of the matching rows
+
+
+def test_sqlite_paging_by_many_namespaces_reads_each_event_about_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A token of 20 namespaces, their events interleaved: a page must not read a full
+    # page of every namespace (20 times what it returns), over and over.
+    from neffcache.server.index.sqlite import SqliteIndex
+
+    index = open_index(f"sqlite:///{tmp_path}/index.db")
+    assert isinstance(index, SqliteIndex)
+    names = [f"team-{n:02d}" for n in range(20)]
+    index.append_events(
+        [event(100.0 + i // 10, i, names[i % 20]) for i in range(2000)], MANY, NONE_OLD
+    )
+    read = [0]
+    plain = index._read
+
+    def counting(sql: str, params: tuple[object, ...]) -> list[tuple[object, ...]]:
+        rows = plain(sql, params)
+        read[0] += len(rows)
+        return rows
+
+    monkeypatch.setattr(index, "_read", counting)
+    assert numbers(read_all(index, 50, names[:-1])) == [i for i in range(2000) if i % 20 != 19]
+    assert read[0] < 5 * 2000, read[0]  # about 50 x 20 per page of 50 without the bound
+    index.close()
+    with sqlite3.connect(tmp_path / "index.db") as conn:
+        bounded = str(
+            conn.execute(
+                "EXPLAIN QUERY PLAN SELECT * FROM events WHERE namespace = 'a' AND at < 9"
+                " AND (at > 1 OR (at = 1 AND id > 3)) AND (at < 5 OR (at = 5 AND id <= 7))"
+                " ORDER BY at, id LIMIT 5"
+            ).fetchall()
+        )
+    assert "events_by_namespace" in bounded
+    assert "TEMP B-TREE" not in bounded
 
 
 def _v4_file(path: Path) -> None:

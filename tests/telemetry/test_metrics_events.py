@@ -136,6 +136,19 @@ def test_namespace_labels_are_bounded(client: TestClient, monkeypatch: pytest.Mo
     assert value(found, graphs, namespace="_other", result="hit", source="l1") == 1
 
 
+def test_counters_events_take_no_namespace_label(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No counters metric is labelled by namespace: a namespace that only sends
+    # counters must not use up one of the bounded labels.
+    monkeypatch.setattr(metrics_module, "MAX_NAMESPACE_LABELS", 1)
+    counters = {"kind": "counters", "namespace": "team-z", "counts": {"compiles": 1}}
+    assert post(client, counters, graph("team-a", source="l1")) == 202
+    found = samples(client)
+    graphs = "neffcache_client_graphs_total"
+    assert value(found, graphs, namespace="team-a", result="hit", source="l1") == 1
+
+
 def _client_counter_names() -> set[str]:
     """Every name the client counts with ``STATS.count(...)``: literal names, both
     branches of a conditional, and each source of ``f"hits_{source}"``."""

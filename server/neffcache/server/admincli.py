@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from . import cli
+from .units import human_bytes, human_seconds
 
 # Seconds a pass or an expiry may take on the server before the CLI stops waiting.
 _LONG = 3600.0
@@ -456,26 +457,6 @@ def table(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
     )
-
-
-def human_bytes(value: int | None) -> str:
-    if value is None:
-        return "none"
-    amount = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if amount < 1024 or unit == "TiB":
-            return f"{amount:.0f} {unit}" if unit == "B" else f"{amount:.1f} {unit}"
-        amount /= 1024
-    raise AssertionError("unreachable")
-
-
-def human_seconds(value: float | None) -> str:
-    if value is None:
-        return "none"
-    for unit, seconds in (("d", 86400), ("h", 3600), ("m", 60)):
-        if value >= seconds:
-            return f"{value / seconds:.1f}{unit}".replace(".0" + unit, unit)
-    return f"{value:.0f}s"
 
 
 def when(stamp: float) -> str:

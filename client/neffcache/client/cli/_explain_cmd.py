@@ -32,6 +32,9 @@ _NAMESPACE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 _TIMEOUT = 60.0
 # Requests stay under the server's 8 MiB: past this the shapes are left out.
 _BODY_MAX = 6 * 2**20
+# The server takes an instruction's shape up to this many characters (a tuple of
+# tuples prints longer): past it, the shapes are left out rather than refused.
+_SHAPE_MAX = 4096
 LOG_LINES = 30
 
 
@@ -107,8 +110,11 @@ def _request(
     }
     if config.model:
         request["model"] = config.model
+    shapes = request["graph"]["shapes"]
+    if any(len(shape) > _SHAPE_MAX for shape in shapes):
+        del request["graph"]["shapes"]
     body = json.dumps(request).encode()
-    if len(body) > _BODY_MAX:  # a huge graph: compared without its shapes
+    if len(body) > _BODY_MAX and "shapes" in request["graph"]:  # a huge graph
         del request["graph"]["shapes"]
         body = json.dumps(request).encode()
     return body
@@ -190,12 +196,14 @@ def _entry(entry: Any) -> list[str]:
 def _removed(removed: Any) -> list[str]:
     if not isinstance(removed, dict):
         return []
-    return [
+    lines = [
         "",
         f"removed: {_when(removed.get('at'))} from {removed.get('namespace')}, "
         f"{removed.get('action')} ({removed.get('reason')}) by {removed.get('actor')}",
-        f"  {removed.get('why')}",
     ]
+    if removed.get("why"):
+        lines.append(f"  {removed['why']}")
+    return lines
 
 
 def _graph(graph: Any) -> list[str]:

@@ -179,7 +179,8 @@ def _choice(value: str, choices: tuple[str, ...], option: str) -> str:
 def _count(raw: str | None, default: int, option: str) -> int:
     if raw is None:
         return default
-    if not raw.isdigit() or int(raw) > MAX_TOP:
+    # Not str.isdigit: it takes "²", which int() refuses.
+    if not re.fullmatch(r"[0-9]{1,7}", raw) or int(raw) > MAX_TOP:
         raise CommandError(f"{option} {raw!r}: give a whole number from 0 to {MAX_TOP}")
     return int(raw)
 

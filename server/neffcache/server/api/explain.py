@@ -10,6 +10,7 @@ explanation with reason ``unknown``, not an error. See docs/explain.md.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -35,8 +36,8 @@ async def explain_key(
     namespace: Namespace, key: Key, caller: CallerDep, backends: BackendsDep
 ) -> dict[str, Any]:
     caller.require("read", namespace)
-    gathered = await backends.run(_for_key, backends, caller, namespace, key, time.time())
-    return await _answer(backends, gathered)
+    now = time.time()
+    return await run_in_threadpool(_answer, backends, _for_key, caller, namespace, key, now)
 
 
 @router.post(
@@ -51,10 +52,9 @@ async def explain_components(
     namespace: Namespace, request: Request, caller: CallerDep, backends: BackendsDep
 ) -> dict[str, Any]:
     caller.require("read", namespace)  # before the body: no token, nothing read
-    asked, complete = parse_request(namespace, await read_body(request, _BODY_MAX))
+    body = await read_body(request, _BODY_MAX)
     now = time.time()
-    gathered = await backends.run(_for_asked, backends, caller, asked, complete, now)
-    return await _answer(backends, gathered)
+    return await run_in_threadpool(_answer, backends, _for_body, caller, namespace, body, now)
 
 
 def _for_key(backends: Backends, caller: Caller, namespace: str, key: str, now: float) -> Gathered:
@@ -62,9 +62,11 @@ def _for_key(backends: Backends, caller: Caller, namespace: str, key: str, now: 
     return gather(backends, caller, asked, now)
 
 
-def _for_asked(
-    backends: Backends, caller: Caller, asked: Asked, complete: bool, now: float
+def _for_body(
+    backends: Backends, caller: Caller, namespace: str, body: bytes, now: float
 ) -> Gathered:
+    # Up to 8 MiB of JSON, a string per instruction to validate: never on the loop.
+    asked, complete = parse_request(namespace, body)
     if not complete and asked.key is not None:
         found = asked_for_key(backends.index, asked.namespace, asked.key, now)
         asked = Asked(
@@ -78,10 +80,12 @@ def _for_asked(
     return gather(backends, caller, asked, now)
 
 
-async def _answer(backends: Backends, gathered: Gathered) -> dict[str, Any]:
-    inputs = gathered.inputs
-    if gathered.hlo:
-        # Parsing a stored HLO module takes a while for a large graph: never on the
-        # event loop, whatever the stores.
-        inputs = await run_in_threadpool(fill_shapes, gathered, backends.blobs)
+def _answer(
+    backends: Backends, gather_: Callable[..., Gathered], caller: Caller, *args: Any
+) -> dict[str, Any]:
+    """The explanation, in a worker thread whatever the stores: an explanation is
+    dozens of index reads (a slice of the audit log among them), and may parse a
+    request of 8 MiB and a stored HLO module, each far longer than one store call."""
+    gathered = gather_(backends, caller, *args)
+    inputs = fill_shapes(gathered, backends.blobs) if gathered.hlo else gathered.inputs
     return explain(inputs).as_json()

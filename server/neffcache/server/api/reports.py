@@ -9,6 +9,7 @@ stops the server instead of failing reports later.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Callable
@@ -27,6 +28,12 @@ from neffcache.server.reports.render_text import cost_csv, cost_table, upgrade_c
 from neffcache.server.reports.window import parse_by, parse_time
 
 MAX_TOP = 1000
+# Reports computed at once per replica; more wait their turn. Each one reads every
+# event of its window (up to the millions an index keeps, parsed on this process's
+# event loop between pages) and holds aggregates of up to tens of MB, and a dashboard
+# asks for three a minute: unbounded, a few open dashboards would take the CPU and
+# memory that lookups need.
+CONCURRENT_REPORTS = 2
 _MEDIA = {
     "json": "application/json",
     "csv": "text/csv; charset=utf-8",
@@ -47,6 +54,7 @@ Namespaces = Annotated[
 
 @router.get("/cost")
 async def cost(
+    request: Request,
     caller: CallerDep,
     backends: BackendsDep,
     namespaces: Namespaces = None,
@@ -67,7 +75,8 @@ async def cost(
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
     scope = _scope(caller, namespaces)
-    report = await cost_report(backends, start, end, grouping, scope, top)
+    async with _gate(request):
+        report = await cost_report(backends, start, end, grouping, scope, top)
     return _answer(report, fmt, {"csv": cost_csv, "html": cost_html, "table": cost_table})
 
 
@@ -101,16 +110,30 @@ async def upgrade(
             raise BadRequest(f"active {active!r}: give a duration such as 30d")
     scope = _scope(caller, namespaces)
     server = str(request.base_url).rstrip("/")
-    report = await upgrade_report(
-        backends,
-        to_compiler,
-        scope,
-        from_compiler=from_compiler,
-        active_seconds=window,
-        top=top,
-        server=server,
-    )
+    async with _gate(request):
+        report = await upgrade_report(
+            backends,
+            to_compiler,
+            scope,
+            from_compiler=from_compiler,
+            active_seconds=window,
+            top=top,
+            server=server,
+        )
     return _answer(report, fmt, {"csv": upgrade_csv, "html": upgrade_html, "table": upgrade_table})
+
+
+def _gate(request: Request) -> asyncio.Semaphore:
+    """The app's bound on reports computed at once, one per event loop (a semaphore
+    belongs to the loop it first waits on; tests run an app on several loops). Made
+    on first use; nothing awaits between looking and setting."""
+    loop = asyncio.get_running_loop()
+    found: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = getattr(
+        request.app.state, "reports_gate", None
+    )
+    if found is None or found[0] is not loop:
+        found = request.app.state.reports_gate = (loop, asyncio.Semaphore(CONCURRENT_REPORTS))
+    return found[1]
 
 
 def _check_format(fmt: str) -> None:

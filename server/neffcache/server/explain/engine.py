@@ -13,13 +13,17 @@ the others add a sentence each ("Also: ..."):
    so the closest other graph (same structure, else same model), or none;
 6. ``unknown``: nothing the server knows applies.
 
+An entry published after a reported miss did not cause it: the findings are then those
+of what the server knew at the miss (``as_of_miss``), and the entry comes last. What
+happened before the key's last publish is not told (``_history``).
+
 In "A vs B" wording A is what the server's graph had and B is yours.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from neffcache.server.explain.facts import (
@@ -44,9 +48,9 @@ from neffcache.server.explain.words import (
     opcode_changes,
     plural,
     short,
-    size,
     version_order,
 )
+from neffcache.server.units import human_bytes
 
 NEAREST_SHOWN = 5
 EXAMPLES_SHOWN = 5
@@ -64,12 +68,20 @@ class Finding:
 
 
 def explain(inputs: Inputs) -> Explanation:
-    findings = [
-        *_published(inputs),
-        *_history(inputs),
-        *_elsewhere(inputs),
-        *(_program(inputs) if inputs.variants else _graph(inputs)),
-    ]
+    basis = as_of_miss(inputs)
+    if basis is None:
+        findings = [
+            *_published(inputs),
+            *_history(inputs),
+            *_elsewhere(inputs),
+            *(_program(inputs) if inputs.variants else _graph(inputs)),
+        ]
+    else:  # why it missed then; that it was published since comes last
+        findings = [
+            *_history(basis),
+            *(_program(basis) if basis.variants else _graph(basis)),
+            *_published(inputs),
+        ]
     if not findings:
         findings = [_unknown(inputs)]
     first = findings[0]
@@ -85,6 +97,25 @@ def explain(inputs: Inputs) -> Explanation:
     return out
 
 
+def as_of_miss(inputs: Inputs) -> Inputs | None:
+    """What the server knew when a reported miss was looked up, if the entry there now
+    was published after it (by the job that missed, typically): the entry, and what
+    happened or was noted after the miss, do not explain it. None otherwise."""
+    entry, missed = inputs.entry, inputs.asked.missed_at
+    if entry is None or missed is None or entry.created_at < missed:
+        return None
+    own = inputs.own if inputs.own is not None and inputs.own.created_at < missed else None
+    failure = inputs.failure if inputs.failure is not None and inputs.failure.at < missed else None
+    return replace(
+        inputs,
+        entry=None,
+        own=own,
+        failure=failure,
+        removals=tuple(r for r in inputs.removals if r.at < missed),
+        variants=tuple(v for v in inputs.variants if v.created_at < missed),
+    )
+
+
 # --- 1. an entry now
 
 
@@ -97,7 +128,10 @@ def _published(inputs: Inputs) -> list[Finding]:
     summary = f"an entry exists now{where}: published {moment(entry.created_at, now)}"
     missed = asked.missed_at
     if missed is not None and entry.created_at >= missed:
-        summary += f", after the miss at {moment(missed, now)}: another job compiled it meanwhile"
+        summary += (
+            f", after the miss at {moment(missed, now)}: the job that missed it (or another) "
+            "compiled it meanwhile"
+        )
     elif missed is not None:
         summary += (
             f", before the miss at {moment(missed, now)}: the client did not reach the "
@@ -138,14 +172,20 @@ def _entry_view(entry: Present) -> dict[str, Any]:
 
 
 def _history(inputs: Inputs) -> list[Finding]:
-    """The newest of the last failure and the last removal, then the other."""
+    """The newest of the last failure and the last removal, then the other. What
+    happened before the key's last publish (the entry there now, or the one the program
+    map knows) is left out: a failure then was not the last compile, and a removal
+    then removed an entry that was published again."""
+    published = _last_published(inputs)
     found: list[tuple[float, Finding]] = []
-    if inputs.failure is not None:
-        found.append((inputs.failure.at, _failed(inputs.failure, inputs)))
-    if inputs.removals:
-        found.append((inputs.removals[0].at, _removed(inputs.removals[0], inputs)))
-    elif inputs.own is not None and inputs.own.seen == "published" and inputs.entry is None:
-        own = inputs.own
+    failure = inputs.failure
+    if failure is not None and (published is None or failure.at >= published):
+        found.append((failure.at, _failed(failure, inputs)))
+    removals = [r for r in inputs.removals if published is None or r.at >= published]
+    own = inputs.own
+    if removals:
+        found.append((removals[0].at, _removed(removals[0], inputs)))
+    elif own is not None and own.seen == "published" and inputs.entry is None:
         summary = (
             f"evicted: this key had an entry (published {day(own.created_at)} in namespace "
             f"{own.namespace}); it is gone and the audit log no longer says why"
@@ -153,6 +193,16 @@ def _history(inputs: Inputs) -> list[Finding]:
         found.append((own.created_at, Finding("evicted", summary)))
     found.sort(key=lambda pair: pair[0], reverse=True)
     return [finding for _, finding in found]
+
+
+def _last_published(inputs: Inputs) -> float | None:
+    """When this key's entry was last published, as far as the server knows: the
+    entry there now, else the program map's note of one."""
+    if inputs.entry is not None:
+        return inputs.entry.created_at
+    if inputs.own is not None and inputs.own.seen == "published":
+        return inputs.own.created_at
+    return None
 
 
 def _failed(failure: FailureSeen, inputs: Inputs) -> Finding:
@@ -221,7 +271,7 @@ def _removal_words(removal: Removal, policy: Policy) -> tuple[str, str, str, str
         return "expired", summary, said, _PIN_OR_TTL
     if removal.action == "evict" and reason == "quota":
         quota = policy.quota_bytes if policy.namespace == ns else None
-        advice = _PIN_OR_QUOTA + (f" (now {size(quota)})." if quota else ".")
+        advice = _PIN_OR_QUOTA + (f" (now {human_bytes(quota)})." if quota else ".")
         said = _sentence(why) or "The namespace was over its quota."
         return "evicted", f"evicted {when} by namespace {ns}'s quota", said, advice
     if removal.action == "evict" and reason == "compiler-retention":
@@ -266,13 +316,10 @@ def _use(detail: Mapping[str, Any], now: float) -> str:
 
 
 def _elsewhere(inputs: Inputs) -> list[Finding]:
-    if inputs.entry is not None or not (inputs.elsewhere or inputs.hidden_elsewhere):
+    if inputs.entry is not None or not inputs.elsewhere:
         return []
     ns = inputs.asked.namespace
-    if not inputs.elsewhere:
-        summary = "an entry exists in another namespace, which your token cannot read"
-        return [Finding("other-namespace", summary)]
-    first, more = inputs.elsewhere[0], len(inputs.elsewhere) - 1 + inputs.hidden_elsewhere
+    first, more = inputs.elsewhere[0], len(inputs.elsewhere) - 1
     summary = f"an entry exists in namespace {first}, which {ns} does not read through"
     if more:
         summary += f" (and in {plural(more, 'other namespace')})"
@@ -420,8 +467,8 @@ def _variant_view(variant: Variant, diffs: Sequence[Difference]) -> dict[str, An
 
 def _graph(inputs: Inputs) -> list[Finding]:
     asked = inputs.asked
-    if "fingerprint" not in asked.components:
-        return []
+    if "fingerprint" not in asked.components or _last_published(inputs) is not None:
+        return []  # nothing to compare, or this very key had an entry: not a new program
     for candidate in inputs.graphs:
         if candidate.relation == "structure":
             return [_same_structure(inputs, candidate)]

@@ -121,8 +121,8 @@ class Inputs:
     now: float
     policy: Policy
     entry: Present | None = None
-    elsewhere: tuple[str, ...] = ()  # namespaces not read through that hold the key
-    hidden_elsewhere: int = 0  # more of those, which the caller may not read
+    # Namespaces not read through that hold the key: only those the caller may read.
+    elsewhere: tuple[str, ...] = ()
     removals: tuple[Removal, ...] = ()  # newest first
     failure: FailureSeen | None = None
     variants: tuple[Variant, ...] = ()  # the same program under other keys

@@ -22,7 +22,7 @@ from neffcache.server.auth import Caller
 from neffcache.server.blobs import BlobStore
 from neffcache.server.deps import Backends
 from neffcache.server.explain import notes
-from neffcache.server.explain.engine import rank
+from neffcache.server.explain.engine import as_of_miss, rank
 from neffcache.server.explain.facts import (
     Asked,
     FailureSeen,
@@ -65,7 +65,7 @@ def asked_for_key(index: Index, namespace: str, key: str, now: float) -> Asked:
     missed_at = None
     for event, body in _events(index, namespace, key):
         if missed_at is None and body.get("result") == "miss":
-            missed_at = event.at
+            missed_at = _looked_up(event, body)
         if not components:
             components, graph = stored_components(body.get("components"))
             if components and isinstance(body.get("model"), str):
@@ -74,6 +74,22 @@ def asked_for_key(index: Index, namespace: str, key: str, now: float) -> Asked:
         for failure in index.failures(namespace, key, now)[:1]:
             components, graph = stored_components(_json(failure.record).get("components"))
     return Asked(namespace, key, components, graph, model, missed_at)
+
+
+def _looked_up(event: Event, body: Mapping[str, Any]) -> float:
+    """When a reported miss was looked up: a client makes a graph's event after its
+    compile (and publishes the graph then), and sends it up to a second or so later,
+    so the receipt is later by the compile and that wait. The client's own stamp
+    (``client_at``) leaves out the wait, when its clock is not ahead of ours."""
+    made, seconds = _number(body.get("client_at")), _number(body.get("compile_seconds"))
+    at = made if made is not None and 0 < made < event.at else event.at
+    return at - seconds if seconds is not None and seconds > 0 else at
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
 
 
 def _events(index: Index, namespace: str, key: str) -> list[tuple[Event, dict[str, Any]]]:
@@ -106,17 +122,18 @@ def gather(backends: Backends, caller: Caller, asked: Asked, now: float) -> Gath
             inputs, entry=entry, removals=removals, failure=_failure(index, ns, key, now)
         )
         if entry is None:
-            names, hidden = _elsewhere(index, caller, reads, key)
-            inputs = replace(inputs, elsewhere=names, hidden_elsewhere=hidden)
+            inputs = replace(inputs, elsewhere=_elsewhere(index, caller, reads, key))
     fingerprint = asked.components.get("fingerprint")
     if not isinstance(fingerprint, str):
         return Gathered(inputs)
-    searched = reads + _readable_others(index, caller, reads, PROGRAM_NAMESPACES)
+    searched = reads + _readable_others(index, caller, reads)[:PROGRAM_NAMESPACES]
     found = [v for n in searched for v in notes.variants(index, n, fingerprint)]
     mine = [v for v in found if v.key == key and v.namespace in reads]
+    mine.sort(key=lambda v: v.seen != "published")  # had an entry anywhere it is read
     others = _checked(index, asked.components, [v for v in found if v.key != key], ns)
     inputs = replace(inputs, own=mine[0] if mine else None, variants=tuple(others))
-    if others or inputs.entry is not None:
+    basis = as_of_miss(inputs)  # an entry published after the miss explains nothing
+    if (basis or inputs).variants or (inputs.entry is not None and basis is None):
         return Gathered(inputs)
     return _with_graphs(index, inputs, searched, fingerprint)
 
@@ -227,25 +244,20 @@ def _failure(index: Index, namespace: str, key: str, now: float) -> FailureSeen 
     return None
 
 
-def _readable_others(index: Index, caller: Caller, skip: Sequence[str], limit: int) -> list[str]:
-    names = [n for n in _namespaces(index) if n not in skip]
-    return [n for n in names if caller.covers(n)][:limit]
+def _readable_others(index: Index, caller: Caller, skip: Sequence[str]) -> list[str]:
+    """Up to ``NAMESPACES_SCANNED`` namespaces besides ``skip`` that the caller may
+    read: those its token names, or for a token of every namespace (and protected
+    mode) the first the index lists. Nothing of another namespace is looked at, not
+    even whether it holds a key: a token learns nothing of what it cannot read."""
+    every = "*" in caller.namespaces
+    names = _namespaces(index) if every else sorted(set(caller.namespaces))
+    return [n for n in names if n not in skip and caller.covers(n)][:NAMESPACES_SCANNED]
 
 
-def _elsewhere(
-    index: Index, caller: Caller, skip: Sequence[str], key: str
-) -> tuple[tuple[str, ...], int]:
-    """Namespaces not read through holding the key: those the caller may read by
-    name, the others only counted (a token learns no namespace it cannot read)."""
-    names, hidden = [], 0
-    for namespace in _namespaces(index):
-        if namespace in skip or index.get_entry(namespace, key) is None:
-            continue
-        if caller.covers(namespace):
-            names.append(namespace)
-        else:
-            hidden += 1
-    return tuple(names), hidden
+def _elsewhere(index: Index, caller: Caller, skip: Sequence[str], key: str) -> tuple[str, ...]:
+    """Namespaces not read through, readable by the caller, that hold the key."""
+    names = _readable_others(index, caller, skip)
+    return tuple(n for n in names if index.get_entry(n, key) is not None)
 
 
 def _checked(
@@ -273,8 +285,11 @@ def _with_graphs(
                 candidates.append(_candidate(item, namespace, "structure"))
     if asked.model:
         for namespace in searched:
-            for item in notes.items(index, notes.MODEL, namespace, asked.model)[:1]:
-                candidates.append(_candidate(item, namespace, "model"))
+            # The newest other program of the model: the newest item is often the asked
+            # graph itself (its own miss noted it).
+            noted = notes.items(index, notes.MODEL, namespace, asked.model)
+            latest = [c for c in (_candidate(i, namespace, "model") for i in noted) if c[2]]
+            candidates += [c for c in latest if c[2] != fingerprint][:1]
     candidates = [c for c in candidates if c[2] != fingerprint and c[2]]
     candidates.sort(key=lambda c: (c[4] != "structure", -c[0]))
     graphs, hlo = [], {}
@@ -287,7 +302,10 @@ def _with_graphs(
         model = (asked.model or "") if relation == "model" else ""
         graphs.append(OtherGraph(namespace, other, relation, count, None, tuple(variants), model))
     graphs.sort(key=lambda g: (g.relation != "structure", g.fingerprint not in hlo))
-    return Gathered(replace(inputs, graphs=tuple(graphs)), hlo)
+    # Only the first is compared (engine._graph): the others' modules are not read.
+    first = graphs[0].fingerprint if graphs else ""
+    used = {first: hlo[first]} if first in hlo else {}
+    return Gathered(replace(inputs, graphs=tuple(graphs)), used)
 
 
 def _candidate(

@@ -25,6 +25,7 @@ HLO_MAX_BYTES = 64 * 2**20  # a larger module is not read for an explanation
 _CACHED = 8  # summaries of large graphs hold a string per instruction
 
 _cache: OrderedDict[str, GraphSummary | None] = OrderedDict()
+_loading: dict[str, threading.Lock] = {}  # per digest, while a thread reads it
 _lock = threading.Lock()
 
 
@@ -50,7 +51,23 @@ def summary_of_entry(blobs: BlobStore, manifest: Mapping[str, Any]) -> GraphSumm
 
 def summary_of_blob(blobs: BlobStore, digest: str) -> GraphSummary | None:
     """The summary of a stored HLO module; None when the blob is absent, fails its
-    digest, is too large or is not a module (then that answer is remembered too)."""
+    digest, is too large or is not a module (then that answer is remembered too).
+
+    One module is read and parsed by one thread at a time: misses come in bursts (a
+    fleet starting cold asks about the same graphs at once), and the others wait for
+    its summary rather than each reading up to ``HLO_MAX_BYTES`` again."""
+    with _lock:
+        loading = _loading.setdefault(digest, threading.Lock())
+    try:
+        with loading:
+            return _summary_once(blobs, digest)
+    finally:
+        with _lock:
+            if _loading.get(digest) is loading and not loading.locked():
+                del _loading[digest]
+
+
+def _summary_once(blobs: BlobStore, digest: str) -> GraphSummary | None:
     with _lock:
         if digest in _cache:
             _cache.move_to_end(digest)

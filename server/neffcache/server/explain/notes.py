@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import re
 import threading
 import time
@@ -35,6 +36,7 @@ from typing import Any
 from neffcache.server.blobs import BlobStore
 from neffcache.server.explain.facts import Variant
 from neffcache.server.explain.hlo import summary_of_entry
+from neffcache.server.explain.request import key_of, normalized
 from neffcache.server.index import Index, Record
 
 log = logging.getLogger("neffcache.server.explain")
@@ -46,7 +48,13 @@ VARIANT_MAX_BYTES = 8 * 1024  # a variant larger than this (huge flags) is not k
 RETAIN_SECONDS = 90 * 86400.0
 RECORDS_KEEP = 50_000  # records per kind and namespace
 TRIM_EVERY_SECONDS = 3600.0
-_ATTEMPTS = 8  # compare-and-set rounds before a note is given up
+_ATTEMPTS = 12  # compare-and-set rounds before a note is given up
+# Between rounds, a random pause of up to this many seconds, doubling each round: a
+# fleet starting cold notes the graphs of one model (one model record) all at once,
+# and writers that retry at once collide again (a second or so in all, at worst, off
+# every request's path).
+_PAUSE = 0.001
+_PAUSE_MAX = 0.128
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -106,7 +114,12 @@ def _note(
     fingerprint = components.get("fingerprint")
     if not isinstance(fingerprint, str) or not _HEX64.match(fingerprint):
         return
-    variant = _variant_item(key, components, model, at, compile_seconds, seen)
+    components = normalized(components)
+    # A variant is a key and what it was made of: components that do not make the key
+    # they came with (incomplete, another key version, a client's bug) would show
+    # differences that are not there. The graph's structure is noted all the same.
+    made = key_of(components) == key
+    variant = _variant_item(key, components, model, at, compile_seconds, seen) if made else None
     if variant is not None:
         update(index, PROGRAM, namespace, fingerprint, lambda items: _add_variant(items, variant))
     graph = components.get("graph")
@@ -164,11 +177,12 @@ def _text_map(value: Any) -> dict[str, str]:
 
 
 def _add_variant(items: list[dict[str, Any]], new: dict[str, Any]) -> list[dict[str, Any]]:
-    """One item per key: the newest note, ``published`` once any note said so (a
-    later miss of an evicted key does not unsay that it had an entry)."""
+    """One item per key: the newest note, except that a miss never overwrites a
+    publish (a later miss of an evicted key does not unsay that it had an entry, nor
+    when it was published)."""
     old = next((item for item in items if item.get("key") == new["key"]), None)
     if old is not None and old.get("seen") == "published" and new["seen"] == "missed":
-        new = {**new, "seen": "published", "compile_seconds": old.get("compile_seconds")}
+        return items
     return _add(items, new, "key")
 
 
@@ -197,7 +211,9 @@ def update(
 ) -> bool:
     """Apply ``change`` to a record's items with compare-and-set, retried while other
     writers get in first; False when it never got through."""
-    for _ in range(_ATTEMPTS):
+    for attempt in range(_ATTEMPTS):
+        if attempt:
+            time.sleep(random.uniform(0.0, min(_PAUSE * 2**attempt, _PAUSE_MAX)))
         current = index.get_record(kind, namespace, name)
         old = current.value if current is not None else None
         value = _dump(change(read_items(old)))

@@ -34,16 +34,6 @@ def duration(seconds: float) -> str:
     return f"{max(0, int(seconds))} s"
 
 
-def size(count: int) -> str:
-    """Bytes in binary units: ``512 B``, ``1.5 GiB``."""
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{count} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
 def short(key: str) -> str:
     return key[:12]
 
@@ -113,9 +103,13 @@ def flag_changes(theirs: Sequence[str], yours: Sequence[str]) -> list[str]:
         f"flag {_spell(name, before[name])} is gone" for name in before if name not in after
     )
     if not changes:
-        # Same names and values: another order, or a flag given twice. The compiler
-        # lets the last of competing flags win, so order is part of the key.
-        changes.append(f"the same flags in another order: {' '.join(theirs)} vs {' '.join(yours)}")
+        # Same names and last values: another order, or a flag given more than once.
+        # The compiler lets the last of competing flags win, so both are in the key.
+        both = f"{' '.join(theirs)} vs {' '.join(yours)}"
+        if sorted(theirs) == sorted(yours):
+            changes.append(f"the same flags in another order: {both}")
+        else:
+            changes.append(f"the same flags, some given more than once: {both}")
     return changes
 
 

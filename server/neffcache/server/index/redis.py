@@ -947,6 +947,8 @@ class RedisIndex:
     ) -> tuple[list[Event], str | None]:
         if limit < 1:
             raise ValueError(f"an events page holds at least 1 event, not {limit}")
+        if namespaces is not None and not namespaces:
+            return [], None  # of no namespace: nothing to read through the whole log
         at, seq = (since, 0) if after is None else max((since, 0), event_place(after))
         wanted = None if namespaces is None else set(namespaces)
         # With no filter every event read is kept: read one more than the page.

@@ -736,24 +736,40 @@ class SqliteIndex:
                 params,
             )
         else:
-            # One range scan of events_by_namespace per namespace, each already in
-            # (at, id) order, merged here: an IN list would sort every matching row.
-            pages = [
-                self._read(
-                    f"SELECT {_EVENT_COLUMNS} FROM events WHERE namespace = ? AND {where}"
-                    " ORDER BY at, id LIMIT ?",
-                    (namespace, *params),
-                )
-                for namespace in sorted(set(namespaces))
-            ]
-            rows = list(heapq.merge(*pages, key=_row_place))[: limit + 1]
+            rows = self._events_of(sorted(set(namespaces)), where, params, limit)
         more = len(rows) > limit
         rows = rows[:limit]
         cursor = event_cursor(*_row_place(rows[-1])) if more else None
         return [_event(row) for row in rows], cursor
 
+    def _events_of(
+        self, namespaces: list[str], where: str, params: tuple[object, ...], limit: int
+    ) -> list[tuple[object, ...]]:
+        """The first ``limit + 1`` rows of some namespaces: one range scan of
+        events_by_namespace per namespace, each already in (at, id) order, merged here
+        (an IN list would sort every matching row). Once ``limit + 1`` rows are in
+        hand, the last of them bounds the later scans: a row past it cannot be among
+        the first. Without the bound every page would read ``limit + 1`` rows of each
+        namespace, most of them to be read again for the next page."""
+        rows: list[tuple[object, ...]] = []
+        upper = ""
+        bound: tuple[object, ...] = ()
+        for namespace in namespaces:
+            found = self._read(
+                f"SELECT {_EVENT_COLUMNS} FROM events WHERE namespace = ? AND {where}{upper}"
+                " ORDER BY at, id LIMIT ?",
+                (namespace, *params[:-1], *bound, params[-1]),
+            )
+            rows = list(heapq.merge(rows, found, key=_row_place))[: limit + 1]
+            if len(rows) > limit:
+                last_at, last_id = _row_place(rows[-1])
+                upper = " AND (at < ? OR (at = ? AND id <= ?))"
+                bound = (last_at, last_at, last_id)
+        return rows
+
     def events_for_key(self, namespace: str, key: str, limit: int) -> list[Event]:
-        if not key:  # events without a key belong to none
+        # Events without a key belong to none; and LIMIT -1 would mean no limit.
+        if not key or limit < 1:
             return []
         rows = self._read(
             f"SELECT {_EVENT_COLUMNS} FROM events WHERE namespace = ? AND key = ?"

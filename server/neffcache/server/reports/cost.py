@@ -81,15 +81,17 @@ class CostReport:
         self.runs.add(graph)
 
     def _price(self, graph: Graph) -> float | None:
-        if graph.instance_type is None:
+        # Named as the price table looks it up, so that one type is listed once.
+        name = (graph.instance_type or "").strip().lower()
+        if not name:
             self.without_type += 1
             return None
-        price = self.prices.hourly(graph.instance_type)
+        price = self.prices.hourly(name)
         if price is None:
             if len(self.unpriced_types) < MAX_UNPRICED_TYPES:
-                self.unpriced_types.add(graph.instance_type)
+                self.unpriced_types.add(name)
         else:
-            self.applied.add(graph.instance_type.strip().lower())
+            self.applied.add(name)
         return price
 
     def _group(self, graph: Graph) -> Figures:
@@ -134,9 +136,15 @@ class CostReport:
     def _days(self, now: float) -> list[dict[str, Any]]:
         wanted = set(self.days)
         end = min(self.until, now)
-        if self.until - self.since <= MAX_FILLED_DAYS * DAY and end > self.since:
+        start = self.since
+        if self.until - self.since > MAX_FILLED_DAYS * DAY:
+            # A long window (since=0) starts at its first event's day, at most
+            # MAX_FILLED_DAYS before its end, so that a chart's days stay contiguous.
+            first = min(self.days, default=None)
+            start = end if first is None else max(first * DAY, end - MAX_FILLED_DAYS * DAY)
+        if end > start:
             # The end is exclusive: an ``until`` at midnight ends the day before.
-            wanted.update(range(day_index(self.since), day_index(end - 1e-6) + 1))
+            wanted.update(range(day_index(start), day_index(end - 1e-6) + 1))
         empty = Figures()
         return [
             {"day": day_name(day), **self.days.get(day, empty).as_json()} for day in sorted(wanted)

@@ -101,7 +101,7 @@ class Figures:
     cost_saved: float = 0.0
     unpriced_spent: float = 0.0  # seconds
     unpriced_saved: float = 0.0
-    priced_spent: bool = False  # some spent hours had a price
+    priced_spent: bool = False  # some spent hours (more than none) had a price
     priced_saved: bool = False
     reasons: dict[str, int] = field(default_factory=dict)
 
@@ -116,7 +116,8 @@ class Figures:
                 self.unpriced_saved += graph.saved_seconds
             else:
                 self.cost_saved += graph.saved_seconds / HOUR * price
-                self.priced_saved = True
+                # Priced hours, not a priced event: a hit that saved nothing prices none.
+                self.priced_saved |= graph.saved_seconds > 0
             return
         self.misses += 1
         self.reasons[graph.reason] = self.reasons.get(graph.reason, 0) + 1
@@ -127,7 +128,8 @@ class Figures:
             self.unpriced_spent += graph.compile_seconds
         else:
             self.cost_spent += graph.compile_seconds / HOUR * price
-            self.priced_spent = True
+            # A miss that never compiled, on a priced instance, prices no hour.
+            self.priced_spent |= graph.compile_seconds > 0
 
     def as_json(self) -> dict[str, Any]:
         return {

@@ -67,7 +67,7 @@ class TopMisses:
             tally.unpriced += graph.compile_seconds
         else:
             tally.cost += graph.compile_seconds / HOUR * price
-            tally.priced = True
+            tally.priced |= graph.compile_seconds > 0
         # Events come oldest first: the latest miss names the graph's current state.
         if graph.at >= tally.last_at:
             tally.last_at = graph.at

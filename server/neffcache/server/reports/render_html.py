@@ -11,10 +11,10 @@ from typing import Any
 from neffcache.server.reports.render_text import (
     SCOPE_NOTE,
     rate,
-    size,
     usd,
     when,
 )
+from neffcache.server.units import human_bytes
 
 _STYLE = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #1b1f24; }
@@ -131,8 +131,8 @@ def cost_html(report: dict[str, Any]) -> str:
                 [
                     s["namespace"],
                     s["entries"],
-                    size(s["bytes"]),
-                    "none" if s["quota_bytes"] is None else size(s["quota_bytes"]),
+                    human_bytes(s["bytes"]),
+                    "none" if s["quota_bytes"] is None else human_bytes(s["quota_bytes"]),
                 ]
                 for s in report["storage"]
             ],

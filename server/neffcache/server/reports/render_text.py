@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from neffcache.server.units import human_bytes, human_seconds
+
 FIGURE_COLUMNS = (
     "lookups",
     "hits",
@@ -75,8 +77,19 @@ def _csv(lines: Sequence[Sequence[Any]]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     for line in lines:
-        writer.writerow(["" if cell is None else cell for cell in line])
+        writer.writerow([_inert(cell) for cell in line])
     return out.getvalue()
+
+
+def _inert(cell: Any) -> Any:
+    """A cell a spreadsheet shows as text: model labels and job ids come from clients,
+    and one starting with ``=``, ``+``, ``-`` or ``@`` would be run as a formula
+    (OWASP's CSV injection advice: a leading quote)."""
+    if cell is None:
+        return ""
+    if isinstance(cell, str) and cell[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + cell
+    return cell
 
 
 # --- terminal tables
@@ -162,8 +175,10 @@ def _totals_block(t: dict[str, Any]) -> str:
         f"{t['hits_server']} from the server), misses {t['misses']}, "
         f"hit rate {rate(t['hit_rate'])}",
         f"compiles {t['compiles']} ({t['failed_compiles']} failed)",
-        f"compile-hours spent {t['compile_hours_spent']:.2f} ({usd(t['cost_spent'])}); "
-        f"saved by hits {t['compile_hours_saved']:.2f} ({usd(t['cost_saved'])})",
+        f"compile-hours spent {t['compile_hours_spent']:.2f} "
+        f"({human_seconds(t['compile_hours_spent'] * 3600)}, {usd(t['cost_spent'])}); "
+        f"saved by hits {t['compile_hours_saved']:.2f} "
+        f"({human_seconds(t['compile_hours_saved'] * 3600)}, {usd(t['cost_saved'])})",
         f"unpriced hours: {t['unpriced_hours_spent']:.2f} spent, "
         f"{t['unpriced_hours_saved']:.2f} saved",
     ]
@@ -210,8 +225,8 @@ def _storage_block(storage: list[dict[str, Any]]) -> str:
             [
                 held["namespace"],
                 str(held["entries"]),
-                size(held["bytes"]),
-                "none" if quota is None else size(quota),
+                human_bytes(held["bytes"]),
+                "none" if quota is None else human_bytes(quota),
             ]
         )
     return "STORAGE\n" + table(rows)
@@ -320,12 +335,3 @@ def usd(value: float | None) -> str:
 
 def when(stamp: float) -> str:
     return datetime.fromtimestamp(stamp, timezone.utc).strftime("%Y-%m-%d %H:%MZ")
-
-
-def size(value: int) -> str:
-    amount = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if amount < 1024 or unit == "TiB":
-            return f"{amount:.0f} {unit}" if unit == "B" else f"{amount:.1f} {unit}"
-        amount /= 1024
-    raise AssertionError("unreachable")

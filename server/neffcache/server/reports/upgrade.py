@@ -231,29 +231,38 @@ class NamespaceUpgrade:
 
 
 def _sum_steps(steps: list[dict[str, Any]]) -> dict[str, Any]:
-    priced = [s for s in steps if s["cost"] is not None]
-    unpriced = [s for s in steps if s["cost"] is None]
     spent = sum(s["compile_hours"] for s in steps)
+    unpriced = sum(s["compile_hours"] for s in steps if s["cost"] is None)
+    priced = any(s["cost"] is not None and s["compile_hours"] > 0 for s in steps)
     return {
         "graphs": sum(s["graphs"] for s in steps),
         "compile_hours": round(spent, HOUR_DIGITS),
         "unknown_compile_time": sum(s["unknown_compile_time"] for s in steps),
-        "cost": round(sum(s["cost"] for s in priced), MONEY_DIGITS)
-        if priced or not spent
-        else None,
-        "unpriced_hours": round(sum(s["compile_hours"] for s in unpriced), HOUR_DIGITS),
+        "cost": _money([s["cost"] for s in steps], priced, unpriced),
+        "unpriced_hours": round(unpriced, HOUR_DIGITS),
     }
 
 
 def totals(namespaces: list[dict[str, Any]]) -> dict[str, Any]:
     """Every namespace's graphs, hours and money together (each kind summed apart)."""
-    priced = [n["cost"] for n in namespaces if n["cost"] is not None]
     spent = sum(n["compile_hours"] for n in namespaces)
     unpriced = sum(n["unpriced_hours"] for n in namespaces)
+    # A namespace priced some hours when it has more hours than unpriced ones.
+    priced = any(
+        n["cost"] is not None and n["compile_hours"] > n["unpriced_hours"] for n in namespaces
+    )
     return {
         "graphs": sum(n["graphs"] for n in namespaces),
         "compile_hours": round(spent, HOUR_DIGITS),
         "unknown_compile_time": sum(n["unknown_compile_time"] for n in namespaces),
-        "cost": round(sum(priced), MONEY_DIGITS) if priced or not spent else None,
+        "cost": _money([n["cost"] for n in namespaces], priced, unpriced),
         "unpriced_hours": round(unpriced, HOUR_DIGITS),
     }
+
+
+def _money(costs: list[float | None], priced: bool, unpriced_hours: float) -> float | None:
+    """The priced part, or None when there were hours and none had a price (as the
+    cost report's ``money``): 0 would claim the unpriced hours cost nothing."""
+    if not priced and unpriced_hours > 0:
+        return None
+    return round(sum(cost for cost in costs if cost is not None), MONEY_DIGITS)

@@ -4,6 +4,8 @@ and the program map's notes of missed graphs (for explanations)."""
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Sequence
 
 from neffcache.server.explain.reasons import reason_label
@@ -15,6 +17,15 @@ from neffcache.server.telemetry.counters import counter_label
 from neffcache.server.telemetry.schema import GraphEvent, TelemetryEvent
 
 log = logging.getLogger("neffcache.server.telemetry")
+
+# Batches whose misses are noted at once, per process. Each holds a worker thread of
+# the pool that remote stores' calls (and so every request on Redis) also wait for,
+# for as long as its notes take: a burst of misses (a compiler upgrade) must not take
+# them all. A batch arriving while these are busy is not noted (best-effort).
+NOTE_BATCHES = 2
+_noting = threading.BoundedSemaphore(NOTE_BATCHES)
+_skipped: dict[str, float] = {"graphs": 0, "logged": float("-inf")}
+_SKIPPED_LOG_SECONDS = 60.0
 
 
 def stored_events(batch: Sequence[TelemetryEvent], now: float) -> list[Event]:
@@ -37,8 +48,9 @@ def count(metrics: Metrics, batch: Sequence[TelemetryEvent]) -> None:
     ``Metrics.namespace``, reasons by the shared codes, counters by an allowlist)."""
     for event in batch:
         metrics.events_received.labels(event.kind).inc()
-        namespace = metrics.namespace(event.namespace)
         if isinstance(event, GraphEvent):
+            # Only metrics labelled by namespace take one of the bounded labels.
+            namespace = metrics.namespace(event.namespace)
             source = event.source or "unknown"
             metrics.client_graphs.labels(namespace, event.result, source).inc()
             if event.result == "miss":
@@ -65,8 +77,19 @@ def misses(batch: Sequence[TelemetryEvent]) -> list[GraphEvent]:
 def note(index: Index, missed: Sequence[GraphEvent], now: float) -> None:
     """Hand missed graphs to the program map (explanations). Best-effort, after the
     answer: the events are stored already, and no trouble here may fail or slow their
-    request. Imported here, so that the events API never depends on the explanations
-    loading."""
+    request. At most ``NOTE_BATCHES`` batches at once; others are skipped (logged at
+    most once a minute). Imported here, so that the events API never depends on the
+    explanations loading."""
+    if not _noting.acquire(blocking=False):
+        _skip(len(missed))
+        return
+    try:
+        _note(index, missed, now)
+    finally:
+        _noting.release()
+
+
+def _note(index: Index, missed: Sequence[GraphEvent], now: float) -> None:
     try:
         from neffcache.server.explain.notes import MissNote, note_misses
 
@@ -85,3 +108,16 @@ def note(index: Index, missed: Sequence[GraphEvent], now: float) -> None:
         note_misses(index, notes)
     except Exception:
         log.exception("cannot note %d missed graph(s) in the program map", len(missed))
+
+
+def _skip(count: int) -> None:
+    # Unlocked: a lost increment only misstates a log line.
+    _skipped["graphs"] += count
+    now = time.monotonic()
+    if now - _skipped["logged"] >= _SKIPPED_LOG_SECONDS:
+        log.warning(
+            "program map busy (%d batches being noted): %d missed graph(s) not noted",
+            NOTE_BATCHES,
+            _skipped["graphs"],
+        )
+        _skipped["graphs"], _skipped["logged"] = 0, now
