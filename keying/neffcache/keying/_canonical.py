@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
@@ -86,6 +87,41 @@ def fingerprint_hlo(module_bytes: bytes) -> str:
 
 def canonical_hlo(module_bytes: bytes) -> bytes:
     """Return the canonical form that ``fingerprint_hlo`` hashes (see the module doc)."""
+    graph = ordered_module(module_bytes)
+    module, joined, moved, comp_pos = graph.module, graph.joined, graph.moved, graph.comp_pos
+    structure = graph.wiring()
+    structure += _schedule(module, graph.positions, comp_pos)
+    content = joined.canonical_content(moved)
+    attrs = _canonical_attributes(joined.attrs, moved, len(graph.ordered))
+    # Last: _outer clears the computations' instructions and ids.
+    parts = (_outer(module, comp_pos), content, attrs, structure)
+    return _MAGIC + b"".join(len(part).to_bytes(8, "big") + part for part in parts)
+
+
+@dataclass(frozen=True)
+class OrderedModule:
+    """A parsed module in canonical order: what the fingerprint and the graph summary
+    (``_summary.py``) both start from."""
+
+    module: Any
+    joined: Joined
+    ordered: list[Any]  # computations in canonical order
+    comp_pos: dict[int, int]  # computation id -> canonical position
+    positions: dict[int, int]  # instruction id -> canonical position
+    moved: list[int] | None  # each canonical computation's index in the file; None: same
+    entry_id: int
+
+    def wiring(self) -> bytes:
+        """The entry's position, then ``_structure``: sizes, roots, operands, control
+        predecessors and calls as canonical positions."""
+        out = array("q", [self.comp_pos[self.entry_id]]).tobytes()
+        return out + _structure(
+            self.joined, self.ordered, self.positions, self.comp_pos, self.moved
+        )
+
+
+def ordered_module(module_bytes: bytes) -> OrderedModule:
+    """Parse and order a module (KeyingError for what is not a well-formed one)."""
     module = _parse(module_bytes)
     comps = list(module.computations)
     by_id = _computations_by_id(comps)
@@ -98,14 +134,7 @@ def canonical_hlo(module_bytes: bytes) -> bytes:
     where = {comp_id: i for i, comp_id in enumerate(by_id)}
     # Index of each computation, in canonical order, among the file's; None if equal.
     moved = None if order == list(by_id) else [where[old] for old in order]
-    structure = array("q", [comp_pos[entry.id]]).tobytes()
-    structure += _structure(joined, ordered, positions, comp_pos, moved)
-    structure += _schedule(module, positions, comp_pos)
-    content = joined.canonical_content(moved)
-    attrs = _canonical_attributes(joined.attrs, moved, len(comps))
-    # Last: _outer clears the computations' instructions and ids.
-    parts = (_outer(module, comp_pos), content, attrs, structure)
-    return _MAGIC + b"".join(len(part).to_bytes(8, "big") + part for part in parts)
+    return OrderedModule(module, joined, ordered, comp_pos, positions, moved, entry.id)
 
 
 def _parse(module_bytes: bytes) -> Any:

@@ -31,12 +31,10 @@ import blake3
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
-from ._canonical import _computations_by_id, _entry_computation, _parse, _positions, _structure
+from ._canonical import ordered_module
 from ._errors import KeyingError
 from ._hlo_schema import BytesList
 from ._inputs import Frozen
-from ._joined import Joined
-from ._order import canonical_order
 
 # Bump when the structure's canonical form changes: stored structure digests (the
 # server's program map) then stop matching, which only costs explanations.
@@ -90,20 +88,9 @@ def graph_summary(module_bytes: bytes) -> GraphSummary:
 
     Raises KeyingError for the inputs ``fingerprint_hlo`` refuses.
     """
-    module = _parse(module_bytes)
-    comps = list(module.computations)
-    by_id = _computations_by_id(comps)
-    joined = Joined.parse(comps)
-    entry = _entry_computation(module, by_id)
-    order = canonical_order(entry.id, dict(zip(by_id, joined.callees(len(comps)), strict=True)))
-    comp_pos = {old: new for new, old in enumerate(order)}
-    ordered = [by_id[old] for old in order]
-    positions = _positions(joined.ids, comps, ordered)
-    where = {comp_id: i for i, comp_id in enumerate(by_id)}
-    moved = None if order == list(by_id) else [where[old] for old in order]
-    wiring = array("q", [comp_pos[entry.id]]).tobytes()
-    wiring += _structure(joined, ordered, positions, comp_pos, moved)
-    rows = [_Rows.of(comp.instructions) for comp in ordered]
+    graph = ordered_module(module_bytes)
+    wiring = graph.wiring()
+    rows = [_Rows.of(comp.instructions) for comp in graph.ordered]
     ops = [op for row in rows for op in row.ops]
     shapes = [shape for row in rows for shape in row.shapes]
     targets = [target for row in rows for target in row.targets]

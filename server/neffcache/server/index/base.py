@@ -204,6 +204,16 @@ def event_place(cursor: str) -> tuple[float, int]:
     return float(at), int(seq)
 
 
+def events_start(since: float, after: str | None, limit: int) -> tuple[float, int]:
+    """Where a page of ``Index.events`` starts: just after the cursor, never before
+    ``since`` (sequences start at 1, so ``(since, 0)`` takes every event at ``since``).
+    ValueError for a page of fewer than 1 event, or a cursor ``event_cursor`` did not
+    make: the checks every backend makes before reading."""
+    if limit < 1:
+        raise ValueError(f"an events page holds at least 1 event, not {limit}")
+    return (since, 0) if after is None else max((since, 0), event_place(after))
+
+
 class Index(Protocol):
     """An implementation may set a class attribute ``local = True`` when it answers
     from this machine's disk or memory; the server then calls it on its event loop

@@ -23,7 +23,7 @@ from .base import (
     Touch,
     entry_facts,
     event_cursor,
-    event_place,
+    events_start,
 )
 
 # An event's place in the log: its time, then its sequence (order of appending).
@@ -338,11 +338,9 @@ class MemoryIndex:
         after: str | None,
         limit: int,
     ) -> tuple[list[Event], str | None]:
-        if limit < 1:
-            raise ValueError(f"an events page holds at least 1 event, not {limit}")
+        start: _Place = events_start(since, after, limit)
         if namespaces is not None and not namespaces:
             return [], None  # of no namespace: nothing to read through the whole log
-        start: _Place = (since, 0) if after is None else max((since, 0), event_place(after))
         wanted = None if namespaces is None else set(namespaces)
         page: list[tuple[_Place, Event]] = []
         with self._lock:

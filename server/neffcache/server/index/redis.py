@@ -84,7 +84,7 @@ from .base import (
     Touch,
     entry_facts,
     event_cursor,
-    event_place,
+    events_start,
 )
 
 # Short, so that a dead Redis fails a request (and readiness) in seconds rather than
@@ -945,11 +945,9 @@ class RedisIndex:
         after: str | None,
         limit: int,
     ) -> tuple[list[Event], str | None]:
-        if limit < 1:
-            raise ValueError(f"an events page holds at least 1 event, not {limit}")
+        at, seq = events_start(since, after, limit)
         if namespaces is not None and not namespaces:
             return [], None  # of no namespace: nothing to read through the whole log
-        at, seq = (since, 0) if after is None else max((since, 0), event_place(after))
         wanted = None if namespaces is None else set(namespaces)
         # With no filter every event read is kept: read one more than the page.
         page = EVENTS_PAGE if wanted is not None else min(limit + 1, EVENTS_PAGE)

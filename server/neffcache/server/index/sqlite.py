@@ -34,7 +34,7 @@ from .base import (
     Touch,
     entry_facts,
     event_cursor,
-    event_place,
+    events_start,
 )
 
 # Stored in PRAGMA user_version. Bump it when a table changes, and add the step from
@@ -724,10 +724,8 @@ class SqliteIndex:
         after: str | None,
         limit: int,
     ) -> tuple[list[Event], str | None]:
-        if limit < 1:
-            raise ValueError(f"an events page holds at least 1 event, not {limit}")
         # Rows come after (at, id) = start; ids are >= 1, so (since, 0) takes all of since.
-        start = (since, 0) if after is None else max((since, 0), event_place(after))
+        start = events_start(since, after, limit)
         where = "at < ? AND (at > ? OR (at = ? AND id > ?))"
         params: tuple[object, ...] = (until, start[0], start[0], start[1], limit + 1)
         if namespaces is None:

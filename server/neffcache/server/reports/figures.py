@@ -87,6 +87,30 @@ def _text(value: Any) -> str | None:
 
 
 @dataclass(slots=True)
+class Priced:
+    """Compile seconds, what their instance types' hourly prices make of them, and the
+    seconds no price applied to."""
+
+    seconds: float = 0.0
+    cost: float = 0.0
+    unpriced: float = 0.0  # seconds
+    priced: bool = False  # some seconds (more than none) had a price
+
+    def add(self, seconds: float, price: float | None) -> None:
+        self.seconds += seconds
+        if price is None:
+            self.unpriced += seconds
+        else:
+            self.cost += seconds / HOUR * price
+            # Priced hours, not a priced event: a lookup that took or saved none
+            # (a hit of a 0 s compile, a miss that never compiled) prices none.
+            self.priced |= seconds > 0
+
+    def money(self) -> float | None:
+        return money(self.cost, self.priced, self.unpriced)
+
+
+@dataclass(slots=True)
 class Figures:
     lookups: int = 0
     hits: int = 0
@@ -95,14 +119,8 @@ class Figures:
     misses: int = 0
     compiles: int = 0
     failed_compiles: int = 0
-    seconds_spent: float = 0.0
-    seconds_saved: float = 0.0
-    cost_spent: float = 0.0
-    cost_saved: float = 0.0
-    unpriced_spent: float = 0.0  # seconds
-    unpriced_saved: float = 0.0
-    priced_spent: bool = False  # some spent hours (more than none) had a price
-    priced_saved: bool = False
+    spent: Priced = field(default_factory=lambda: Priced())
+    saved: Priced = field(default_factory=lambda: Priced())
     reasons: dict[str, int] = field(default_factory=dict)
 
     def add(self, graph: Graph, price: float | None) -> None:
@@ -111,25 +129,13 @@ class Figures:
             self.hits += 1
             self.hits_l1 += graph.source == "l1"
             self.hits_server += graph.source == "server"
-            self.seconds_saved += graph.saved_seconds
-            if price is None:
-                self.unpriced_saved += graph.saved_seconds
-            else:
-                self.cost_saved += graph.saved_seconds / HOUR * price
-                # Priced hours, not a priced event: a hit that saved nothing prices none.
-                self.priced_saved |= graph.saved_seconds > 0
+            self.saved.add(graph.saved_seconds, price)
             return
         self.misses += 1
         self.reasons[graph.reason] = self.reasons.get(graph.reason, 0) + 1
         self.compiles += graph.compiled
         self.failed_compiles += graph.failed
-        self.seconds_spent += graph.compile_seconds
-        if price is None:
-            self.unpriced_spent += graph.compile_seconds
-        else:
-            self.cost_spent += graph.compile_seconds / HOUR * price
-            # A miss that never compiled, on a priced instance, prices no hour.
-            self.priced_spent |= graph.compile_seconds > 0
+        self.spent.add(graph.compile_seconds, price)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -141,12 +147,12 @@ class Figures:
             "compiles": self.compiles,
             "failed_compiles": self.failed_compiles,
             "hit_rate": round(self.hits / self.lookups, 6) if self.lookups else None,
-            "compile_hours_spent": hours(self.seconds_spent),
-            "compile_hours_saved": hours(self.seconds_saved),
-            "cost_spent": money(self.cost_spent, self.priced_spent, self.unpriced_spent),
-            "cost_saved": money(self.cost_saved, self.priced_saved, self.unpriced_saved),
-            "unpriced_hours_spent": hours(self.unpriced_spent),
-            "unpriced_hours_saved": hours(self.unpriced_saved),
+            "compile_hours_spent": hours(self.spent.seconds),
+            "compile_hours_saved": hours(self.saved.seconds),
+            "cost_spent": self.spent.money(),
+            "cost_saved": self.saved.money(),
+            "unpriced_hours_spent": hours(self.spent.unpriced),
+            "unpriced_hours_saved": hours(self.saved.unpriced),
             "miss_reasons": dict(sorted(self.reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
         }
 

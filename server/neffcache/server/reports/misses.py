@@ -9,10 +9,10 @@ says so): a graph dropped early and missed again later starts a new tally.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from neffcache.server.reports.figures import HOUR, Graph, hours, money
+from neffcache.server.reports.figures import Graph, Priced, hours
 
 DEFAULT_LIMIT = 20_000
 
@@ -22,16 +22,13 @@ class _Tally:
     namespace: str
     key: str
     misses: int = 0
-    seconds: float = 0.0
-    cost: float = 0.0
-    priced: bool = False
-    unpriced: float = 0.0  # seconds
+    spent: Priced = field(default_factory=lambda: Priced())
     model: str | None = None
     reason: str = "unknown"
     last_at: float = 0.0
 
     def rank(self) -> tuple[float, int]:
-        return (self.seconds, self.misses)
+        return (self.spent.seconds, self.misses)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -40,8 +37,8 @@ class _Tally:
             "model": self.model,
             "reason": self.reason,
             "misses": self.misses,
-            "compile_hours": hours(self.seconds),
-            "cost": money(self.cost, self.priced, self.unpriced),
+            "compile_hours": hours(self.spent.seconds),
+            "cost": self.spent.money(),
             "last_at": self.last_at,
         }
 
@@ -62,12 +59,7 @@ class TopMisses:
                 self._prune()
             tally = self._tallies[where] = _Tally(graph.namespace, graph.key)
         tally.misses += 1
-        tally.seconds += graph.compile_seconds
-        if price is None:
-            tally.unpriced += graph.compile_seconds
-        else:
-            tally.cost += graph.compile_seconds / HOUR * price
-            tally.priced |= graph.compile_seconds > 0
+        tally.spent.add(graph.compile_seconds, price)
         # Events come oldest first: the latest miss names the graph's current state.
         if graph.at >= tally.last_at:
             tally.last_at = graph.at
@@ -81,6 +73,6 @@ class TopMisses:
 
     def top(self, count: int) -> list[dict[str, Any]]:
         ordered = sorted(
-            self._tallies.values(), key=lambda t: (-t.seconds, -t.misses, t.namespace, t.key)
+            self._tallies.values(), key=lambda t: (-t.spent.seconds, -t.misses, t.namespace, t.key)
         )
         return [tally.as_json() for tally in ordered[:count]]
