@@ -19,7 +19,13 @@ Readings these tests commit to:
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import queue
+import socket
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +38,11 @@ from client.e2e_harness import (
     Sandbox,
     Server,
     canonical_key,
+    compile_args,
+    hlo,
     read_run_manifest,
     stock_address,
+    wait_for,
 )
 
 from neffcache.server.explain.reasons import CLIENT_REASONS, REASONS
@@ -74,6 +83,19 @@ def stored(server: Server, namespace: str) -> list[dict[str, Any]]:
                 return found
     finally:
         index.close()
+
+
+def stored_graphs(server: Server, namespace: str, count: int) -> list[dict[str, Any]]:
+    """Every stored event of ``namespace`` once ``count`` graph events are in: the
+    wrapper's go from a child of its own, which may still be sending as it exits."""
+    found: list[dict[str, Any]] = []
+
+    def arrived() -> bool:
+        found[:] = stored(server, namespace)
+        return sum(e["kind"] == "graph" for e in found) >= count
+
+    wait_for(arrived, 30, f"{count} graph events")
+    return found
 
 
 def graphs(events: list[dict[str, Any]], job: str) -> list[dict[str, Any]]:
@@ -157,7 +179,7 @@ def test_wrapper_cold_warm_and_a_compiler_upgrade(private_server: Server, sandbo
     assert upgrade["reason"] == "compiler-changed", upgrade
     assert upgrade["compiler_version"] == upgraded
 
-    events = stored(server, sandbox.namespace)
+    events = stored_graphs(server, sandbox.namespace, 3)
     for line, job in ((miss, "cold"), (hit, "warm"), (upgrade, "upgrade")):
         event = assert_event_matches(line, graphs(events, job))
         assert (event["instance_type"], event["model"]) == (INSTANCE, MODEL)
@@ -192,7 +214,106 @@ def test_telemetry_off_stores_nothing_and_keeps_the_reason(
     sandbox.wrap(env, BLOCK_A, sandbox.new_dir("out") / "a.neff").check()
     (line,) = read_run_manifest(manifest)
     assert_server_reason(line)  # other tests' namespaces have it: "other-namespace"
-    assert stored(server, sandbox.namespace) == []
+    # The wrapper's events would go from a child after it exits: a later run's, once
+    # stored, shows that the quiet one sent none.
+    loud = env_for(sandbox, url, manifest, "loud")
+    sandbox.wrap(loud, BLOCK_A, sandbox.new_dir("out") / "a.neff").check()
+    events = stored_graphs(server, sandbox.namespace, 1)
+    assert {e.get("job_id") for e in events} == {"loud"}
+
+
+class HoldingServer:
+    """A loopback HTTP server that answers 404 to every request but ``POST
+    /v1/events``, which it reads and holds, unanswered, until the test answers it."""
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.held: queue.Queue[tuple[socket.socket, bytes]] = queue.Queue()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self._listener.accept()
+                threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as stream, contextlib.suppress(OSError, ValueError):
+            while True:
+                head = [stream.readline()]
+                while head[-1] not in (b"\r\n", b""):
+                    head.append(stream.readline())
+                if head[-1] == b"":
+                    return
+                length = 0
+                for line in head[1:]:
+                    name, _, value = line.decode().partition(":")
+                    if name.strip().lower() == "content-length":
+                        length = int(value)
+                body = stream.read(length)
+                if head[0].startswith(b"POST /v1/events "):
+                    self.held.put((conn.dup(), body))  # the test's to answer and close
+                    return
+                conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\n{}")
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def client_closed(conn: socket.socket) -> bool:
+    """Whether the other end closed ``conn`` (end of file), without waiting."""
+    conn.setblocking(False)
+    try:
+        return conn.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    finally:
+        conn.setblocking(True)
+
+
+# ``neffcache wrap`` as the shim runs it (os._exit at the end), with telemetry's bound
+# on sending raised far above any wait of this test's.
+_PATIENT_WRAP = (
+    "from neffcache.client import telemetry; telemetry.EXIT_WAIT = 120.0; "
+    "from neffcache.client.cli import main; main()"
+)
+
+
+def test_a_wrapper_hit_does_not_wait_for_the_events_answer(sandbox: Sandbox) -> None:
+    """The SDK waits for the wrapper's exit: a hit hands its events to a child and
+    exits while the server still holds the request; the child gets the answer."""
+    import neffcache.client
+    import neffcache.keying
+
+    server = HoldingServer()
+    try:
+        url = f"neffcache+http://127.0.0.1:{server.port}/{sandbox.namespace}"
+        l1 = sandbox.new_dir("l1")
+        roots = [str(Path(m.__file__).parents[2]) for m in (neffcache.client, neffcache.keying)]
+        extra = {"NEFFCACHE_LEASES": "0", "PYTHONPATH": os.pathsep.join(roots)}
+        quiet = sandbox.env(l1=l1, url=url, extra={**extra, "NEFFCACHE_TELEMETRY": "0"})
+        sandbox.wrap(quiet, BLOCK_A, sandbox.new_dir("out") / "a.neff").check()  # into L1
+        assert server.held.empty()
+
+        out = sandbox.new_dir("out") / "a.neff"
+        argv = [sys.executable, "-c", _PATIENT_WRAP, "wrap", "--", "neuronx-cc"]
+        argv += compile_args(hlo(BLOCK_A), out)
+        hit = sandbox.run(argv, sandbox.env(l1=l1, url=url, extra=extra), timeout=60).check()
+        assert out.read_bytes()
+        assert sandbox.compiles() == 1
+        conn, body = server.held.get(timeout=60)  # the events, sent by now or soon
+        with conn:
+            # The wrapper is gone, its events' request still open and unanswered.
+            assert not client_closed(conn), hit.describe()
+            (event,) = [e for e in json.loads(body)["events"] if e["kind"] == "graph"]
+            assert (event["via"], event["result"], event["source"]) == ("wrapper", "hit", "l1")
+            conn.sendall(b"HTTP/1.1 202 Accepted\r\nContent-Length: 2\r\n\r\n{}")
+            # The child read the answer and ended.
+            conn.settimeout(60)
+            assert conn.recv(1) == b""
+    finally:
+        server.close()
 
 
 # --- the persistent-cache hook ----------------------------------------------------------
@@ -270,7 +391,7 @@ def test_hook_and_shim_count_each_graph_once(private_server: Server, sandbox: Sa
         ("wrapper", "hit", None),
     }, lines
     assert len(lines) == 4
-    events = stored(server, sandbox.namespace)
+    events = stored_graphs(server, sandbox.namespace, 2)
     for job, result in (("cold", "miss"), ("warm", "hit")):
         (event,) = graphs(events, job)  # the wrapper's; the hook's line has none
         assert (event["via"], event["result"]) == ("wrapper", result)
@@ -288,6 +409,7 @@ def test_the_cost_report_adds_up_the_events(private_server: Server, sandbox: San
         env = env_for(sandbox, url, manifest, job, NEFFCACHE_STANDIN_DELAY="0.2")
         sandbox.wrap(env, BLOCK_A, sandbox.new_dir("out") / "a.neff").check()
     miss, hit = read_run_manifest(manifest)
+    stored_graphs(server, sandbox.namespace, 2)
 
     response = server.get(f"/v1/reports/cost?since=0&by=job&namespace={sandbox.namespace}")
     assert response.status_code == 200, response.text

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -36,6 +38,7 @@ from neffcache.client.stats import STATS
 from neffcache.client.telemetry import MAX_BATCH, MAX_BATCH_BYTES, Sender
 
 Route = Callable[[str, str, bytes], tuple[int, bytes]]
+HLO_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "hlo" / "block_a.pb"
 
 
 def accept(method: str, path: str, body: bytes) -> tuple[int, bytes]:
@@ -389,6 +392,153 @@ def test_the_thread_sends_without_a_flush(tmp_path: Path) -> None:
     assert [e["pid"] for e in server.graphs()] == [7]
 
 
+def test_enqueue_never_waits_for_a_batchs_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Events are serialized outside the queue's lock: the training thread's enqueue
+    never waits for up to 500 events' JSON (1 MiB) on the sender's thread."""
+    with recorder() as server, inline_sender() as sender:
+        held_while_dumping: list[bool] = []
+        dumps = telemetry._dumps
+
+        def watched(value: Any) -> bytes:
+            held_while_dumping.append(sender._lock.locked())
+            return dumps(value)
+
+        monkeypatch.setattr(telemetry, "_dumps", watched)
+        config = make_config(tmp_path, server.url)
+        for n in range(20):
+            sender.enqueue(config, event(n, pad=100))
+        assert sender.flush(timeout=30)
+    assert len(held_while_dumping) >= 20
+    assert not any(held_while_dumping)
+    assert [e["pid"] for e in server.graphs()] == list(range(20))
+
+
+def test_a_backed_off_sender_serializes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While telemetry is backed off, a cycle is a look at the back-off: a full queue
+    is not serialized again on every wake-up (each enqueue wakes it past 500)."""
+    with recorder() as server, inline_sender() as sender:
+        config = make_config(tmp_path, server.url)
+        Remote(config)._mark_down("sending telemetry", "a test", TELEMETRY)
+        for n in range(MAX_BATCH + 10):
+            sender.enqueue(config, event(n))
+        dumped: list[Any] = []
+        monkeypatch.setattr(telemetry, "_dumps", lambda value: dumped.append(value) or b"{}")
+        for _ in range(3):
+            assert not sender.flush(timeout=30)
+        assert dumped == []
+        assert sender.pending() == MAX_BATCH + 10
+    assert server.requests == []
+
+
+def test_without_a_thread_to_be_had_the_exit_flush_sends_inline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    with recorder() as server:
+        sender = Sender(threaded=True, linger=3600)
+        config = make_config(tmp_path, server.url)
+        monkeypatch.setattr(threading.Thread, "start", refuse)
+        sender.enqueue(config, event(1))  # no exception: the call goes on
+        monkeypatch.undo()
+        sender.at_exit(timeout=30)  # not a wait for a thread that never ran
+        assert [e["pid"] for e in server.graphs()] == [1]
+        for remote in sender._remotes.values():
+            remote.close()
+
+
+# --- forked children ----------------------------------------------------------------------
+
+# Run in a fresh interpreter (this one has threads of its own): a thread holds the
+# counters' lock and the back-off's lock while the process forks, as telemetry's
+# thread may at any moment; the child must still count and ask the back-off.
+_FORK_WHILE_HELD = """
+import os, sys, threading, time
+from neffcache.client import remote, telemetry
+from neffcache.client.config import ClientConfig
+from neffcache.client.stats import STATS
+
+config = ClientConfig.from_env(
+    {"NEFFCACHE_URL": "neffcache+http://127.0.0.1:9/ns", "NEFFCACHE_LOCAL_DIR": sys.argv[1]}
+)
+held, done = threading.Event(), threading.Event()
+
+def hold():
+    with STATS._lock, remote._down_lock:
+        held.set()
+        done.wait()
+
+threading.Thread(target=hold, daemon=True).start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    STATS.count("in_child")
+    remote.Remote(config).available(remote.TELEMETRY)
+    os._exit(7)
+done.set()
+for _ in range(200):
+    found, status = os.waitpid(pid, os.WNOHANG)
+    if found:
+        print(os.waitstatus_to_exitcode(status))
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, 9)
+    print("hung")
+"""
+
+_CHILD_COUNTERS = """
+import os, sys
+from neffcache.client import telemetry
+from neffcache.client.stats import STATS
+
+STATS.count("hits_l1", 5)
+telemetry.sender(threaded=False)
+pid = os.fork()
+if pid == 0:
+    STATS.count("hits_l1", 1)
+    rises = telemetry.sender(threaded=False)._rises(STATS.snapshot())
+    os.write(1, repr(rises.get("hits_l1")).encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+"""
+
+
+def _run_script(script: str, *args: str) -> str:
+    import subprocess
+    import sys
+
+    import neffcache.client
+    import neffcache.keying
+
+    roots = [str(Path(m.__file__).parents[2]) for m in (neffcache.client, neffcache.keying)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(roots)}
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_child_forked_while_a_thread_held_the_locks_does_not_hang(tmp_path: Path) -> None:
+    assert _run_script(_FORK_WHILE_HELD, str(tmp_path)) == "7"
+
+
+def test_a_forked_childs_counters_count_from_the_fork(tmp_path: Path) -> None:
+    """The parent reports what it counted before the fork; the child only its own."""
+    assert _run_script(_CHILD_COUNTERS) == "1"
+
+
 # --- identity -----------------------------------------------------------------------------
 
 
@@ -497,6 +647,25 @@ def test_a_graph_event_has_the_lines_facts_and_no_nulls(tmp_path: Path) -> None:
     assert "components" not in hit  # components are for misses
 
 
+def test_an_events_fallback_is_its_kind_and_names_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run manifest keeps a fall-back's details; the event, sent off the host,
+    only what kind it was: an error's message may name a file of the job's."""
+    sender = _sender_for(monkeypatch)
+    run = tmp_path / "run.jsonl"
+    config = make_config(tmp_path, "http://x:1", NEFFCACHE_RUN_MANIFEST=str(run))
+    why = "cannot key: [Errno 13] Permission denied: '/home/alice/secret-model/g.pb'"
+    runlog.graph(config, via="wrapper", result="miss", source="compiler", fallback=why)
+    (line,) = [json.loads(x) for x in run.read_text().splitlines()]
+    assert line["fallback"] == why
+    ((_, sent),) = list(sender._queue)
+    assert sent["fallback"] == "cannot key"
+    assert "alice" not in json.dumps(sent)
+    plain = telemetry.graph_event(config, {"result": "miss", "fallback": "no compiler version"}, 1)
+    assert plain["fallback"] == "no compiler version"
+
+
 def test_components_are_bounded() -> None:
     shapes = [f"add f32[{n}]" for n in range(3000)]
     small = {"fingerprint": "a", "graph": {"structure": "s", "instructions": 10, "shapes": ["x"]}}
@@ -573,6 +742,77 @@ def test_telemetry_off_writes_the_line_and_queues_nothing(
     runlog.graph(on, via="hook", result="hit", source="l1")  # no manifest: the event alone
     assert sender.pending() == 1
     assert len(run.read_text().splitlines()) == 1
+
+
+class _Stock:
+    """The one attribute of the SDK's cache that Core reads here."""
+
+    def __init__(self, root: Path) -> None:
+        self.cache_path = str(root)
+
+
+def test_a_compile_the_wrapper_ran_on_a_collected_graph_is_one_event(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """neuron_parallel_compile's workers compile graphs a trial run wrote earlier, in
+    another process: the hook never sees their HLO come. When its compile ran the
+    wrapper's shim, the hook's line still says so and sends no second event."""
+    from neffcache.client.proxy import Core
+
+    sender = _sender_for(monkeypatch)
+    run = tmp_path / "run.jsonl"
+    config = make_config(
+        tmp_path,
+        f"http://127.0.0.1:{free_port()}",
+        NEFFCACHE_RUN_MANIFEST=str(run),
+        NEFFCACHE_LEASES="0",
+    )
+    root = Path(config.local_dir)
+    address = "neuronxcc-2.20.9961.0+0acef03a/MODULE_123+abcdef01"
+    entry = root / address
+    entry.mkdir(parents=True)
+    hlo = entry / "model.hlo_module.pb"
+    hlo.write_bytes(HLO_FIXTURE.read_bytes())  # by the trial run, long before
+    (entry / "compile_flags.json").write_text('["--target=trn1"]')
+    core = Core(_Stock(root), config)
+    before = STATS.snapshot()
+    try:
+        core.acquire_entry(str(hlo))
+        core.mark_entry(str(hlo))
+        core.local.note_wrapped(address)  # the shim's wrapper compiled it meanwhile
+        (entry / "model.neff").write_bytes(b"NEFF")
+        (entry / "model.done").write_text("")
+        core.uploaded(str(entry / "model.done"))
+        core.release_entry(str(hlo))
+    finally:
+        core.remote.close()
+    (line,) = [json.loads(x) for x in run.read_text().splitlines()]
+    assert (line["via"], line["result"], line["resolved_by"]) == ("hook", "miss", "wrapper")
+    assert [e for _, e in sender._queue if e["kind"] == "graph"] == []
+    # The wrapper's process counted it (a compile, or a hit), not this one.
+    assert delta(before, "compiles") == 0
+
+
+def test_the_wrappers_note_for_the_hook_is_one_utime_not_a_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every wrapper hit notes its graph for the hook: a temporary file and a rename
+    each time would cost the hit path more than the note is worth."""
+    from neffcache.client.local import LocalStore
+
+    local = LocalStore(str(tmp_path / "l1"))
+    local.note_wrapped("neuronxcc-2.20/MODULE_1+abcdef01")  # the first makes the file
+
+    def no_rename(*args: Any) -> None:
+        raise OSError("no rename on the hit path")
+
+    monkeypatch.setattr(os, "replace", no_rename)
+    monkeypatch.setattr(os, "rename", no_rename)
+    before = time.time()
+    local.note_wrapped("neuronxcc-2.20/MODULE_1+abcdef01")
+    assert local.wrapped_since("neuronxcc-2.20/MODULE_1+abcdef01", before)
+    assert not local.wrapped_since("neuronxcc-2.20/MODULE_1+abcdef01", before + 3600)
+    assert not local.wrapped_since("neuronxcc-2.20/MODULE_2+abcdef01", 0.0)
 
 
 @pytest.mark.parametrize("value", ["0", "false", "no", "off"])
@@ -656,6 +896,15 @@ def test_an_answer_without_a_reason_is_unknown(
         return status, json.dumps(body).encode()
 
     with recorder(route) as server:
+        explanation = Explanation(Remote(make_config(tmp_path, server.url)), lambda: PREPARED)
+        assert explanation.result(wait=30) == (UNKNOWN, None)
+
+
+@pytest.mark.parametrize("reason", ["new-graph\nsee the log", "New Graph", "x" * 65])
+def test_a_reason_that_is_not_a_code_is_unknown(tmp_path: Path, reason: str) -> None:
+    """The line keeps a reason as given, the event without control characters and cut
+    to 64: only a code can be both, so that the two never differ."""
+    with recorder(explained({"reason": reason, "summary": "s"})) as server:
         explanation = Explanation(Remote(make_config(tmp_path, server.url)), lambda: PREPARED)
         assert explanation.result(wait=30) == (UNKNOWN, None)
 

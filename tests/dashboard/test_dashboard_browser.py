@@ -582,3 +582,72 @@ def test_a_server_with_tokens_asks_for_one(
     # Only the refusals the test asked for reached the console.
     assert console_problems(browser, allowed=("status of 401",)) == []
     assert [u for u in requested_urls(browser) if not u.startswith(server.url + "/")] == []
+
+
+# Labels a client may send (any printable text): shown as text, never run or loaded.
+HOSTILE = (
+    '<img src=x onerror="window.__xss=1">',
+    "</script><script>window.__xss=2</script>",
+    '"><svg onload="window.__xss=3">',
+)
+
+
+def test_hundreds_of_namespaces_and_hostile_labels(
+    browser: Any, live_server: Callable[..., LiveServer]
+) -> None:
+    """Storage: the chart draws the ten fullest namespaces, the table lists them all.
+    Model labels and instance types come from any client: the page shows them as
+    text, and nothing in them runs or loads."""
+    server = live_server()
+    count = 120
+    with server.client() as client:
+        events = [
+            {
+                "kind": "graph",
+                "namespace": f"ns-{i:03d}",
+                "result": "miss",
+                "source": "compiler",
+                "key": f"{i:064x}",
+                "reason": "new-graph",
+                "compile_seconds": 60.0 + i,
+                "model": HOSTILE[i % len(HOSTILE)],
+                "instance_type": HOSTILE[0] if i == 0 else "trn1.32xlarge",
+            }
+            for i in range(count)
+        ]
+        assert client.post("/v1/events", json={"events": events}).status_code == 202
+        for i in range(count):
+            publish(client, f"ns-{i:03d}", f"{i + 4096:064x}", bytes([i]) * (100 + i))
+        # Ten over or near their quota; the rest have none.
+        for i in range(40, 50):
+            quota = {"quota_bytes": 100 + (i % 5) * 20}
+            made = client.post(f"/v1/admin/namespaces/ns-{i:03d}", json=quota)
+            assert made.status_code == 201, made.text
+    open_page(browser, server.url + "/")
+
+    by_day = report(server, "day")
+    assert len(by_day["storage"]) >= count
+    assert table(browser, "storage-table") == storage_table(by_day)  # every namespace
+    assert text(browser, "storage-count") == display.count(len(by_day["storage"]))
+    charted = browser.execute_script(
+        "return [...document.querySelectorAll('#storage-chart svg text.end')]"
+        ".map(t => t.querySelector('title').textContent)"
+    )
+    fullest = sorted(
+        (s for s in by_day["storage"] if s["quota_bytes"] is not None),
+        key=lambda s: (-s["bytes"] / s["quota_bytes"], s["namespace"]),
+    )
+    assert charted == [s["namespace"] for s in fullest][:10]
+    assert (
+        browser.execute_script("return document.querySelectorAll('#storage-chart rect.bar').length")
+        == 10
+    )
+
+    models = [row[0] for row in table(browser, "models-table")]
+    assert sorted(models) == sorted(HOSTILE)
+    assert {row[1] for row in table(browser, "misses-table")} <= set(HOSTILE)
+    assert HOSTILE[0] in text(browser, "prices")  # an unpriced instance type, as text
+    assert browser.execute_script("return document.images.length") == 0
+    assert browser.execute_script("return document.querySelectorAll('main script').length") == 0
+    assert browser.execute_script("return window.__xss === undefined")
+    assert console_problems(browser) == []

@@ -263,6 +263,8 @@ def test_every_format_has_its_content_type_and_the_same_figures(
     elif fmt == "html":
         assert answer.text.startswith("<!DOCTYPE html>")
         assert "$48.38" in answer.text
+        # Client-supplied labels on the dashboard's origin: nothing in the page may run.
+        assert answer.headers["content-security-policy"].startswith("default-src 'none';")
     elif fmt == "table":
         assert "compile-hours spent 3.25 (3.2h, $48.38)" in answer.text
     else:

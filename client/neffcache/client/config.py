@@ -66,7 +66,7 @@ class ClientConfig(NamedTuple):
     leases: bool = True  # ask the server who compiles a missing graph (fleet single-flight)
     lease_wait: float = 3600.0  # longest wait for another host's compile of unknown length
     model: str | None = None  # NEFFCACHE_MODEL: a label on what this job publishes (pins, reports)
-    telemetry: bool = True  # NEFFCACHE_TELEMETRY=0: send no events and ask for no explanations
+    telemetry: bool = True  # NEFFCACHE_TELEMETRY=0: send no events (explanations stay on)
     job_id: str | None = None  # NEFFCACHE_JOB_ID, else the scheduler's (see ``job_id``)
     instance_type: str | None = None  # NEFFCACHE_INSTANCE_TYPE (else telemetry reads the DMI)
 

@@ -157,15 +157,24 @@ class LocalStore:
         return self.root / "wrapped" / blake3.blake3(address.encode()).hexdigest()[:32]
 
     def note_wrapped(self, address: str) -> None:
-        """The wrapper resolved (served or compiled) the graph at ``address`` now."""
+        """The wrapper resolved (served or compiled) the graph at ``address`` now: the
+        note is the file's modification time, set to this clock's time by one ``utime``
+        (it runs on every wrapper hit: no temporary file and rename)."""
+        path = self._wrapped_path(address)
+        now = time.time()
         with contextlib.suppress(OSError):  # then the graph is counted twice, no worse
-            atomic_write(self._wrapped_path(address), repr(time.time()).encode())
+            try:
+                os.utime(path, (now, now))
+            except FileNotFoundError:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+                os.utime(path, (now, now))
 
     def wrapped_since(self, address: str, since: float) -> bool:
         """Whether the wrapper resolved ``address`` at or after ``since`` (epoch s)."""
         try:
-            return float(self._wrapped_path(address).read_text()) >= since
-        except (OSError, ValueError):
+            return os.stat(self._wrapped_path(address)).st_mtime >= since
+        except OSError:
             return False
 
     @contextlib.contextmanager

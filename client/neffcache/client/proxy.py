@@ -343,7 +343,11 @@ class Core:
         the wrapper's counts the graph."""
         from neffcache.client.runlog import graph
 
-        if outcome != "failed":
+        address = self._address(entry)
+        wrapped = result == "miss" and self._wrapped(entry, address, began)
+        # A compile the wrapper's shim ran is counted by the wrapper's process (as the
+        # compile or the hit it was): counted here too, it would count twice.
+        if outcome != "failed" and not wrapped:
             STATS.count("compiles" if source == "compiler" else f"hits_{source}")
         if not self.config.run_manifest and not self.config.telemetry:
             return
@@ -351,7 +355,6 @@ class Core:
             size = (entry / NEFF).stat().st_size if outcome != "failed" else 0
         except OSError:
             size = 0
-        address = self._address(entry)
         found = manifest or {}
         fields: dict[str, Any] = {
             "via": "hook",
@@ -366,12 +369,6 @@ class Core:
             "fallback": None,
             "compiler_version": _version_of(address),
         }
-        wrapped = (
-            result == "miss"
-            and address is not None
-            and began is not None
-            and self.local.wrapped_since(address, time.time() - (time.monotonic() - began))
-        )
         components = None
         keys: dict[str, Any] = {}
         if result == "hit":
@@ -390,6 +387,20 @@ class Core:
         if wrapped:
             fields["resolved_by"] = "wrapper"
         graph(self.config, components, event=not wrapped, also=keys, **fields)
+
+    def _wrapped(self, entry: Path, address: str | None, began: float | None) -> bool:
+        """Whether the wrapper's shim resolved the graph at ``entry`` during this
+        compile: since its inputs came (``began``, monotonic); else (an HLO written by
+        another process, as neuron_parallel_compile's trial run writes them) since
+        this process took the entry's lock."""
+        since = (
+            self._waited_from.get(_spelled(entry))
+            if began is None
+            else time.time() - (time.monotonic() - began)
+        )
+        return (
+            address is not None and since is not None and self.local.wrapped_since(address, since)
+        )
 
     def _explain(self, entry: Path) -> None:
         """Once the SDK holds the entry's lock and its HLO and flags are in place (it

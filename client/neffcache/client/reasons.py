@@ -40,7 +40,8 @@ REASON_WAIT = 2.0
 # request's bound is 8 MiB; a graph event keeps them only up to 2,048).
 _EXPLAIN_SHAPES = 65_536
 _SHAPE_MAX = 4096  # characters of one instruction's shape, as the server takes it
-_REASON_MAX = 64
+# A reason code as the server's vocabulary spells them (``new-graph``), 64 at most.
+_CODE_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
 _SUMMARY_MAX = 1000
 
 
@@ -102,11 +103,17 @@ class Explanation:
             answer = json.loads(response.body)
         except ValueError:
             return UNKNOWN, None
-        if not isinstance(answer, dict) or not isinstance(answer.get("reason"), str):
+        reason = answer.get("reason") if isinstance(answer, dict) else None
+        if not isinstance(reason, str) or not _is_code(reason):
+            # Not a code: the line would keep what the event (control characters
+            # replaced, cut) or the server's counting could not, and they would differ.
             return UNKNOWN, None
-        reason = answer["reason"][:_REASON_MAX] or UNKNOWN
         summary = answer.get("summary")
         return reason, summary[:_SUMMARY_MAX] if isinstance(summary, str) else None
+
+
+def _is_code(text: str) -> bool:
+    return 0 < len(text) <= 64 and text[0] != "-" and _CODE_CHARACTERS.issuperset(text)
 
 
 def summarize(module: bytes) -> dict[str, Any] | None:

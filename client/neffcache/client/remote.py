@@ -37,6 +37,16 @@ TELEMETRY = "telemetry"
 _down_lock = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    # Telemetry's thread checks the back-off every second: a child forked while it held
+    # this lock would wait for it forever on its first request.
+    global _down_lock
+    _down_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class _TooLong(Exception):
     """The server sent more bytes than the manifest's size."""
 

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
-from neffcache.client.reasons import FAILED_BEFORE, UNKEYABLE
 from neffcache.client.remote import Manifest
 from neffcache.client.stats import STATS
 from neffcache.client.wrapper import (
@@ -213,6 +212,8 @@ class Session:
         STATS.count("failures_replayed")
         self.report["fallback"] = reason
         self.report["exit_code"] = code
+        from neffcache.client.reasons import FAILED_BEFORE  # misses only: not on a hit's path
+
         self._record("miss", "compiler", 0.0, None, None, reason=FAILED_BEFORE)
         return code
 
@@ -303,6 +304,8 @@ class Session:
         STATS.count("failures_replayed")
         self.report["fallback"] = "the rank that held the lock failed to compile this graph"
         self.report["exit_code"] = code
+        from neffcache.client.reasons import FAILED_BEFORE
+
         self._record("miss", "compiler", 0.0, None, None, reason=FAILED_BEFORE)
         return code
 
@@ -319,6 +322,8 @@ class Session:
         size = self.call.output.stat().st_size if code == 0 and self.call.output.is_file() else 0
         outcome = "ok" if size else "failed"
         seconds = time.monotonic() - t0
+        from neffcache.client.reasons import UNKEYABLE
+
         self._record(
             "miss", "compiler", 0.0, seconds, None, size=size, outcome=outcome, reason=UNKEYABLE
         )

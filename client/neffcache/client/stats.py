@@ -7,6 +7,7 @@ instead of silent. The run manifest ends with a snapshot; telemetry will send th
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter
 
@@ -26,3 +27,13 @@ class Stats:
 
 
 STATS = Stats()
+
+
+def _after_fork_in_child() -> None:
+    # The child has only the thread that forked: a lock another thread held at the fork
+    # (the telemetry sender counts every second) would never be released in it.
+    STATS._lock = threading.Lock()
+
+
+# Registered at import, so before telemetry's own hook, which reads the counters.
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -18,8 +18,12 @@ Never on the hit path, never in the way:
   telemetry. A batch the server refuses (4xx) is dropped and counted
   (``telemetry_rejected``); a server without ``/v1/events`` gets no more.
 * At interpreter exit the queue gets at most ``EXIT_WAIT`` seconds. The compiler
-  wrapper (a process per graph) runs no thread: it sends its events as it exits,
-  within the same bound (``wrapper.main``).
+  wrapper (a process per graph) runs no thread, and its caller waits for it to exit:
+  it hands its events to a forked child that sends them within the same bound (ended
+  by an alarm past it) while the wrapper exits at once (``finish(detach=True)``, from
+  ``wrapper.exit_fast``). A caller running the wrapper inline sends them at its exit.
+* A forked child starts afresh: no inherited events, and its counters counted from
+  the fork on (the parent reports what it counted before).
 
 ``NEFFCACHE_TELEMETRY=0`` turns this off. (Miss explanations, ``reasons.py``, are not
 telemetry: they answer the run manifest's question of why a graph missed.)
@@ -33,6 +37,7 @@ import os
 import re
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
@@ -40,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
+from neffcache.client.remote import TELEMETRY
 from neffcache.client.stats import STATS
 
 if TYPE_CHECKING:
@@ -60,7 +66,8 @@ LINGER = 1.0
 COUNTERS_EVERY = 60.0
 
 # The fields of a run-manifest line a graph event carries (the rest, ``time``,
-# ``exit_code``, ``events`` and ``reason_summary``, are the manifest's own).
+# ``exit_code``, ``events`` and ``reason_summary``, are the manifest's own; of
+# ``fallback``, the event has the kind, the text before its first colon).
 GRAPH_FIELDS = (
     "via",
     "key",
@@ -133,6 +140,10 @@ def graph_event(
         value = line.get(name)
         if value is None:
             continue
+        if name == "fallback" and isinstance(value, str):
+            # Its kind alone ("cannot key"): the details after the colon may quote an
+            # error naming a file (the run manifest, which stays here, has them).
+            value = value.split(":", 1)[0].strip() or "fallback"
         event[name] = _text(value, _SHORT.get(name, 255)) if isinstance(value, str) else value
     if components is not None and line.get("result") == "miss":
         bounded = bounded_components(components)
@@ -178,14 +189,21 @@ def _dumps(value: Any) -> bytes:
 # -- the sender ------------------------------------------------------------------------
 
 Queued = tuple[ClientConfig, dict[str, Any]]
+Taken = tuple[ClientConfig, dict[str, Any], bytes]  # with its JSON
 
 
 class Sender:
     """The queue and whoever empties it: a daemon thread (``threaded``), or the
-    caller of ``flush`` (the compiler wrapper, which exits right after)."""
+    caller of ``flush``, or a child forked to send it (``detach``: the compiler
+    wrapper, whose caller waits for its exit)."""
 
     def __init__(
-        self, *, threaded: bool = True, linger: float = LINGER, max_queue: int = MAX_QUEUE
+        self,
+        *,
+        threaded: bool = True,
+        linger: float = LINGER,
+        max_queue: int = MAX_QUEUE,
+        reported: Mapping[str, int] | None = None,
     ) -> None:
         self.threaded = threaded
         self._linger = linger
@@ -203,7 +221,8 @@ class Sender:
         self._remotes: dict[ClientConfig, Remote] = {}  # used by one thread at a time
         self._refused: set[str] = set()  # servers without /v1/events
         self._warned: set[int] = set()  # the refusals already logged
-        self._reported: dict[str, int] = {}  # the counters as the server last accepted them
+        # The counters as the server last accepted them (a forked child's: as inherited).
+        self._reported: dict[str, int] = dict(reported or {})
         self._counters_at = time.monotonic()
 
     def enqueue(self, config: ClientConfig, event: dict[str, Any]) -> None:
@@ -222,19 +241,27 @@ class Sender:
                 start = True
             full = len(self._queue) >= MAX_BATCH
         if start:
-            assert self._thread is not None
-            self._thread.start()
+            self._start()
         if full:
             self._wake.set()
+
+    def _start(self) -> None:
+        assert self._thread is not None
+        try:
+            self._thread.start()
+        except RuntimeError:  # no thread to be had (a pids limit, interpreter shutdown):
+            with self._lock:  # the exit flush then sends inline, rather than wait for none
+                self._thread = None
+                self.threaded = False
 
     def pending(self) -> int:
         """Events not yet accepted or dropped: queued, or in a request under way."""
         return len(self._queue) + self._in_flight
 
-    def flush(self, timeout: float = EXIT_WAIT) -> bool:
+    def flush(self, timeout: float | None = None) -> bool:
         """Send what is queued, for at most ``timeout`` seconds; True when the queue
         is empty after. Trouble or a back-off ends it at once: events wait for later."""
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + (EXIT_WAIT if timeout is None else timeout)
         if not self.threaded or self._thread is None:
             self._deadline = deadline
             try:
@@ -251,12 +278,61 @@ class Sender:
             self._deadline = None
             return not self.pending()
 
-    def at_exit(self, timeout: float = EXIT_WAIT) -> None:
+    def at_exit(self, timeout: float | None = None) -> None:
         """The last flush: bounded, and what is left is counted as unsent."""
         if self._queue or self._home is not None:
             self.flush(timeout)
         if self.pending():
             STATS.count("telemetry_unsent", self.pending())
+
+    def detach(self, timeout: float | None = None) -> bool:
+        """Hand what is queued to a forked child that sends it (``at_exit``) and ends;
+        True when it did: this process has nothing left to send.
+
+        For a process whose caller waits for its exit (the compiler wrapper: the SDK
+        waits for each compile), so that the server's answer is never waited for. The
+        child's standard streams go to /dev/null (a caller reading our output to its
+        end does not wait for the child either), and an alarm ends it past the bound,
+        whatever it is stuck in (a name lookup has no timeout). Nothing queued, or
+        telemetry backed off: no child (False)."""
+        wait = EXIT_WAIT if timeout is None else timeout
+        with self._lock:
+            home = self._queue[0][0] if self._queue else None
+        if self._thread is not None or home is None:
+            return False  # a thread's queue is not a child's to take
+        if not self._remote(home).available(TELEMETRY):
+            return False
+        global _detaching
+        _detaching = True  # the at-fork hook leaves this sender to the child
+        try:
+            with warnings.catch_warnings():  # 3.12 warns of a fork with threads alive
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+        except OSError:
+            return False
+        finally:
+            _detaching = False
+        if pid == 0:
+            self._send_and_end(wait)
+        with self._lock:  # the child's now
+            self._queue.clear()
+            self._home = None
+        return True
+
+    def _send_and_end(self, wait: float) -> None:
+        """The detached child: at most ``wait`` seconds sending, then gone."""
+        try:
+            import signal  # here: the wrapper's every hit would pay for its import
+
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)  # its default action ends us
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
+            signal.alarm(int(wait) + 2)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            self.at_exit(wait)
+        finally:
+            os._exit(0)
 
     # -- the thread ----------------------------------------------------------------------
 
@@ -277,14 +353,23 @@ class Sender:
 
     def _cycle(self, final: bool) -> None:
         """Send every queued event, batch by batch; stop at the first trouble. Then a
-        counters event alone, when counters rose and none went with a batch."""
+        counters event alone, when counters rose and none went with a batch. While
+        telemetry is backed off nothing is taken or serialized: a cycle then costs a
+        look at the back-off, however full the queue."""
         sent_counters = False
         while True:
+            with self._lock:
+                head = self._queue[0][0] if self._queue else None
+            if head is None:
+                break
+            if head.server not in self._refused and not self._remote(head).available(TELEMETRY):
+                STATS.count("telemetry_skipped")
+                return
             batch = self._take()
             if not batch:
-                break
+                continue  # nothing in it could be sent (not JSON): dropped
             try:
-                outcome = self._post(batch[0][0], [event for _, event in batch])
+                outcome = self._post(batch[0][0], [data for _, _, data in batch])
             except BaseException:
                 self._put_back(batch)
                 raise
@@ -298,40 +383,47 @@ class Sender:
         if not sent_counters and due and self._home is not None and self._news():
             self._post(self._home, [])
 
-    def _take(self) -> list[Queued]:
-        """The oldest events for one server: at most MAX_BATCH, within the size bound."""
-        taken: list[Queued] = []
-        size = 0
+    def _take(self) -> list[Taken]:
+        """The oldest events for one server, each with its JSON: at most MAX_BATCH,
+        within the size bound. Taken under the lock and serialized outside it, so that
+        ``enqueue`` (on the training thread) never waits for a batch's JSON."""
         with self._lock:
+            taken: list[Queued] = []
             while self._queue and len(taken) < MAX_BATCH:
-                config, event = self._queue[0]
-                if taken and config != taken[0][0]:
+                if taken and self._queue[0][0] != taken[0][0]:
                     break
-                try:
-                    data = _dumps(event)
-                except (TypeError, ValueError):  # not JSON (a NaN): the server would refuse
-                    self._queue.popleft()
-                    STATS.count("telemetry_rejected")
-                    continue
-                if taken and size + len(data) > MAX_BATCH_BYTES - 16 * 1024:
-                    break  # room kept for the counters event
-                self._queue.popleft()
-                taken.append((config, event))
-                size += len(data) + 1
+                taken.append(self._queue.popleft())
             self._in_flight = len(taken)
-        return taken
+        batch: list[Taken] = []
+        size = 0
+        for i, (config, event) in enumerate(taken):
+            try:
+                data = _dumps(event)
+            except (TypeError, ValueError):  # not JSON (a NaN): the server would refuse
+                STATS.count("telemetry_rejected")
+                continue
+            if batch and size + len(data) > MAX_BATCH_BYTES - 16 * 1024:
+                # Room kept for the counters event; the rest go in the next batch.
+                self._put_back([(c, e, b"") for c, e in taken[i:]])
+                break
+            batch.append((config, event, data))
+            size += len(data) + 1
+        with self._lock:
+            self._in_flight = len(batch)
+        return batch
 
-    def _put_back(self, batch: list[Queued]) -> None:
+    def _put_back(self, batch: list[Taken]) -> None:
         with self._lock:
             self._in_flight = 0
-            self._queue.extendleft(reversed(batch))
+            self._queue.extendleft((config, event) for config, event, _ in reversed(batch))
             while len(self._queue) > self._max:
                 self._queue.popleft()
                 STATS.count("telemetry_dropped")
 
-    def _post(self, config: ClientConfig, events: list[dict[str, Any]]) -> bool | None:
-        """Post ``events`` with a counters event when counters rose: True when that
-        went, False when not (or the batch was refused), None on trouble (retry)."""
+    def _post(self, config: ClientConfig, events: list[bytes]) -> bool | None:
+        """Post ``events`` (each as JSON) with a counters event when counters rose:
+        True when that went, False when not (or the batch was refused), None on
+        trouble (retry)."""
         if config.server in self._refused:
             STATS.count("telemetry_rejected", len(events))
             return False
@@ -339,14 +431,8 @@ class Sender:
         counts = self._rises(snapshot)
         batch = list(events)
         if counts:
-            batch.append(
-                {
-                    "kind": "counters",
-                    "at": round(time.time(), 3),
-                    **identity(config),
-                    "counts": counts,
-                }
-            )
+            counters = {"kind": "counters", "at": round(time.time(), 3), **identity(config)}
+            batch.append(_dumps({**counters, "counts": counts}))
         if not batch:
             return False
         timeout = None
@@ -354,7 +440,7 @@ class Sender:
             timeout = min(config.timeout, self._deadline - time.monotonic())
             if timeout <= 0:
                 return None
-        body = b'{"events":[' + b",".join(_dumps(event) for event in batch) + b"]}"
+        body = b'{"events":[' + b",".join(batch) + b"]}"
         status = self._remote(config).events(body, timeout=timeout)
         if status is None:
             return None
@@ -403,6 +489,8 @@ class Sender:
 
 _sender: list[Sender] = []
 _sender_lock = threading.Lock()
+_detaching = False  # while ``Sender.detach`` forks: its child keeps the sender
+_inherited: dict[str, int] = {}  # a forked child's counters at the fork (its parent's)
 
 
 def sender(*, threaded: bool = True) -> Sender:
@@ -410,7 +498,7 @@ def sender(*, threaded: bool = True) -> Sender:
     (the compiler wrapper asks for one without a thread before it queues anything)."""
     with _sender_lock:
         if not _sender:
-            made = Sender(threaded=threaded)
+            made = Sender(threaded=threaded, reported=_inherited)
             _sender.append(made)
             atexit.register(made.at_exit)
         return _sender[0]
@@ -422,23 +510,31 @@ def send(config: ClientConfig, event: dict[str, Any]) -> None:
         sender().enqueue(config, event)
 
 
-def finish(timeout: float = EXIT_WAIT) -> None:
-    """Flush this process's sender now, boundedly (the wrapper, before ``os._exit``)."""
+def finish(timeout: float | None = None, *, detach: bool = False) -> None:
+    """Flush this process's sender now, boundedly (``EXIT_WAIT``). ``detach``: from a
+    forked child, so that this process can exit at once (the compiler wrapper, whose
+    caller waits for its exit: a hit must not wait for the server's answer)."""
     with _sender_lock:
         made = _sender[0] if _sender else None
-    if made is not None:
-        made.at_exit(timeout)
+    if made is None or (detach and made.detach(timeout)):
+        return
+    made.at_exit(timeout)
 
 
-def _forget_after_fork() -> None:
+def _after_fork_in_child() -> None:
     # A forked child (a ProcessPoolExecutor worker of neuron_parallel_compile) has no
-    # thread and maybe a lock held by a thread that is gone: it starts afresh.
-    global _sender_lock
-    _sender_lock = threading.Lock()
+    # thread, and maybe a lock held by a thread that is gone (the sender's takes the
+    # counters' lock every second): it starts afresh, its counters from the fork on.
+    global _sender_lock, _inherited
+    _sender_lock = threading.Lock()  # the counters' lock is reset by stats.py's hook
+    if _detaching:
+        return  # Sender.detach's child: it sends its parent's events and counters
+    _inherited = STATS.snapshot()
     for inherited in _sender:  # the parent sends these; its exit hook is still ours
         inherited._queue.clear()
         inherited._home = None
+        inherited._in_flight = 0
     _sender.clear()
 
 
-os.register_at_fork(after_in_child=_forget_after_fork)
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -144,7 +144,8 @@ def main(argv: Sequence[str]) -> int:
     if config.telemetry:
         from neffcache.client import telemetry
 
-        # One process per graph: no thread; the events go as this call ends.
+        # One process per graph: no thread. The events go as the process ends: from a
+        # child (exit_fast), or at interpreter exit for a caller that runs this inline.
         telemetry.sender(threaded=False)
     session = Session(config, real, call)
     try:
@@ -156,15 +157,21 @@ def main(argv: Sequence[str]) -> int:
             return session.outcome
         log.exception("neffcache: the wrapper failed; running the compiler without the cache")
         return run_plain(real, args)
-    finally:
-        if config.telemetry:
-            telemetry.finish()  # bounded (telemetry.EXIT_WAIT); os._exit may follow
 
 
 def exit_fast(code: int) -> NoReturn:
     """End the process now, skipping the interpreter's teardown (about 5 ms, a fifth of
     a wrapper hit): flush what is buffered, then ``os._exit``. Only for the wrapper's
-    own process (the shim, ``neffcache wrap``), never for a caller's."""
+    own process (the shim, ``neffcache wrap``), never for a caller's.
+
+    Its telemetry events go from a forked child (``telemetry.finish``): the SDK waits
+    for this process's exit, and a hit must not wait for the server's answer."""
+    telemetry = sys.modules.get("neffcache.client.telemetry")
+    if telemetry is not None:
+        try:
+            telemetry.finish(detach=True)
+        except Exception:  # telemetry's trouble is never the compile's
+            log.exception("neffcache: could not send telemetry")
     if "logging" in sys.modules:
         sys.modules["logging"].shutdown()
     import contextlib

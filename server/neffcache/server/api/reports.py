@@ -40,6 +40,9 @@ _MEDIA = {
     "html": "text/html; charset=utf-8",
     "table": "text/plain; charset=utf-8",
 }
+# An HTML report is a self-contained page of client-supplied labels (escaped) served on
+# the dashboard's origin: nothing in it may run, load or be framed, whatever slips through.
+_HTML_POLICY = "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'"
 _VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+_*-]{0,199}")
 
 
@@ -168,4 +171,5 @@ def _answer(
 ) -> Response:
     if fmt == "json":
         return JSONResponse(report)
-    return Response(renderers[fmt](report), media_type=_MEDIA[fmt])
+    headers = {"Content-Security-Policy": _HTML_POLICY} if fmt == "html" else None
+    return Response(renderers[fmt](report), media_type=_MEDIA[fmt], headers=headers)

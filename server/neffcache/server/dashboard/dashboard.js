@@ -387,9 +387,25 @@
     return `${fmt.bytes(s.bytes)} of ${fmt.bytes(s.quota_bytes)}`;
   }
 
+  function fullest(storage) {
+    // The chart's namespaces, at most ten (a server may have hundreds): those with a
+    // quota first, the largest share of it first, then the most bytes without one;
+    // ties by name. The table below lists them all.
+    const share = (s) => (s.quota_bytes === null ? s.bytes : s.bytes / Math.max(s.quota_bytes, 1));
+    return storage
+      .slice()
+      .sort((a, b) =>
+        (a.quota_bytes === null) - (b.quota_bytes === null)
+        || share(b) - share(a)
+        || (a.namespace < b.namespace ? -1 : a.namespace > b.namespace ? 1 : 0))
+      .slice(0, TOP);
+  }
+
   function renderStorage(storage) {
-    const rows = storage.slice().sort((a, b) => (a.namespace < b.namespace ? -1 : 1));
+    const all = storage.slice().sort((a, b) => (a.namespace < b.namespace ? -1 : 1));
+    const rows = fullest(storage);
     const unbounded = Math.max(0, ...rows.map((s) => Math.max(s.bytes, s.quota_bytes || 0)));
+    $("storage-count").textContent = fmt.count(all.length);
     barRows(
       "storage-chart",
       rows.map((s) => ({
@@ -406,7 +422,7 @@
       (row) => storageEnd(row.s),
       "No namespace holds entries.",
     );
-    fillTable("storage-table", rows.map((s) => [
+    fillTable("storage-table", all.map((s) => [
       s.namespace,
       fmt.count(s.entries),
       fmt.bytes(s.bytes),
