@@ -249,6 +249,17 @@ def test_no_url_is_bad_input() -> None:
     assert "no neffcache URL" in done.stderr
 
 
+def test_a_plain_server_url_in_the_environment_is_enough(server: tuple[Serve, str]) -> None:
+    # A cost owner's shell names the server, not a job's namespace.
+    serve, _ = server
+    done = neffcache("report", "--format", "json", NEFFCACHE_URL=serve.url, NEFFCACHE_TOKEN=ADMIN)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["totals"]["lookups"] >= 3
+    done = neffcache("report", NEFFCACHE_URL="/var/tmp/neuron-compile-cache")
+    assert done.returncode == 2
+    assert "is not a neffcache server" in done.stderr
+
+
 def test_the_server_refuses_to_start_with_a_bad_price_table(tmp_path: Path) -> None:
     bad = tmp_path / "bad-prices.toml"
     bad.write_text('[instances."trn1.2xlarge"]\nusd_per_hour = "cheap"\n')

@@ -215,8 +215,8 @@ def _target(url: str | None, token: str | None) -> tuple[str, str | None]:
             server, _ = parse_url(given)
         except ConfigError as exc:
             raise CommandError(str(exc)) from None
-    elif url and re.fullmatch(r"https?://[^/\s]+/?", url):
-        server = url.rstrip("/")
+    elif re.fullmatch(r"https?://[^/\s]+/?", given):
+        server = given.rstrip("/")  # a cost owner's NEFFCACHE_URL may name just the server
     else:
         raise CommandError(
             f"{given!r} is not a neffcache server: use http://HOST:PORT or "
