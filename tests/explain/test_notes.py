@@ -103,6 +103,28 @@ def test_an_entry_without_its_hlo_notes_only_its_variant(
     assert index.records(notes.STRUCTURE) == []
 
 
+def test_while_published_modules_are_being_parsed_the_next_is_noted_without_one(
+    index: Index, blobs: MemoryBlobStore
+) -> None:
+    # A burst of publishes must not take every shared worker thread parsing modules:
+    # past the bound, the entry's variant is still noted, its structure is not.
+    graph = Graph(hlo("block_a"))
+    publish(index, blobs, graph, model="llama")
+    held = 0
+    try:
+        while notes._parsing.acquire(blocking=False):  # every slot busy elsewhere
+            held += 1
+        assert held == notes.PUBLISH_PARSES
+        note_published(index, blobs, "team-a", graph.key)
+    finally:
+        for _ in range(held):
+            notes._parsing.release()
+    assert index.get_record(notes.PROGRAM, "team-a", graph.components["fingerprint"]) is not None
+    assert index.records(notes.STRUCTURE) == []
+    note_published(index, blobs, "team-a", graph.key)  # a free slot: parsed again
+    assert stored(index, notes.STRUCTURE, "team-a", graph.summary.structure) != []
+
+
 def miss(graph: Graph, at: float, namespace: str = "team-a", model: str = "") -> MissNote:
     components = {**graph.components, "graph": graph.summary.as_json()}
     return MissNote(namespace, graph.key, components, model, at)

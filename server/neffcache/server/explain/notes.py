@@ -56,6 +56,8 @@ _ATTEMPTS = 12  # compare-and-set rounds before a note is given up
 _PAUSE = 0.001
 _PAUSE_MAX = 0.128
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+PUBLISH_PARSES = 2  # published HLO modules summarized at once, per process
+_parsing = threading.BoundedSemaphore(PUBLISH_PARSES)
 
 
 @dataclass(frozen=True)
@@ -91,9 +93,17 @@ def note_published(index: Index, blobs: BlobStore, namespace: str, key: str) -> 
         components = manifest.get("components")
         if not isinstance(components, dict):
             return
-        summary = summary_of_entry(blobs, manifest)
-        if summary is not None:
-            components = {**components, "graph": summary.as_json(shapes_max=0)}
+        # Parsed on the server's shared worker threads: at most PUBLISH_PARSES at once,
+        # so a burst of publishes (a fleet's cold start) cannot take them all. Past
+        # that the entry is noted without its structure (its variant is what matters
+        # most; a shape-variant explanation then finds it through its model).
+        if _parsing.acquire(blocking=False):
+            try:
+                summary = summary_of_entry(blobs, manifest)
+            finally:
+                _parsing.release()
+            if summary is not None:
+                components = {**components, "graph": summary.as_json(shapes_max=0)}
         model = manifest.get("model") if isinstance(manifest.get("model"), str) else ""
         seconds = manifest.get("compile_seconds")
         _note(index, namespace, key, components, model, entry.created_at, seconds, "published")
