@@ -36,6 +36,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -594,6 +595,20 @@ def test_prewarm_gives_up_after_graphs_fail_in_a_row(
     assert 2 * GIVE_UP <= proxy.entry_lookups <= 2 * GIVE_UP + 2
 
 
+@pytest.fixture
+def sigint_inherited_as_default() -> Iterator[None]:
+    """Children inherit SIGINT as the default action, as from an interactive shell. A
+    test run started in the background by a non-interactive shell (``cmd &``) has
+    SIGINT ignored, which exec keeps: its children would ignore Ctrl-C, as they should
+    then, and this test would see a hang that is not the client's."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.usefixtures("sigint_inherited_as_default")
 def test_ctrl_c_exits_130_at_once_and_leaves_no_partial_file(
     server: Server, sandbox: Sandbox
 ) -> None:
