@@ -47,6 +47,13 @@ class RequestTimeout(ServerError):
     status = 408
 
 
+class ClientGone(ServerError):
+    """The client closed the connection before its request body ended: nobody reads
+    this answer (nginx logs such requests as 499), and nothing of the body is kept."""
+
+    status = 499
+
+
 class Conflict(ServerError):
     status = 409
 

@@ -11,8 +11,9 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 
-from neffcache.server.errors import BadRequest, RequestTimeout, TooLarge
+from neffcache.server.errors import BadRequest, ClientGone, RequestTimeout, TooLarge
 
 # How long a request body may go without sending a byte before the request is dropped
 # (and its staging file removed): a stalled client must not hold them forever.
@@ -22,7 +23,8 @@ BODY_IDLE_SECONDS = 60.0
 async def body_chunks(
     request: Request, idle_seconds: float = BODY_IDLE_SECONDS
 ) -> AsyncIterator[bytes]:
-    """The request body's chunks; RequestTimeout if none comes for ``idle_seconds``."""
+    """The request body's chunks; RequestTimeout if none comes for ``idle_seconds``,
+    ClientGone if the client hangs up first."""
     stream = request.stream().__aiter__()
     while True:
         try:
@@ -31,6 +33,9 @@ async def body_chunks(
             return
         except asyncio.TimeoutError:
             raise RequestTimeout(f"the request body stalled for {idle_seconds:.0f} s") from None
+        except ClientDisconnect:
+            # An aborted upload, not a server fault: answered (to no one) as one.
+            raise ClientGone("the client closed the connection before the body ended") from None
         yield chunk
 
 

@@ -1,0 +1,165 @@
+"""Fault suite item 3 (issue 8): corruption at rest on the filesystem blob store of a
+real ``neffcache serve``, seen by the real client (``neffcache.client.remote.Remote``).
+
+Nothing lost, for a flipped byte, truncation, same-size garbage and a blob deleted
+under its index row, each for a blob hashed before the answer (small) and one hashed as
+it streams (over 16 MiB): the bad bytes are never served (the client's fetch is a miss
+and leaves nothing in its L1; a direct GET afterwards is ``404``); the entry lookup
+still answers, as protocol.md promises only verified blobs, not checked entries; the
+blob is reported missing, so a publisher uploads it again; and that upload heals it:
+the same manifest is accepted again and a fetch returns the right bytes, verified.
+The fsck part of the criterion (found by fsck) lands with `neffcache admin fsck`.
+
+Already proven elsewhere, not repeated: each change before and after the server
+remembered a file as verified, through TestClient (tests/server/test_verified.py), a
+first-read corruption on every backend (tests/server/test_api.py) and the client's own
+digest check against a server that sends wrong bytes (tests/client/test_unit_remote.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from faults.support import Server, digest, running_server
+
+from neffcache.client import remote as remote_module
+from neffcache.client.config import ClientConfig
+from neffcache.client.remote import Remote
+
+SMALL = 64 * 1024
+BIG = 17 * 2**20  # over the server's verify-first size: hashed as it streams
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with running_server(tmp_path_factory.mktemp("corruption") / "data") as running:
+        yield running
+
+
+@pytest.fixture(autouse=True)
+def _fresh_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The back-off table is per process: each test starts with no server marked down.
+    monkeypatch.setattr(remote_module, "_down_until", {})
+
+
+@contextlib.contextmanager
+def open_remote(server: Server, local_dir: Path) -> Iterator[Remote]:
+    config = ClientConfig.from_env(
+        {
+            "NEFFCACHE_URL": f"neffcache+{server.url}/team-a",
+            "NEFFCACHE_LOCAL_DIR": str(local_dir),
+            "NEFFCACHE_TIMEOUT": "10",
+            "NEFFCACHE_CONNECT_TIMEOUT": "1",
+        }
+    )
+    assert config is not None
+    remote = Remote(config)
+    try:
+        yield remote
+    finally:
+        remote.close()
+
+
+def flip(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.seek(path.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 1]))
+
+
+def truncate(path: Path) -> None:
+    os.truncate(path, path.stat().st_size - 1)
+
+
+def garbage(path: Path) -> None:
+    path.write_bytes(os.urandom(path.stat().st_size))
+
+
+def delete(path: Path) -> None:
+    path.unlink()
+
+
+CHANGES: dict[str, Callable[[Path], None]] = {
+    "flipped byte": flip,
+    "truncated": truncate,
+    "same-size garbage": garbage,
+    "deleted under its entry": delete,
+}
+
+
+@pytest.mark.parametrize("size", [SMALL, BIG], ids=["small", "streamed"])
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_blob_corrupted_at_rest_is_a_miss_and_heals(
+    server: Server, change: str, size: int, tmp_path: Path
+) -> None:
+    """Nothing lost: the client's fetch is a miss with nothing left in its L1, a GET is
+    ``404``, the entry still answers (the client verifies what it names), the blob is
+    reported missing, and the next upload of the right bytes heals it: the same
+    manifest is accepted and a fetch returns exactly the right bytes."""
+    data = os.urandom(size)
+    blob = digest(data)
+    source = tmp_path / "model.neff"
+    source.write_bytes(data)
+    key = os.urandom(32).hex()
+    manifest = {"key": key, "files": {"model.neff": {"digest": blob, "size": size}}}
+    with open_remote(server, tmp_path / "writer") as writer:
+        assert writer.put_blob(blob, source)
+        published = writer.put_entry(key, manifest)
+        assert published is not None
+        assert published.status == 201
+
+    path = server.blob_path(blob)
+    os.chmod(path, 0o644)
+    CHANGES[change](path)
+
+    l1 = tmp_path / "reader" / "l1" / blob
+    with open_remote(server, tmp_path / "reader") as reader:
+        found = reader.entry(key)  # entries are not checked against their blobs
+        assert found is not None
+        assert found["files"] == manifest["files"]
+        assert not reader.fetch(blob, size, l1)
+        if size == SMALL:
+            assert reader.available()  # a clean 404: a miss, not trouble
+    assert not l1.parent.exists() or list(l1.parent.iterdir()) == []
+
+    # Whatever the first read did (404, or a stream cut off), it is now out of service.
+    assert server.http.get(f"/v1/blobs/{blob}").status_code == 404
+    assert not path.exists()
+    quarantined = list((server.data_dir / "quarantine").glob(f"{blob}.*"))
+    assert len(quarantined) == (0 if change == "deleted under its entry" else 1)
+
+    remote_module._down_until.clear()  # a cut-off stream is trouble, and marks it down
+    with open_remote(server, tmp_path / "healer") as healer:
+        assert healer.missing([blob]) == [blob]
+        assert healer.put_blob(blob, source)
+        again = healer.put_entry(key, manifest)
+        assert again is not None
+        assert again.status == 200  # the same manifest: immutable, unchanged
+        assert healer.fetch(blob, size, tmp_path / "healer" / "l1" / blob)
+    assert (tmp_path / "healer" / "l1" / blob).read_bytes() == data
+    with server.http.stream("GET", f"/v1/blobs/{blob}") as response:
+        assert response.status_code == 200
+        assert digest(response.read()) == blob
+
+
+def test_a_streamed_corrupt_blob_never_completes_over_the_wire(
+    server: Server, tmp_path: Path
+) -> None:
+    """Nothing lost: over a real socket, a corrupt blob over 16 MiB is cut off before
+    its last chunk (the HTTP client sees an incomplete body, never a complete response
+    of bad bytes), and it is quarantined."""
+    data = os.urandom(BIG)
+    blob = digest(data)
+    assert server.http.put(f"/v1/blobs/{blob}", content=data).status_code == 201
+    path = server.blob_path(blob)
+    os.chmod(path, 0o644)
+    flip(path)
+    with pytest.raises(httpx.RemoteProtocolError):
+        server.http.get(f"/v1/blobs/{blob}")
+    assert server.http.head(f"/v1/blobs/{blob}").status_code == 404
