@@ -26,7 +26,6 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -34,14 +33,13 @@ from typing import Any
 import blake3
 import pytest
 from client.e2e_harness import STANDINS, Server, clean_environ, free_port
-from client.unit_support import delta, no_server_down
+from client.unit_support import delta, no_server_down, open_remote
 
 import neffcache.client
 import neffcache.keying
 from neffcache.client import remote as remote_module
 from neffcache.client.config import ClientConfig
 from neffcache.client.proxy import Core
-from neffcache.client.remote import Remote
 from neffcache.client.session import Session
 from neffcache.client.stats import STATS
 from neffcache.client.wrapper import main, parse
@@ -499,24 +497,6 @@ class _OsWithAFullDisk:
         return getattr(os, name)
 
 
-@contextlib.contextmanager
-def open_remote(server: Server, local_dir: Path) -> Iterator[Remote]:
-    config = ClientConfig.from_env(
-        {
-            "NEFFCACHE_URL": f"neffcache+{server.url}/team-a",
-            "NEFFCACHE_LOCAL_DIR": str(local_dir),
-            "NEFFCACHE_TIMEOUT": "5",
-            "NEFFCACHE_CONNECT_TIMEOUT": "1",
-        }
-    )
-    assert config is not None
-    remote = Remote(config)
-    try:
-        yield remote
-    finally:
-        remote.close()
-
-
 def test_a_full_disk_under_a_download_is_not_the_servers_fault(
     server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -525,7 +505,7 @@ def test_a_full_disk_under_a_download_is_not_the_servers_fault(
     source = tmp_path / "blob"
     source.write_bytes(data)
     dest = tmp_path / "l1" / "blobs" / digest
-    with open_remote(server, tmp_path / "l1") as remote:
+    with open_remote(server.url, tmp_path / "l1", timeout=5.0) as remote:
         assert remote.put_blob(digest, source)
         full = _OsWithAFullDisk()
         before = STATS.snapshot()

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import blake3
 import pytest
 
 from neffcache.client import remote as remote_module
+from neffcache.client.config import ClientConfig
+from neffcache.client.remote import Remote
 from neffcache.client.stats import STATS
 
 
@@ -46,3 +49,23 @@ def closing_remotes(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     finally:
         for remote in made:
             remote.close()
+
+
+@contextlib.contextmanager
+def open_remote(url: str, local_dir: Path, timeout: float = 10.0) -> Iterator[Remote]:
+    """A real ``Remote`` for namespace ``team-a`` of the server at ``url``, as a
+    training job's environment would configure it; closed on exit."""
+    config = ClientConfig.from_env(
+        {
+            "NEFFCACHE_URL": f"neffcache+{url}/team-a",
+            "NEFFCACHE_LOCAL_DIR": str(local_dir),
+            "NEFFCACHE_TIMEOUT": str(timeout),
+            "NEFFCACHE_CONNECT_TIMEOUT": "1",
+        }
+    )
+    assert config is not None
+    remote = Remote(config)
+    try:
+        yield remote
+    finally:
+        remote.close()

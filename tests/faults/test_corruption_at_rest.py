@@ -18,18 +18,16 @@ digest check against a server that sends wrong bytes (tests/client/test_unit_rem
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from client.unit_support import open_remote
 from faults.support import Server, digest, running_server
 
 from neffcache.client import remote as remote_module
-from neffcache.client.config import ClientConfig
-from neffcache.client.remote import Remote
 
 SMALL = 64 * 1024
 BIG = 17 * 2**20  # over the server's verify-first size: hashed as it streams
@@ -45,24 +43,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def _fresh_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     # The back-off table is per process: each test starts with no server marked down.
     monkeypatch.setattr(remote_module, "_down_until", {})
-
-
-@contextlib.contextmanager
-def open_remote(server: Server, local_dir: Path) -> Iterator[Remote]:
-    config = ClientConfig.from_env(
-        {
-            "NEFFCACHE_URL": f"neffcache+{server.url}/team-a",
-            "NEFFCACHE_LOCAL_DIR": str(local_dir),
-            "NEFFCACHE_TIMEOUT": "10",
-            "NEFFCACHE_CONNECT_TIMEOUT": "1",
-        }
-    )
-    assert config is not None
-    remote = Remote(config)
-    try:
-        yield remote
-    finally:
-        remote.close()
 
 
 def flip(path: Path) -> None:
@@ -108,7 +88,7 @@ def test_a_blob_corrupted_at_rest_is_a_miss_and_heals(
     source.write_bytes(data)
     key = os.urandom(32).hex()
     manifest = {"key": key, "files": {"model.neff": {"digest": blob, "size": size}}}
-    with open_remote(server, tmp_path / "writer") as writer:
+    with open_remote(server.url, tmp_path / "writer") as writer:
         assert writer.put_blob(blob, source)
         published = writer.put_entry(key, manifest)
         assert published is not None
@@ -119,7 +99,7 @@ def test_a_blob_corrupted_at_rest_is_a_miss_and_heals(
     CHANGES[change](path)
 
     l1 = tmp_path / "reader" / "l1" / blob
-    with open_remote(server, tmp_path / "reader") as reader:
+    with open_remote(server.url, tmp_path / "reader") as reader:
         found = reader.entry(key)  # entries are not checked against their blobs
         assert found is not None
         assert found["files"] == manifest["files"]
@@ -135,7 +115,7 @@ def test_a_blob_corrupted_at_rest_is_a_miss_and_heals(
     assert len(quarantined) == (0 if change == "deleted under its entry" else 1)
 
     remote_module._down_until.clear()  # a cut-off stream is trouble, and marks it down
-    with open_remote(server, tmp_path / "healer") as healer:
+    with open_remote(server.url, tmp_path / "healer") as healer:
         assert healer.missing([blob]) == [blob]
         assert healer.put_blob(blob, source)
         again = healer.put_entry(key, manifest)
