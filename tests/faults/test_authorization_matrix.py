@@ -92,8 +92,7 @@ ADM_NS = "/v1/admin/namespaces"
 EVENT = {"kind": "counters", "namespace": "team-a", "counts": {"lookups": 1}}
 # fmt: off
 TABLE: list[Case] = [
-    # protocol.md, Health; dashboard.md; FastAPI's schema and its two viewers (public,
-    # as /openapi.json is: they hold no data).
+    # protocol.md, Health; dashboard.md; the OpenAPI schema (public: it holds no data).
     case("GET", "/healthz", "/healthz", EVERYONE, {200}),
     case("GET", "/readyz", "/readyz", EVERYONE, {200}),
     case("GET", "/metrics", "/metrics", EVERYONE, {200}),
@@ -101,12 +100,6 @@ TABLE: list[Case] = [
     case("GET", "/assets/{name}", "/assets/dashboard.js", EVERYONE, {200}),
     case("GET", "/openapi.json", "/openapi.json", EVERYONE, {200}),
     case("HEAD", "/openapi.json", "/openapi.json", EVERYONE, {200}),
-    case("GET", "/docs", "/docs", EVERYONE, {200}),
-    case("HEAD", "/docs", "/docs", EVERYONE, {200}),
-    case("GET", "/docs/oauth2-redirect", "/docs/oauth2-redirect", EVERYONE, {200}),
-    case("HEAD", "/docs/oauth2-redirect", "/docs/oauth2-redirect", EVERYONE, {200}),
-    case("GET", "/redoc", "/redoc", EVERYONE, {200}),
-    case("HEAD", "/redoc", "/redoc", EVERYONE, {200}),
     # protocol.md, Blobs: "any write token may upload them, any read token may fetch them".
     case("PUT", "/v1/blobs/{digest}", f"/v1/blobs/{NEFF_DIGEST}", ANY_WRITER, {200, 201},
          content=NEFF),

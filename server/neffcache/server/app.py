@@ -81,7 +81,15 @@ def create_app(
             for store in owned:
                 store.close()
 
-    app = FastAPI(title="neffcache", version=__version__, lifespan=lifespan)
+    # No /docs or /redoc: FastAPI's viewers load their scripts from a CDN, which the
+    # air-gapped clusters this serves cannot reach. /openapi.json stays (protocol.md).
+    app = FastAPI(
+        title="neffcache",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
     app.state.backends = Backends(
         settings,
         blob_store,
