@@ -19,6 +19,7 @@ from neffcache.server.manifest import (
     HEX64,
     check_neuron_address,
     load_json,
+    refuse_unknown,
     validated,
 )
 
@@ -81,17 +82,7 @@ def parse_failure(body: bytes) -> FailureReport:
     raw = load_json(body, "failure report")
     if not isinstance(raw, dict):
         raise BadRequest("a failure report is a JSON object")
-    unknown = set(raw).difference(FailureReport.model_fields)
-    if unknown:
-        problems = []
-        if unknown - STAMPS:
-            problems.append(
-                f"unknown field(s) {', '.join(sorted(unknown - STAMPS))} (a failure report "
-                f"has {', '.join(FailureReport.model_fields)})"
-            )
-        if unknown & STAMPS:
-            problems.append(f"the server sets {', '.join(sorted(unknown & STAMPS))}")
-        raise BadRequest("; ".join(problems))
+    refuse_unknown(raw, FailureReport, STAMPS, "a failure report")
     return validated(FailureReport, raw, "failure report")
 
 

@@ -111,6 +111,28 @@ def validated(model: type[M], raw: Any, what: str) -> M:
         raise BadRequest(f"invalid {what}: {problems}") from None
 
 
+def refuse_unknown(
+    raw: dict[str, Any], model: type[BaseModel], stamps: frozenset[str], noun: str, where: str = ""
+) -> None:
+    """BadRequest naming every field of ``raw`` that ``model`` lacks, with the fields
+    it has; the server's own ``stamps`` apart, so a client sending them back learns
+    why. ``noun`` names the document ("a failure report"); ``where`` prefixes the
+    message (an event's place in its batch)."""
+    unknown = set(raw).difference(model.model_fields)
+    if not unknown:
+        return
+    problems = []
+    if unknown - stamps:
+        problems.append(
+            f"unknown field(s) {', '.join(sorted(unknown - stamps))} ({noun} "
+            f"has {', '.join(model.model_fields)})"
+        )
+    if unknown & stamps:
+        problems.append(f"the server sets {', '.join(sorted(unknown & stamps))}")
+    message = "; ".join(problems)
+    raise BadRequest(f"{where}: {message}" if where else message)
+
+
 def canonical_json(value: Any) -> str:
     """Sorted keys, no spaces; ASCII, so a lone surrogate stays an escape and the text
     always encodes."""

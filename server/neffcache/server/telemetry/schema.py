@@ -20,6 +20,7 @@ from neffcache.server.manifest import (
     canonical_json,
     check_neuron_address,
     load_json,
+    refuse_unknown,
     validated,
 )
 
@@ -178,15 +179,5 @@ def parse_event(i: int, raw: Any) -> TelemetryEvent:
     model = _KINDS.get(raw["kind"]) if isinstance(raw.get("kind"), str) else None
     if model is None:
         raise BadRequest(f'{what}: kind must be "graph" or "counters"')
-    unknown = set(raw).difference(model.model_fields)
-    if unknown:
-        problems = []
-        if unknown - STAMPS:
-            problems.append(
-                f"unknown field(s) {', '.join(sorted(unknown - STAMPS))} (a {raw['kind']}"
-                f" event has {', '.join(model.model_fields)})"
-            )
-        if unknown & STAMPS:
-            problems.append(f"the server sets {', '.join(sorted(unknown & STAMPS))}")
-        raise BadRequest(f"{what}: {'; '.join(problems)}")
+    refuse_unknown(raw, model, STAMPS, f"a {raw['kind']} event", where=what)
     return validated(model, raw, what)
