@@ -26,7 +26,7 @@ from typing import Any
 from neffcache.server.eviction.pins import version_matches
 from neffcache.server.index import EntryStats
 from neffcache.server.index.base import Event
-from neffcache.server.reports.figures import HOUR, HOUR_DIGITS, MONEY_DIGITS, graph_of, hours
+from neffcache.server.reports.figures import HOUR, HOUR_DIGITS, MONEY_DIGITS, graph_of, hours, money
 from neffcache.server.reports.prices import PriceTable
 
 DEFAULT_ACTIVE_SECONDS = 30 * 86400.0
@@ -261,8 +261,6 @@ def totals(namespaces: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _money(costs: list[float | None], priced: bool, unpriced_hours: float) -> float | None:
-    """The priced part, or None when there were hours and none had a price (as the
-    cost report's ``money``): 0 would claim the unpriced hours cost nothing."""
-    if not priced and unpriced_hours > 0:
-        return None
-    return round(sum(cost for cost in costs if cost is not None), MONEY_DIGITS)
+    """The priced costs summed, under the cost report's rule (``figures.money``): None
+    when there were hours and none had a price, as 0 would claim they cost nothing."""
+    return money(sum(cost for cost in costs if cost is not None), priced, unpriced_hours)
