@@ -6,6 +6,8 @@ graph in a fresh process. The protocol needs little: GET and PUT with a
 ``Content-Length`` body, keep-alive, a response body read whole or streamed to a file.
 Every socket operation has the connect or per-request timeout, and the whole request
 has a deadline, so a server that accepts and then says nothing cannot hang a job.
+Redirects are not followed here: ``redirect_target`` checks a ``Location`` and the
+caller decides (only blob downloads follow one, to a presigned URL: remote.py).
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 if TYPE_CHECKING:
     import socket
 
 _MAX_HEAD = 64 * 1024
 _READ = 1 << 20
+#: Statuses whose ``Location`` a GET may follow.
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
 class HttpError(Exception):
@@ -95,7 +99,8 @@ class Connection:
                 self.close()
                 if isinstance(exc, HttpError):
                     raise
-                raise HttpError(f"{method} {path}: {exc}") from exc
+                # Never the query: a presigned URL's signature, a lease id.
+                raise HttpError(f"{method} {path.partition('?')[0]}: {exc}") from exc
         raise AssertionError("unreachable")
 
     def _socket(self, deadline: float) -> socket.socket:
@@ -260,6 +265,29 @@ class Connection:
             if not chunk:
                 return
             yield chunk
+
+
+def redirect_target(url: str, location: str) -> tuple[str, str]:
+    """Where a redirect from ``url`` points: the ``Location`` resolved against it, as
+    (``scheme://host:port``, the path with its query), ready for ``Connection`` and
+    ``request``. HttpError for anything but a plain http(s) URL (another scheme, user
+    information, bytes that cannot go on a request line). Messages name the place,
+    never the query (a presigned URL's is its credential)."""
+    parts = urlsplit(urljoin(url, location.strip()))
+    try:
+        parts.port  # noqa: B018  # raises ValueError for a port that is not a number
+    except ValueError:
+        raise HttpError("a redirect to a malformed port") from None
+    if not location.strip() or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise HttpError(f"a redirect to something other than http(s) ({parts.scheme or 'none'})")
+    if "@" in parts.netloc:
+        raise HttpError("a redirect to a URL with user information")
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    if not (target + parts.netloc).isascii() or any(
+        c <= " " or c == "\x7f" for c in target + parts.netloc
+    ):
+        raise HttpError(f"a redirect to {parts.scheme}://{parts.netloc} with unsendable bytes")
+    return f"{parts.scheme}://{parts.netloc}", target
 
 
 def _connect(host: str, port: int, timeout: float) -> socket.socket:

@@ -56,6 +56,7 @@ import re
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
@@ -265,6 +266,8 @@ class PrewarmRemote(Remote):
         super().__init__(config)
         self.stop = stop
         self._connections: set[Connection] = set()
+        # Redirects' connections live for one request: held weakly, so they do not pile up.
+        self._redirects: weakref.WeakSet[Connection] = weakref.WeakSet()
         self._connections_lock = threading.Lock()
         self._counts = threading.local()
 
@@ -282,12 +285,19 @@ class PrewarmRemote(Remote):
             self._connections.add(conn)
         return conn
 
-    def abort(self) -> None:
-        """Shut down every connection's socket: a thread blocked reading gets the end
-        of the stream at once, so its download fails and ``Remote.fetch`` removes its
-        temporary file. (Closing the socket would not wake the reader.)"""
+    def _redirect_connection(self, origin: str) -> Connection:
+        conn = super()._redirect_connection(origin)
         with self._connections_lock:
-            connections = list(self._connections)
+            self._redirects.add(conn)
+        return conn
+
+    def abort(self) -> None:
+        """Shut down every connection's socket (redirected downloads' too): a thread
+        blocked reading gets the end of the stream at once, so its download fails and
+        ``Remote.fetch`` removes its temporary file. (Closing the socket would not
+        wake the reader.)"""
+        with self._connections_lock:
+            connections = [*self._connections, *self._redirects]
         for conn in connections:
             sock = conn._sock  # Connection has no abort of its own
             if sock is not None:

@@ -5,6 +5,11 @@ answer): it is counted, logged once, and the server is considered down for this
 process for ``NEFFCACHE_BACKOFF`` seconds, during which calls return at once and the
 graph compiles locally (sccache's and ccache's policy). Downloads are verified against
 their BLAKE3 digest before they become visible; a mismatch is a miss.
+
+A blob download may be redirected (the server's S3 store hands out presigned URLs):
+the client follows a few hops, to any http(s) host, on a fresh connection each,
+without its token and within the download's own deadline, and verifies what arrives
+exactly as it would the server's bytes.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import quote
@@ -22,7 +28,14 @@ import blake3
 
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
-from neffcache.client.http import Connection, HttpError, Response, SinkError
+from neffcache.client.http import (
+    REDIRECTS,
+    Connection,
+    HttpError,
+    Response,
+    SinkError,
+    redirect_target,
+)
 from neffcache.client.local import LocalStore, new_temp
 from neffcache.client.stats import STATS
 
@@ -31,6 +44,9 @@ Manifest = dict[str, Any]
 # Blob transfers get the request timeout plus this much time per byte: a 256 MiB NEFF
 # over a slow link must not count as a dead server, a stalled one must still end.
 _MIN_RATE = 8 * 2**20  # bytes per second
+# Redirects a blob download follows: the server's one to its store, and a few more for
+# whatever sits in front of the store; a loop ends here.
+_MAX_REDIRECTS = 5
 _down_until: dict[str, float] = {}  # server (or "server scope") -> skipped until
 # The scope of telemetry and explanations: their trouble skips them, not the cache.
 TELEMETRY = "telemetry"
@@ -219,14 +235,13 @@ class Remote:
                     hasher.update(chunk)
                     out.write(chunk)
 
+                budget = self.config.timeout + size / _MIN_RATE
+                deadline = time.monotonic() + budget
+                path = f"/v1/blobs/{digest}"
                 try:
-                    response = self._call(
-                        "blob download",
-                        "GET",
-                        f"/v1/blobs/{digest}",
-                        sink=sink,
-                        timeout=self.config.timeout + size / _MIN_RATE,
-                    )
+                    response = self._call("blob download", "GET", path, sink=sink, timeout=budget)
+                    if response is not None and response.status in REDIRECTS:
+                        response = self._follow(response, self.config.server + path, sink, deadline)
                 except SinkError as exc:
                     if isinstance(exc.__cause__, _TooLong):
                         self._mark_down("blob download", f"blob {digest} is too long")
@@ -246,6 +261,48 @@ class Remote:
             return False
         finally:
             tmp.unlink(missing_ok=True)
+
+    def _follow(
+        self,
+        response: Response,
+        url: str,
+        sink: Callable[[bytes], None],
+        deadline: float,
+    ) -> Response | None:
+        """Follow a blob download's redirects from ``url``; the final answer, or None
+        on trouble (counted, server marked down: a store that cannot be reached costs
+        every download its timeout, as a server that cannot would). No Authorization
+        goes to the redirect's host: the token is for the server only, and S3 refuses
+        a presigned request that also carries one. A 404 there is a plain miss (the
+        blob went after the server answered)."""
+        what = "blob download (redirected)"
+        for _ in range(_MAX_REDIRECTS):
+            try:
+                origin, target = redirect_target(url, response.headers.get("location", ""))
+                url = origin + target
+                if deadline - time.monotonic() <= 0:
+                    raise HttpError("the download ran out of time")
+                conn = self._redirect_connection(origin)
+                try:
+                    response = conn.request(
+                        "GET", target, sink=sink, timeout=deadline - time.monotonic()
+                    )
+                finally:
+                    conn.close()
+            except HttpError as exc:
+                self._mark_down(what, exc)
+                return None
+            if response.status not in REDIRECTS:
+                if response.status == 404 or 200 <= response.status < 300:
+                    return response
+                self._mark_down(what, f"HTTP {response.status} from {origin}")
+                return None
+        self._mark_down(what, f"more than {_MAX_REDIRECTS} redirects")
+        return None
+
+    def _redirect_connection(self, origin: str) -> Connection:
+        """A connection of its own to a redirect's host, closed after its one request."""
+        return Connection(origin, self.config.connect_timeout, self.config.timeout)
 
     def fetch_into(self, local: LocalStore, digest: str, size: int) -> str | None:
         """Make sure L1 holds the blob: ``"l1"`` when it did, ``"server"`` when it was

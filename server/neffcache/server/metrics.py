@@ -59,13 +59,24 @@ class Metrics:
             ["namespace", "result"],
             registry=r,
         )
-        #: Blob downloads answered (hit, miss), and the bytes of the answers (their
-        #: Content-Length: whole blobs and ranges; a download cut off counts in full).
+        #: Blob downloads answered (hit, miss; a redirect is a hit), and the bytes of the
+        #: answers the server sent (their Content-Length: whole blobs and ranges; a
+        #: download cut off counts in full).
         self.blob_reads = Counter(
             "neffcache_blob_reads_total", "Blob downloads answered", ["result"], registry=r
         )
         self.blob_bytes_served = Counter(
             "neffcache_blob_bytes_served_total", "Bytes of blob answers", registry=r
+        )
+        #: Hits answered with a redirect to a presigned URL (blob_redirect_seconds), and
+        #: the blobs' bytes, which the store sent instead (not in blob_bytes_served).
+        self.blob_redirects = Counter(
+            "neffcache_blob_redirects_total", "Blob downloads redirected to the store", registry=r
+        )
+        self.blob_bytes_redirected = Counter(
+            "neffcache_blob_bytes_redirected_total",
+            "Bytes of blobs redirected to the store",
+            registry=r,
         )
         #: Entries removed by eviction or expiry, and their bytes, by namespace and reason
         #: (expired, compiler-retention, quota, admin-expire).

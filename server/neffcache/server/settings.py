@@ -67,6 +67,20 @@ class ServerSettings(BaseSettings):
         description="how long a blob verified on read is served without hashing it "
         "again while its file is unchanged (0: hash on every read)",
     )
+    # At most 7 days: the longest a SigV4 presigned URL may live.
+    blob_redirect_seconds: int = Field(
+        0,
+        ge=0,
+        le=7 * 86400,
+        description="S3 store: answer a blob GET with a 307 to a presigned URL that lives "
+        "this long, so the bytes do not pass through the server (0: never)",
+    )
+    blob_redirect_min_bytes: int = Field(
+        2**20,
+        ge=0,
+        description="only blobs at least this big are redirected (smaller ones cost less "
+        "served than the client's second request)",
+    )
     lease_ttl_seconds: float = Field(
         30.0,
         ge=1,

@@ -7,6 +7,12 @@ its last chunk is held back until the digest matches, so a corrupted blob never
 completes a response. Either way the blob is quarantined and the next upload heals it.
 A verified, unchanged file is sent unhashed, its last chunk held back until its stamp
 is checked once more.
+
+With ``blob_redirect_seconds`` set and a store that can presign (S3), a whole-blob GET
+of at least ``blob_redirect_min_bytes`` is answered with a ``307`` to a presigned URL
+once the blob is known to exist: its bytes never pass through the server, which
+therefore cannot verify them; the client does (docs/protocol.md). A range is never
+redirected: only the server, which hashes the whole blob first, can verify one.
 """
 
 from __future__ import annotations
@@ -28,6 +34,17 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from neffcache.server.api.answers import (
+    BODY,
+    HEX,
+    TOKEN,
+    array,
+    errors,
+    json_answer,
+    no_body,
+    obj,
+    request_body,
+)
 from neffcache.server.api.body import body_chunks, read_body
 from neffcache.server.auth import Caller
 from neffcache.server.blobs import BlobStore
@@ -37,6 +54,7 @@ from neffcache.server.errors import (
     BadRequest,
     NotFound,
     RangeNotSatisfiable,
+    StoreError,
     StoreFull,
     TooLarge,
 )
@@ -55,7 +73,36 @@ class CorruptBlob(Exception):
     """A stored blob's bytes do not hash to its digest."""
 
 
-@router.put("/v1/blobs/{digest}", status_code=201)
+class Redirect(Response):
+    """``307`` to a presigned URL of the blob; ``size`` is the blob's, for the metrics."""
+
+    def __init__(self, url: str, size: int) -> None:
+        # no-store: the URL expires, and a cached redirect would outlive it.
+        super().__init__(status_code=307, headers={"Location": url, "Cache-Control": "no-store"})
+        self.size = size
+
+
+_BYTES = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
+
+
+@router.put(
+    "/v1/blobs/{digest}",
+    status_code=201,
+    response_class=Response,
+    openapi_extra={"requestBody": {"required": True, "content": _BYTES}},
+    responses={
+        **no_body(201, "stored"),
+        **no_body(200, "already there"),
+        **errors(
+            *TOKEN,
+            408,
+            413,
+            507,
+            e400="no Content-Length, or the body's length or BLAKE3 is not the one announced",
+            e413="over max_blob_bytes",
+        ),
+    },
+)
 async def put_blob(
     digest: Digest,
     request: Request,
@@ -123,7 +170,11 @@ def _absorb(hasher: Any, out: BinaryIO, data: bytearray) -> None:
     out.write(data)
 
 
-@router.head("/v1/blobs/{digest}")
+@router.head(
+    "/v1/blobs/{digest}",
+    response_class=Response,
+    responses={**no_body(200, "the blob is here"), **errors(*TOKEN, 404, e404="no such blob")},
+)
 async def head_blob(digest: Digest, caller: CallerDep, backends: BackendsDep) -> Response:
     caller.require("read")
     size = await backends.run(backends.blobs.size, digest)
@@ -132,7 +183,16 @@ async def head_blob(digest: Digest, caller: CallerDep, backends: BackendsDep) ->
     return Response(headers=_headers(digest, size))
 
 
-@router.get("/v1/blobs/{digest}")
+@router.get(
+    "/v1/blobs/{digest}",
+    response_class=Response,
+    responses={
+        200: {"description": "the blob's bytes", "content": _BYTES},
+        206: {"description": "the range asked for", "content": _BYTES},
+        307: {"description": "the blob is at the presigned URL in Location (S3, when enabled)"},
+        **errors(*TOKEN, 404, 416, e404="no such blob (or a corrupted one, now quarantined)"),
+    },
+)
 async def get_blob(
     digest: Digest,
     caller: CallerDep,
@@ -156,7 +216,11 @@ async def answer_blob(
         metrics.blob_reads.labels("miss").inc()
         raise
     metrics.blob_reads.labels("hit").inc()
-    metrics.blob_bytes_served.inc(int(response.headers.get("content-length", 0)))
+    if isinstance(response, Redirect):
+        metrics.blob_redirects.inc()
+        metrics.blob_bytes_redirected.inc(response.size)
+    else:
+        metrics.blob_bytes_served.inc(int(response.headers.get("content-length", 0)))
     return response
 
 
@@ -170,10 +234,20 @@ def _blob_response(backends: Backends, digest: str, range_header: str | None) ->
     if size is None:
         raise NotFound(f"no blob {digest}")
     span = _parse_range(range_header, size)
+    if span is None:
+        redirect = _redirect(backends, digest, size)
+        if redirect is not None:
+            return redirect
     stamp, changed_at = stamped if stamped is not None else (None, None)
     if memo.trusted(digest, stamp):
 
-        def unchanged() -> bool:
+        def unchanged(chunks: Iterator[bytes]) -> bool:
+            read = getattr(chunks, "unchanged_since", None)
+            if read is not None:
+                # The store can tell about the very file that was read (fs.py): one
+                # collected, or collected and uploaded again, while it was read still
+                # holds the verified bytes, and a download is not cut off.
+                return bool(read(stamp))
             now = blobs.stamp(digest)
             if now is None:
                 # Removed while it was read. Collected: the read holds the file it
@@ -217,6 +291,25 @@ def _blob_response(backends: Backends, digest: str, range_header: str | None) ->
     )
 
 
+def _redirect(backends: Backends, digest: str, size: int) -> Redirect | None:
+    """A redirect to a presigned URL of a blob known to exist, when the settings ask
+    for one and the store can presign; None to serve it here. A store that fails to
+    sign (no credentials to sign with) is logged and the blob served here: a redirect
+    is an optimisation, never a reason for a download to fail."""
+    settings = backends.settings
+    presign = getattr(backends.blobs, "presign", None)
+    if not settings.blob_redirect_seconds or presign is None:
+        return None
+    if size < settings.blob_redirect_min_bytes:
+        return None
+    try:
+        url = presign(digest, settings.blob_redirect_seconds)
+    except StoreError as exc:
+        log.warning("cannot presign blob %s (%s); serving it", digest, exc)
+        return None
+    return Redirect(str(url), size)
+
+
 def _verified_response(
     blobs: BlobStore, digest: str, size: int, span: tuple[int, int] | None
 ) -> Response:
@@ -252,7 +345,7 @@ def _trusted_response(
     digest: str,
     size: int,
     span: tuple[int, int] | None,
-    unchanged: Callable[[], bool],
+    unchanged: Callable[[Iterator[bytes]], bool],
 ) -> Response | None:
     """A blob whose file was verified and had not changed since (verified.py), sent
     unhashed; None when its file changed while it was read. The stamp is checked again
@@ -267,12 +360,12 @@ def _trusted_response(
         headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
     if span is None and size <= _VERIFY_FIRST:
         body = b"".join(chunks)  # small: one write, as a verified small blob is sent
-        if not unchanged():
+        if not unchanged(chunks):
             return None
         return Response(body, headers=headers, media_type="application/octet-stream")
 
     def still_verified() -> bool:
-        if unchanged():
+        if unchanged(chunks):
             return True
         backends.verified.forget(digest)
         log.error("blob %s changed while it was served; the response was cut off", digest)
@@ -368,10 +461,10 @@ class MissingRequest(BaseModel):
 
 @router.post(
     "/v1/blobs/missing",
-    openapi_extra={
-        "requestBody": {
-            "content": {"application/json": {"schema": MissingRequest.model_json_schema()}}
-        }
+    openapi_extra=request_body(MissingRequest),
+    responses={
+        **json_answer(200, obj({"missing": array(HEX)}), "the digests the server lacks"),
+        **errors(*TOKEN, *BODY),
     },
 )
 async def missing_blobs(

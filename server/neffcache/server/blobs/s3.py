@@ -1,7 +1,8 @@
 """A blob store in an S3 bucket, or an S3-compatible service: ``s3://bucket/prefix``.
 
 Objects live at ``<prefix>/blobs/ab/<digest>``, quarantined ones at
-``<prefix>/quarantine/<digest>.<timestamp>``. Uploads are staged in a local directory
+``<prefix>/quarantine/<digest>.<timestamp>``, named documents (documents.py) at
+``<prefix>/documents/<name>``. Uploads are staged in a local directory
 and sent with boto3's managed transfer (multipart for big blobs).
 
 The endpoint comes from ``AWS_ENDPOINT_URL_S3`` or else ``AWS_ENDPOINT_URL`` (MinIO,
@@ -35,6 +36,7 @@ from neffcache.server.config_errors import ConfigError
 from neffcache.server.errors import StoreError
 
 from .base import DIGEST_PATTERN, BlobInfo
+from .documents import check_name, check_prefix, is_name
 from .fs import StagingArea, os_errors, quarantine_stamp
 
 _CHUNK = 1 << 20
@@ -49,6 +51,9 @@ _CLIENT_OPTIONS: dict[str, Any] = {
     "retries": {"max_attempts": 3, "mode": "standard"},
     # Request threads plus multipart workers share one client.
     "max_pool_connections": 32,
+    # SigV4 for presigned URLs too: botocore would sign them with the deprecated
+    # SigV2 on some endpoints, which newer regions and KMS-encrypted objects refuse.
+    "signature_version": "s3v4",
 }
 # Bounded per-upload concurrency: many uploads can run at once.
 _TRANSFER = TransferConfig(
@@ -242,6 +247,20 @@ class S3BlobStore:
     def local_path(self, digest: str) -> Path | None:
         return None
 
+    def presign(self, digest: str, seconds: int) -> str:
+        """A URL that GETs the blob without credentials for ``seconds``: the server
+        can answer a big download with a redirect and no byte passes through Python.
+        Signing is local (no request), so this says nothing of whether the blob is
+        there; the caller checks first. ``seconds`` is capped by how long the signing
+        credentials last (an instance role's: hours)."""
+        with s3_errors("presign"):
+            url: str = self._client.generate_presigned_url(
+                "get_object",
+                Params={"Bucket": self._bucket, "Key": self._blob_key(digest)},
+                ExpiresIn=seconds,
+            )
+        return url
+
     def quarantine(self, digest: str) -> None:
         key = self._blob_key(digest)
         target = f"{self._base}quarantine/{digest}.{quarantine_stamp()}"
@@ -267,7 +286,62 @@ class S3BlobStore:
         return True
 
     def blobs(self) -> Iterator[BlobInfo]:
-        prefix = f"{self._base}blobs/"
+        for item in self._listing(f"{self._base}blobs/"):
+            key = item["Key"]
+            digest = key.rpartition("/")[2]
+            # Only exactly <prefix>/blobs/ab/<digest>: nothing else there is a blob.
+            if _DIGEST.fullmatch(digest) and key == self._blob_key(digest):
+                yield BlobInfo(digest, int(item["Size"]), item["LastModified"].timestamp())
+
+    # --- documents
+
+    def put_document(self, name: str, data: bytes, *, create_only: bool = False) -> bool:
+        # A single PUT is atomic and durable once S3 answers it; If-None-Match makes it
+        # conditional (S3 since 2024, MinIO; a store that ignores it overwrites).
+        request: dict[str, Any] = {
+            "Bucket": self._bucket,
+            "Key": f"{self._base}documents/{check_name(name)}",
+            "Body": data,
+        }
+        if create_only:
+            request["IfNoneMatch"] = "*"
+        with s3_errors("PUT document"):
+            try:
+                self._client.put_object(**request)
+            except ClientError as exc:
+                if _error_code(exc) in ("PreconditionFailed", "412"):
+                    return False
+                raise
+        return True
+
+    def get_document(self, name: str) -> bytes | None:
+        body = self._get(f"{self._base}documents/{check_name(name)}", 0, None)
+        if body is None:
+            return None
+        try:
+            with s3_errors("GET document"):
+                data: bytes = body.read()
+        finally:
+            body.close()
+        return data
+
+    def delete_document(self, name: str) -> bool:
+        key = f"{self._base}documents/{check_name(name)}"
+        if self._head(key) is None:
+            return False
+        with s3_errors("DELETE document"):
+            self._client.delete_object(Bucket=self._bucket, Key=key)
+        return True
+
+    def documents(self, prefix: str) -> Iterator[str]:
+        base = f"{self._base}documents/"
+        for item in self._listing(base + check_prefix(prefix)):
+            name = item["Key"][len(base) :]
+            if is_name(name):
+                yield name
+
+    def _listing(self, prefix: str) -> Iterator[dict[str, Any]]:
+        """Every object under ``prefix``, as ``list_objects_v2`` describes it."""
         with s3_errors("LIST"):
             pages = iter(
                 self._client.get_paginator("list_objects_v2").paginate(
@@ -280,12 +354,7 @@ class S3BlobStore:
                 page = next(pages, None)
             if page is None:
                 return
-            for item in page.get("Contents", ()):
-                key = item["Key"]
-                digest = key.rpartition("/")[2]
-                # Only exactly <prefix>/blobs/ab/<digest>: nothing else there is a blob.
-                if _DIGEST.fullmatch(digest) and key == self._blob_key(digest):
-                    yield BlobInfo(digest, int(item["Size"]), item["LastModified"].timestamp())
+            yield from page.get("Contents", ())
 
     def check(self) -> None:
         with s3_errors("HEAD bucket"):
