@@ -86,7 +86,10 @@ class GraphSummary(Frozen):
 def graph_summary(module_bytes: bytes) -> GraphSummary:
     """The structure digest, instruction count and per-instruction shapes of a module.
 
-    Raises KeyingError for the inputs ``fingerprint_hlo`` refuses.
+    Raises KeyingError for what is not a well-formed module, as ``fingerprint_hlo``
+    does. The two read different fields (this one no frontend attributes; parameter
+    numbers, tuple indices and shapes by their types), so either may refuse a module
+    whose malformed field only the other reads.
     """
     graph = ordered_module(module_bytes)
     wiring = graph.wiring()

@@ -23,27 +23,38 @@ NAMESPACE = r"[a-z0-9][a-z0-9._-]{0,62}"
 FILE_NAME = r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}"
 # Fields the server adds when it returns an entry; a client may not send them.
 RESERVED = frozenset({"created_at", "namespace", "writer"})
+# A stock address as the JSON schema states it (check_neuron_address checks the same).
+ADDRESS_PATTERN = (
+    r"neuronxcc-[0-9]+(\.[0-9]+)+\+[0-9A-Za-z]+/MODULE_[0-9A-Za-z]{1,128}\+[0-9a-f]{8}"
+)
 
 M = TypeVar("M", bound=BaseModel)
 
 
 class FileRef(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Strict, as the stored manifest is the JSON sent: a size of "5" or 5.0 would be
+    # stored as sent, and every client would read the entry as a miss.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     digest: str = Field(pattern=f"^{HEX64}$")
     size: int = Field(ge=0)
 
 
 class Manifest(BaseModel):
-    """The minimum the protocol requires; further fields are kept as sent."""
+    """The minimum the protocol requires; further fields are kept as sent.
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    Strict (no coercion): the stored manifest is the JSON sent, so a field is stored
+    with the type it is validated as, or refused."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
 
     key: str = Field(pattern=f"^{HEX64}$")
     direct_key: str | None = Field(None, pattern=f"^{HEX64}$")
-    neuron_address: str | None = None
+    neuron_address: str | None = Field(None, json_schema_extra={"pattern": f"^{ADDRESS_PATTERN}$"})
     components: dict[str, Any] = Field(default_factory=dict)
-    files: dict[str, FileRef]
+    files: dict[str, FileRef] = Field(
+        json_schema_extra={"minProperties": 1, "propertyNames": {"pattern": f"^{FILE_NAME}$"}}
+    )
     compile_seconds: float | None = Field(None, ge=0)
     # The publishing job's label (NEFFCACHE_MODEL): pins and reports group by it.
     model: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")

@@ -8,20 +8,37 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from neffcache.server.api.answers import (
+    BODY,
+    NUMBER,
+    TOKEN,
+    array,
+    errors,
+    json_answer,
+    no_body,
+    obj,
+    request_body,
+)
 from neffcache.server.api.body import read_body
 from neffcache.server.audit import token_created
-from neffcache.server.auth import Caller, new_token
+from neffcache.server.auth import SCOPES, Caller, new_token
 from neffcache.server.deps import BackendsDep, CallerDep
 from neffcache.server.errors import BadRequest, Forbidden, NotFound
 from neffcache.server.index import Token
+from neffcache.server.manifest import NAMESPACE
 
 router = APIRouter(prefix="/v1/admin")
 _TOKEN_REQUEST_MAX = 64 * 1024
 
 
 class TokenRequest(BaseModel):
-    scope: str = Field(description="read, write or admin")
-    namespaces: list[str] = Field(min_length=1, description="namespaces, or ['*']")
+    # Checked by new_token; the schema states the same.
+    scope: str = Field(description="read, write or admin", json_schema_extra={"enum": list(SCOPES)})
+    namespaces: list[str] = Field(
+        min_length=1,
+        description="namespaces, or ['*']",
+        json_schema_extra={"items": {"type": "string", "pattern": rf"^(\*|{NAMESPACE})$"}},
+    )
     name: str = Field("", max_length=200, description="who or what the token is for")
     trusted: bool = Field(
         False, description="may publish into namespaces that take only trusted writers"
@@ -46,13 +63,28 @@ def token_view(token: Token) -> dict[str, Any]:
     }
 
 
+_TOKEN_VIEW = {
+    "token_id": {"type": "string"},
+    "scope": {"type": "string", "enum": ["read", "write", "admin"]},
+    "namespaces": array({"type": "string"}, 1),
+    "name": {"type": "string"},
+    "created_at": NUMBER,
+    "revoked": {"type": "boolean"},
+    "trusted": {"type": "boolean"},
+}
+
+
 @router.post(
     "/tokens",
     status_code=201,
-    openapi_extra={
-        "requestBody": {
-            "content": {"application/json": {"schema": TokenRequest.model_json_schema()}}
-        }
+    openapi_extra=request_body(TokenRequest),
+    responses={
+        **json_answer(
+            201,
+            obj({**_TOKEN_VIEW, "token": {"type": "string"}}),
+            "the token's record and its secret, shown this once",
+        ),
+        **errors(*TOKEN, *BODY),
     },
 )
 async def create_token(
@@ -70,13 +102,23 @@ async def create_token(
     return {**token_view(token), "token": secret}
 
 
-@router.get("/tokens")
+@router.get(
+    "/tokens",
+    responses={
+        **json_answer(200, obj({"tokens": array(obj(_TOKEN_VIEW))}), "every token, no secret"),
+        **errors(*TOKEN),
+    },
+)
 def list_tokens(caller: CallerDep, backends: BackendsDep) -> dict[str, Any]:
     _require_admin(caller)
     return {"tokens": [token_view(t) for t in backends.index.tokens()]}
 
 
-@router.delete("/tokens/{token_id}", status_code=204)
+@router.delete(
+    "/tokens/{token_id}",
+    status_code=204,
+    responses={**no_body(204, "revoked"), **errors(*TOKEN, 404, e404="no such token")},
+)
 def revoke_token(token_id: str, caller: CallerDep, backends: BackendsDep) -> Response:
     _require_admin(caller)
     if not backends.index.revoke_token(token_id):

@@ -14,6 +14,21 @@ from fastapi.responses import JSONResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
+from neffcache.server.api.answers import (
+    BODY,
+    ENTRY,
+    HEX,
+    TOKEN,
+    Answers,
+    array,
+    errors,
+    json_answer,
+    missed,
+    no_body,
+    nullable,
+    obj,
+    request_body,
+)
 from neffcache.server.api.body import read_body
 from neffcache.server.api.rules import check_writer, require_writer
 from neffcache.server.auth import Caller
@@ -23,7 +38,7 @@ from neffcache.server.eviction.evictor import condemned
 from neffcache.server.explain.notes import note_published
 from neffcache.server.index import Entry, PutResult
 from neffcache.server.lookup import find_alias, find_entry
-from neffcache.server.manifest import HEX64, NAMESPACE, parse_manifest
+from neffcache.server.manifest import HEX64, NAMESPACE, Manifest, parse_manifest
 
 router = APIRouter()
 
@@ -42,7 +57,26 @@ class MissingBlobs(BadRequest):
         self.missing = missing
 
 
-@router.put("/v1/ns/{namespace}/entries/{key}", status_code=201)
+@router.put(
+    "/v1/ns/{namespace}/entries/{key}",
+    status_code=201,
+    response_class=Response,
+    openapi_extra=request_body(Manifest),
+    responses={
+        **no_body(201, "published"),
+        **no_body(200, "the same manifest was there already"),
+        **errors(
+            *TOKEN,
+            *BODY,
+            409,
+            503,
+            e400="a malformed manifest, or blobs the server lacks (listed in missing)",
+            e409="the key holds a different manifest",
+            e413="the body is over 1 MiB, or the entry over the namespace's limits",
+            e503="a blob it names is being collected: publish again shortly",
+        ),
+    },
+)
 async def put_entry(
     namespace: Namespace, key: Key, request: Request, caller: CallerDep, backends: BackendsDep
 ) -> Response:
@@ -131,7 +165,14 @@ def _settle_blobs(backends: Backends, digests: list[str]) -> None:
         raise MissingBlobs(sorted(set(gone)))
 
 
-@router.get("/v1/ns/{namespace}/entries/{key}")
+_LOOKUP: Answers = {
+    **json_answer(200, ENTRY, "the manifest and the server's stamps"),
+    **errors(*TOKEN),
+    **missed("no such entry, here or in the namespaces read through"),
+}
+
+
+@router.get("/v1/ns/{namespace}/entries/{key}", response_class=Response, responses=_LOOKUP)
 async def get_entry(
     namespace: Namespace, key: Key, caller: CallerDep, backends: BackendsDep
 ) -> Response:
@@ -144,7 +185,7 @@ async def answer_entry(backends: Backends, caller: Caller, namespace: str, key: 
     return await backends.run(_entry_response, backends, namespace, key)
 
 
-@router.get("/v1/ns/{namespace}/aliases/{alias:path}")
+@router.get("/v1/ns/{namespace}/aliases/{alias:path}", response_class=Response, responses=_LOOKUP)
 async def get_alias(
     namespace: Namespace, alias: str, caller: CallerDep, backends: BackendsDep
 ) -> Response:
@@ -154,7 +195,26 @@ async def get_alias(
     return await backends.run(_alias_response, backends, namespace, alias)
 
 
-@router.put("/v1/ns/{namespace}/aliases/{alias:path}", status_code=201)
+_ALIAS_BODY = {
+    "type": "object",
+    "required": ["key"],
+    "properties": {"key": HEX},
+    "additionalProperties": False,
+}
+
+
+@router.put(
+    "/v1/ns/{namespace}/aliases/{alias:path}",
+    status_code=201,
+    response_class=Response,
+    openapi_extra=request_body(_ALIAS_BODY),
+    responses={
+        **no_body(201, "added"),
+        **no_body(200, "the alias names that key already"),
+        **errors(*TOKEN, *BODY, 409, e409="the alias names another key"),
+        **missed("the namespace has no entry under key"),
+    },
+)
 async def put_alias(
     namespace: Namespace, alias: str, request: Request, caller: CallerDep, backends: BackendsDep
 ) -> Response:
@@ -232,7 +292,14 @@ def absent(detail: str) -> Response:
 _LIST_MAX = 1000
 
 
-@router.get("/v1/ns/{namespace}/entries")
+_PAGE = obj({"entries": array(ENTRY), "next": nullable(HEX)})
+
+
+@router.get(
+    "/v1/ns/{namespace}/entries",
+    response_class=Response,
+    responses={**json_answer(200, _PAGE, "a page of entries, by key"), **errors(*TOKEN)},
+)
 async def list_entries(
     namespace: Namespace,
     caller: CallerDep,

@@ -8,13 +8,20 @@ as one invalid event does (400), and nothing of it is stored.
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
+from neffcache.server.api.answers import (
+    BODY,
+    TOKEN,
+    errors,
+    json_answer,
+    model_schema,
+    obj,
+    request_body,
+)
 from neffcache.server.api.body import read_body
 from neffcache.server.auth import Caller
 from neffcache.server.deps import Backends, BackendsDep, CallerDep
@@ -31,31 +38,13 @@ from neffcache.server.telemetry.schema import (
 router = APIRouter()
 
 
-def _inlined(schema: Any, defs: dict[str, Any]) -> Any:
-    """``schema`` with each ``#/$defs/X`` reference replaced by X (none is recursive),
-    so that it stands alone inside the OpenAPI document."""
-    if isinstance(schema, dict):
-        ref = schema.get("$ref", "")
-        if ref.startswith("#/$defs/"):
-            return _inlined(defs[ref.removeprefix("#/$defs/")], defs)
-        return {k: _inlined(v, defs) for k, v in schema.items() if k != "$defs"}
-    if isinstance(schema, list):
-        return [_inlined(item, defs) for item in schema]
-    return schema
-
-
-def _event_schema(model: type[GraphEvent] | type[CountersEvent]) -> Any:
-    schema = model.model_json_schema()
-    return _inlined(schema, schema.get("$defs", {}))
-
-
 _SCHEMA = {
     "type": "object",
     "properties": {
         "events": {
             "type": "array",
             "maxItems": MAX_EVENTS,
-            "items": {"oneOf": [_event_schema(GraphEvent), _event_schema(CountersEvent)]},
+            "items": {"oneOf": [model_schema(GraphEvent), model_schema(CountersEvent)]},
         }
     },
     "required": ["events"],
@@ -66,7 +55,14 @@ _SCHEMA = {
 @router.post(
     "/v1/events",
     status_code=202,
-    openapi_extra={"requestBody": {"content": {"application/json": {"schema": _SCHEMA}}}},
+    response_class=Response,
+    openapi_extra=request_body(_SCHEMA),
+    responses={
+        **json_answer(
+            202, obj({"accepted": {"type": "integer", "minimum": 0}}), "stored, all of them"
+        ),
+        **errors(*TOKEN, *BODY, e403="an event names a namespace the token does not cover"),
+    },
 )
 async def post_events(request: Request, caller: CallerDep, backends: BackendsDep) -> Response:
     # Read only after the caller is known (CallerDep), and never past the cap.

@@ -17,6 +17,19 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from neffcache.server.api.answers import (
+    BODY,
+    HEX,
+    NAME,
+    NUMBER,
+    TOKEN,
+    array,
+    errors,
+    json_answer,
+    nullable,
+    obj,
+    request_body,
+)
 from neffcache.server.api.body import read_body
 from neffcache.server.auth import Caller
 from neffcache.server.deps import Backends, BackendsDep, CallerDep
@@ -53,10 +66,6 @@ class ExpireRequest(BaseModel):
     )
 
 
-def _body(model: type[Any]) -> dict[str, Any]:
-    return {"requestBody": {"content": {"application/json": {"schema": model.model_json_schema()}}}}
-
-
 async def _parse(request: Request, model: type[Any], what: str) -> Any:
     body = await read_body(request, _BODY_MAX)
     return validated(model, load_json(body, what) if body.strip() else {}, what)
@@ -78,7 +87,93 @@ def _valid(namespace: str) -> bool:
     return re.fullmatch(NAMESPACE, namespace) is not None
 
 
-@router.post("/evict", openapi_extra=_body(EvictRequest))
+_COUNT = {"type": "integer", "minimum": 0}
+_VICTIM = obj(
+    {
+        "namespace": NAME,
+        "key": HEX,
+        "reason": {"type": "string"},
+        "why": {"type": "string"},
+        "bytes": _COUNT,
+        "compile_seconds": nullable(NUMBER),
+        "compiler_version": {"type": "string"},
+        "model": {"type": "string"},
+        "last_access": NUMBER,
+        "hits": _COUNT,
+    }
+)
+_TOTALS = {
+    "entries": array(_VICTIM),
+    "total": obj(
+        {
+            "entries": _COUNT,
+            "bytes": _COUNT,
+            "compile_hours": NUMBER,
+            "unknown_compile_time": _COUNT,
+        }
+    ),
+}
+_PLAN = obj(
+    {
+        "namespace": NAME,
+        "entries": _COUNT,
+        "bytes": _COUNT,
+        "bytes_after": _COUNT,
+        "pinned_bytes": _COUNT,
+        "over_quota_pinned": {"type": "boolean"},
+    }
+)
+_PASS = {
+    "removed": obj({**_TOTALS, "skipped": _COUNT}),
+    "blobs_collected": _COUNT,
+    "blob_bytes_collected": _COUNT,
+    "blobs_in_grace": _COUNT,
+}
+_EVICTED = {
+    "oneOf": [
+        obj(
+            {"dry_run": {"type": "boolean", "enum": [True]}, "namespaces": array(_PLAN), **_TOTALS}
+        ),
+        obj(
+            {
+                "dry_run": {"type": "boolean", "enum": [False]},
+                "namespaces": array(_PLAN),
+                **_TOTALS,
+                **_PASS,
+            }
+        ),
+    ]
+}
+_EXPIRED = obj(
+    {"dry_run": {"type": "boolean"}, "compiler_version": {"type": "string"}, **_TOTALS},
+    {"skipped": _COUNT},
+)
+_AUDIT = obj(
+    {
+        "records": array(
+            obj(
+                {
+                    "at": NUMBER,
+                    "actor": {"type": "string"},
+                    "action": {"type": "string"},
+                    "namespace": {"type": "string"},
+                    "target": {"type": "string"},
+                    "detail": {},
+                }
+            )
+        )
+    }
+)
+
+
+@router.post(
+    "/evict",
+    openapi_extra=request_body(EvictRequest),
+    responses={
+        **json_answer(200, _EVICTED, "the plan (dry run), or the plan and what the pass did"),
+        **errors(*TOKEN, *BODY, 409, e409="another replica is the evictor"),
+    },
+)
 async def evict(request: Request, caller: CallerDep, backends: BackendsDep) -> dict[str, Any]:
     asked: EvictRequest = await _parse(request, EvictRequest, "eviction request")
     if asked.dry_run:
@@ -105,7 +200,14 @@ async def evict(request: Request, caller: CallerDep, backends: BackendsDep) -> d
     return {"dry_run": False, **view}
 
 
-@router.post("/expire", openapi_extra=_body(ExpireRequest))
+@router.post(
+    "/expire",
+    openapi_extra=request_body(ExpireRequest),
+    responses={
+        **json_answer(200, _EXPIRED, "the entries retired (or that would be)"),
+        **errors(*TOKEN, *BODY),
+    },
+)
 async def expire(request: Request, caller: CallerDep, backends: BackendsDep) -> dict[str, Any]:
     asked: ExpireRequest = await _parse(request, ExpireRequest, "expire request")
     names = await run_in_threadpool(_scope, backends, caller, asked.namespaces)
@@ -120,7 +222,10 @@ async def expire(request: Request, caller: CallerDep, backends: BackendsDep) -> 
     }
 
 
-@router.get("/audit")
+@router.get(
+    "/audit",
+    responses={**json_answer(200, _AUDIT, "the records, newest first"), **errors(*TOKEN)},
+)
 async def audit(
     caller: CallerDep,
     backends: BackendsDep,

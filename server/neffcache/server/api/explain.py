@@ -16,6 +16,18 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
+from neffcache.server.api.answers import (
+    BODY,
+    HEX,
+    NAME,
+    TOKEN,
+    array,
+    errors,
+    json_answer,
+    nullable,
+    obj,
+    request_body,
+)
 from neffcache.server.api.body import read_body
 from neffcache.server.api.entries import Key, Namespace
 from neffcache.server.auth import Caller
@@ -31,7 +43,27 @@ router = APIRouter()
 _BODY_MAX = 8 * 2**20
 
 
-@router.get("/v1/ns/{namespace}/explain/{key}")
+_OBJECT = {"type": "object"}
+_EXPLANATION = obj(
+    {
+        "namespace": NAME,
+        "key": nullable(HEX),
+        "reason": {"type": "string"},
+        "summary": {"type": "string"},
+        "sentences": array({"type": "string"}),
+        "entry": nullable(_OBJECT),
+        "nearest": array(_OBJECT),
+        "removed": nullable(_OBJECT),
+        "failure": nullable(_OBJECT),
+        "graph": nullable(_OBJECT),
+    }
+)
+
+
+@router.get(
+    "/v1/ns/{namespace}/explain/{key}",
+    responses={**json_answer(200, _EXPLANATION, "the explanation"), **errors(*TOKEN)},
+)
 async def explain_key(
     namespace: Namespace, key: Key, caller: CallerDep, backends: BackendsDep
 ) -> dict[str, Any]:
@@ -42,11 +74,8 @@ async def explain_key(
 
 @router.post(
     "/v1/ns/{namespace}/explain",
-    openapi_extra={
-        "requestBody": {
-            "content": {"application/json": {"schema": ExplainRequest.model_json_schema()}}
-        }
-    },
+    openapi_extra=request_body(ExplainRequest),
+    responses={**json_answer(200, _EXPLANATION, "the explanation"), **errors(*TOKEN, *BODY)},
 )
 async def explain_components(
     namespace: Namespace, request: Request, caller: CallerDep, backends: BackendsDep

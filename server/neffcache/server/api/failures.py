@@ -11,6 +11,17 @@ import time
 from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from neffcache.server.api.answers import (
+    BODY,
+    FAILURE,
+    TOKEN,
+    array,
+    errors,
+    json_answer,
+    missed,
+    obj,
+    request_body,
+)
 from neffcache.server.api.body import read_body
 from neffcache.server.api.entries import Key, Namespace, absent
 from neffcache.server.api.rules import check_writer, require_writer
@@ -28,10 +39,11 @@ _REPORT_MAX = 1 << 20
 @router.put(
     "/v1/ns/{namespace}/failures/{key}",
     status_code=201,
-    openapi_extra={
-        "requestBody": {
-            "content": {"application/json": {"schema": FailureReport.model_json_schema()}}
-        }
+    response_class=Response,
+    openapi_extra=request_body(FailureReport),
+    responses={
+        **json_answer(201, FAILURE, "the stored record"),
+        **errors(*TOKEN, *BODY, e413="the body is over 1 MiB, or the record over 256 KiB"),
     },
 )
 async def put_failure(
@@ -55,7 +67,15 @@ def _put(backends: Backends, caller: Caller, failure: Failure, keep: int) -> Non
     backends.index.put_failure(failure, keep)
 
 
-@router.get("/v1/ns/{namespace}/failures/{key}")
+@router.get(
+    "/v1/ns/{namespace}/failures/{key}",
+    response_class=Response,
+    responses={
+        **json_answer(200, obj({"failures": array(FAILURE, 1)}), "the records, newest first"),
+        **errors(*TOKEN),
+        **missed("the key has no live failure record"),
+    },
+)
 async def get_failures(
     namespace: Namespace, key: Key, caller: CallerDep, backends: BackendsDep
 ) -> Response:

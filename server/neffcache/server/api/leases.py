@@ -25,6 +25,21 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from neffcache.server.api.answers import (
+    BODY,
+    ENTRY,
+    FAILURE,
+    NUMBER,
+    SECONDS,
+    TOKEN,
+    Schema,
+    errors,
+    json_answer,
+    no_body,
+    nullable,
+    obj,
+    request_body,
+)
 from neffcache.server.api.body import read_body
 from neffcache.server.api.entries import ALIAS, Namespace, stamped
 from neffcache.server.api.rules import require_writer
@@ -73,12 +88,45 @@ def _check_name(name: str) -> str:
     return name
 
 
+def _state(name: str) -> Schema:
+    return {"type": "string", "enum": [name]}
+
+
+_GRANTED = obj(
+    {
+        "state": _state("granted"),
+        "lease": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+        "ttl": NUMBER,
+        "expires_in": NUMBER,
+    }
+)
+_HELD = {
+    "holder": {"type": "string"},
+    "held_for": SECONDS,
+    "expires_in": SECONDS,
+    "expected_seconds": nullable(SECONDS),
+    "ttl": NUMBER,
+}
+_SETTLED = {
+    "oneOf": [
+        obj({"state": _state("done"), "entry": ENTRY}),
+        obj({"state": _state("failed"), **_HELD, "failure": nullable(FAILURE)}),
+        obj({"state": _state("free")}),
+    ]
+}
+_CONFLICT = "the lease does not hold the name (released, or expired)"
+
+
 @router.post(
     "/v1/ns/{namespace}/leases/{name:path}",
-    openapi_extra={
-        "requestBody": {
-            "content": {"application/json": {"schema": LeaseRequest.model_json_schema()}}
-        }
+    response_class=Response,
+    openapi_extra=request_body(LeaseRequest),
+    responses={
+        **json_answer(200, _SETTLED, "done (the entry), failed (the holder's failure), or free"),
+        **json_answer(201, _GRANTED, "granted: the caller holds the lease"),
+        **json_answer(202, obj({"state": _state("held"), **_HELD}), "held by someone else"),
+        **no_body(204, "the client went away while it waited (nobody reads this)"),
+        **errors(*TOKEN, *BODY),
     },
 )
 async def ask_lease(
@@ -215,7 +263,14 @@ def _history(failures: list[Failure]) -> float | None:
     return None
 
 
-@router.put("/v1/ns/{namespace}/leases/{name:path}")
+@router.put(
+    "/v1/ns/{namespace}/leases/{name:path}",
+    response_class=Response,
+    responses={
+        **json_answer(200, _GRANTED, "renewed for one ttl"),
+        **errors(*TOKEN, 409, e409=_CONFLICT),
+    },
+)
 async def renew_lease(
     namespace: Namespace, name: Name, lease_id: LeaseId, caller: CallerDep, backends: BackendsDep
 ) -> Response:
@@ -230,7 +285,11 @@ async def renew_lease(
     return JSONResponse({"state": "granted", "lease": lease_id, "ttl": ttl, "expires_in": ttl})
 
 
-@router.delete("/v1/ns/{namespace}/leases/{name:path}", status_code=204)
+@router.delete(
+    "/v1/ns/{namespace}/leases/{name:path}",
+    status_code=204,
+    responses={**no_body(204, "released"), **errors(*TOKEN, 409, e409=_CONFLICT)},
+)
 async def release_lease(
     namespace: Namespace,
     name: Name,

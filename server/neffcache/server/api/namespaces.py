@@ -15,6 +15,21 @@ from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from neffcache.server.api.answers import (
+    BODY,
+    NAME,
+    NUMBER,
+    TOKEN,
+    Schema,
+    array,
+    errors,
+    json_answer,
+    model_schema,
+    no_body,
+    nullable,
+    obj,
+    request_body,
+)
 from neffcache.server.api.body import read_body
 from neffcache.server.api.entries import Namespace
 from neffcache.server.auth import Caller
@@ -34,20 +49,60 @@ from neffcache.server.namespaces import (
 router = APIRouter(prefix="/v1/admin/namespaces")
 _BODY_MAX = 64 * 1024
 
-_POLICY_BODY = {
-    "requestBody": {"content": {"application/json": {"schema": PolicyFields.model_json_schema()}}}
-}
+_POLICY_BODY = request_body(PolicyFields)
 
 
 class PinRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: str = Field(description=f"one of {', '.join(KINDS)}")
+    # Checked by check_pin; the schema states the same.
+    kind: str = Field(
+        description=f"one of {', '.join(KINDS)}", json_schema_extra={"enum": list(KINDS)}
+    )
     value: str = Field(max_length=300, description="the key, address, model or version")
     reason: str = Field("", max_length=500, description="why, for the audit log")
 
 
-@router.get("")
+def _policy(**more: Schema) -> Schema:
+    """A namespace's effective policy (``NamespacePolicy.view``), with ``more``."""
+    fields = {**model_schema(NamespacePolicy)["properties"], **more}
+    return {
+        "type": "object",
+        "required": sorted(fields),
+        "properties": fields,
+        "additionalProperties": False,
+    }
+
+
+_COUNT = {"type": "integer", "minimum": 0}
+_USAGE = obj(
+    {
+        "entries": _COUNT,
+        "bytes": _COUNT,
+        "compile_hours": NUMBER,
+        "quota_share": nullable(NUMBER),
+    }
+)
+_PIN = obj(
+    {
+        "namespace": NAME,
+        "kind": {"type": "string", "enum": list(KINDS)},
+        "value": {"type": "string"},
+        "reason": {"type": "string"},
+        "actor": {"type": "string"},
+        "at": NUMBER,
+    }
+)
+_PINS = array(_PIN)
+
+
+@router.get(
+    "",
+    responses={
+        **json_answer(200, obj({"namespaces": array(_policy(usage=_USAGE))}), "policy and usage"),
+        **errors(*TOKEN),
+    },
+)
 async def list_namespaces(caller: CallerDep, backends: BackendsDep) -> dict[str, Any]:
     """Every namespace with a policy or an entry that the caller administers."""
     caller.require("admin")
@@ -57,7 +112,13 @@ async def list_namespaces(caller: CallerDep, backends: BackendsDep) -> dict[str,
     return {"namespaces": views}
 
 
-@router.get("/{namespace}")
+@router.get(
+    "/{namespace}",
+    responses={
+        **json_answer(200, _policy(usage=_USAGE, pins=_PINS), "policy, usage and pins"),
+        **errors(*TOKEN),
+    },
+)
 async def show_namespace(
     namespace: Namespace, caller: CallerDep, backends: BackendsDep
 ) -> dict[str, Any]:
@@ -68,7 +129,15 @@ async def show_namespace(
     return view
 
 
-@router.post("/{namespace}", status_code=201, openapi_extra=_POLICY_BODY)
+@router.post(
+    "/{namespace}",
+    status_code=201,
+    openapi_extra=_POLICY_BODY,
+    responses={
+        **json_answer(201, _policy(), "created: the effective policy"),
+        **errors(*TOKEN, *BODY, 409, e409="the namespace exists (or changed meanwhile)"),
+    },
+)
 async def create_namespace(
     namespace: Namespace, request: Request, caller: CallerDep, backends: BackendsDep
 ) -> dict[str, Any]:
@@ -88,7 +157,21 @@ async def create_namespace(
     return (await run_in_threadpool(backends.policies.current, namespace)).view()
 
 
-@router.patch("/{namespace}", openapi_extra=_POLICY_BODY)
+@router.patch(
+    "/{namespace}",
+    openapi_extra=_POLICY_BODY,
+    responses={
+        **json_answer(200, _policy(), "changed: the effective policy"),
+        **errors(
+            *TOKEN,
+            *BODY,
+            404,
+            409,
+            e404="the namespace was never created",
+            e409="the namespace keeps changing, or took an untrusted entry meanwhile",
+        ),
+    },
+)
 async def change_namespace(
     namespace: Namespace, request: Request, caller: CallerDep, backends: BackendsDep
 ) -> dict[str, Any]:
@@ -219,7 +302,10 @@ def _view(backends: Backends, policy: NamespacePolicy) -> dict[str, Any]:
 # --- pins
 
 
-@router.get("/{namespace}/pins")
+@router.get(
+    "/{namespace}/pins",
+    responses={**json_answer(200, obj({"pins": _PINS}), "the pins"), **errors(*TOKEN)},
+)
 async def list_pins(
     namespace: Namespace, caller: CallerDep, backends: BackendsDep
 ) -> dict[str, Any]:
@@ -231,8 +317,12 @@ async def list_pins(
 @router.put(
     "/{namespace}/pins",
     status_code=201,
-    openapi_extra={
-        "requestBody": {"content": {"application/json": {"schema": PinRequest.model_json_schema()}}}
+    response_class=Response,
+    openapi_extra=request_body(PinRequest),
+    responses={
+        **json_answer(201, _PIN, "pinned"),
+        **json_answer(200, obj({"detail": {"type": "string"}}), "pinned already"),
+        **errors(*TOKEN, *BODY),
     },
 )
 async def add_pin(
@@ -252,12 +342,16 @@ async def add_pin(
     return Response(_json(body), status_code=status, media_type="application/json")
 
 
-@router.delete("/{namespace}/pins", status_code=204)
+@router.delete(
+    "/{namespace}/pins",
+    status_code=204,
+    responses={**no_body(204, "unpinned"), **errors(*TOKEN, 404, e404="no such pin")},
+)
 async def remove_pin(
     namespace: Namespace,
     caller: CallerDep,
     backends: BackendsDep,
-    kind: Annotated[str, Query()],
+    kind: Annotated[str, Query(json_schema_extra={"enum": list(KINDS)})],
     value: Annotated[str, Query(max_length=300)],
     reason: Annotated[str, Query(max_length=500)] = "",
 ) -> Response:

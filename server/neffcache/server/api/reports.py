@@ -18,6 +18,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
+from neffcache.server.api.answers import TOKEN, Schema, errors, formats_answer, obj
 from neffcache.server.auth import Caller
 from neffcache.server.deps import BackendsDep, CallerDep
 from neffcache.server.errors import BadRequest
@@ -55,7 +56,41 @@ Namespaces = Annotated[
 ]
 
 
-@router.get("/cost")
+def _formats(required: tuple[str, ...], what: str) -> Any:
+    """The answers of a report route: the report in each format, or an error."""
+    text = {"type": "string"}
+    schemas: dict[str, Schema] = {
+        "application/json": obj({name: {} for name in required}),
+        **{media.split(";")[0]: text for fmt, media in _MEDIA.items() if fmt != "json"},
+    }
+    return {
+        **formats_answer(200, schemas, f"the {what} report, in the format asked"),
+        **errors(*TOKEN),
+    }
+
+
+@router.get(
+    "/cost",
+    response_class=Response,
+    responses=_formats(
+        (
+            "since",
+            "until",
+            "generated_at",
+            "by",
+            "currency",
+            "totals",
+            "rows",
+            "days",
+            "runs",
+            "top_misses",
+            "storage",
+            "prices",
+            "notes",
+        ),
+        "cost",
+    ),
+)
 async def cost(
     request: Request,
     caller: CallerDep,
@@ -83,7 +118,13 @@ async def cost(
     return _answer(report, fmt, {"csv": cost_csv, "html": cost_html, "table": cost_table})
 
 
-@router.get("/upgrade")
+@router.get(
+    "/upgrade",
+    response_class=Response,
+    responses=_formats(
+        ("to_compiler", "generated_at", "currency", "totals", "namespaces", "prices"), "upgrade"
+    ),
+)
 async def upgrade(
     request: Request,
     caller: CallerDep,
