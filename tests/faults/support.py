@@ -55,36 +55,9 @@ class Server:
 
 @contextlib.contextmanager
 def running_server(data_dir: Path) -> Iterator[Server]:
-    server = Server(data_dir)
-    log = server.log
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NEFFCACHE_")}
-    with open(log, "ab") as out:
-        process = subprocess.Popen(
-            [*NEFFCACHE, "serve", "--port", str(server.port), "--data-dir", str(data_dir)],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=out,
-        )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if server.http.get("/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.05)
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"neffcache serve did not start:\n{log.read_text()}")
+    """``neffcache serve`` on the embedded defaults (see ``running_server_with``)."""
+    with running_server_with(data_dir) as server:
         yield server
-    finally:
-        server.http.close()
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def raw_request(
@@ -119,3 +92,37 @@ def raw_request(
     if not answer.startswith(b"HTTP/1.1 "):
         return None
     return int(answer[9:12])
+
+
+@contextlib.contextmanager
+def running_server_with(data_dir: Path, **settings: str) -> Iterator[Server]:
+    """``running_server`` with settings: each ``name=value`` becomes ``NEFFCACHE_<NAME>``
+    in the server's environment (``index_url="redis://..."``, ``blob_grace_seconds="0"``).
+    Its other variables are this process's, so a test's AWS endpoint reaches it."""
+    server = Server(data_dir)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEFFCACHE_")}
+    env.update({f"NEFFCACHE_{name.upper()}": value for name, value in settings.items()})
+    argv = [*NEFFCACHE, "serve", "--port", str(server.port), "--data-dir", str(data_dir)]
+    with open(server.log, "ab") as out:
+        process = subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=out
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if server.http.get("/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"neffcache serve did not start:\n{server.log.read_text()}")
+        yield server
+    finally:
+        server.http.close()
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -8,7 +8,9 @@ and leaves nothing in its L1; a direct GET afterwards is ``404``); the entry loo
 still answers, as protocol.md promises only verified blobs, not checked entries; the
 blob is reported missing, so a publisher uploads it again; and that upload heals it:
 the same manifest is accepted again and a fetch returns the right bytes, verified.
-The fsck part of the criterion (found by fsck) lands with `neffcache admin fsck`.
+And found by fsck: `neffcache admin fsck --verify`, run beside the live server before
+anything read the blob, names each damage, `--repair` takes the entry out of service,
+and after the healing upload fsck finds the store clean.
 
 Already proven elsewhere, not repeated: each change before and after the server
 remembered a file as verified, through TestClient (tests/server/test_verified.py), a
@@ -18,14 +20,16 @@ digest check against a server that sends wrong bytes (tests/client/test_unit_rem
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from client.unit_support import open_remote
-from faults.support import Server, digest, running_server
+from faults.support import NEFFCACHE, Server, digest, running_server
 
 from neffcache.client import remote as remote_module
 
@@ -126,6 +130,73 @@ def test_a_blob_corrupted_at_rest_is_a_miss_and_heals(
     with server.http.stream("GET", f"/v1/blobs/{blob}") as response:
         assert response.status_code == 200
         assert digest(response.read()) == blob
+
+
+def fsck(server: Server, *flags: str) -> tuple[int, dict[str, object]]:
+    """``neffcache admin fsck --json`` on the server's data directory, as an operator
+    runs it on the server's host while it serves."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEFFCACHE_")}
+    done = subprocess.run(
+        [*NEFFCACHE, "admin", "fsck", "--data-dir", str(server.data_dir), "--json", *flags],
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode in (0, 1, 4), done.stderr.decode()
+    report: dict[str, object] = json.loads(done.stdout)
+    return done.returncode, report
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_fsck_finds_corruption_at_rest_and_repair_then_upload_heals(
+    server: Server, change: str, tmp_path: Path
+) -> None:
+    """Nothing lost: fsck names the damaged blob (corrupt, when its bytes are there)
+    and the entry that names it (dangling, when the blob is gone or short), exit 4;
+    ``--repair`` quarantines it and takes the entry out (exit 1), so the graph is a
+    miss; one upload and publish later the entry serves the right bytes, and fsck
+    says nothing about either."""
+    data = os.urandom(SMALL)
+    blob = digest(data)
+    source = tmp_path / "model.neff"
+    source.write_bytes(data)
+    key = os.urandom(32).hex()
+    manifest = {"key": key, "files": {"model.neff": {"digest": blob, "size": SMALL}}}
+    with open_remote(server.url, tmp_path / "writer") as writer:
+        assert writer.put_blob(blob, source)
+        published = writer.put_entry(key, manifest)
+        assert published is not None
+        assert published.status == 201
+    path = server.blob_path(blob)
+    os.chmod(path, 0o644)
+    CHANGES[change](path)
+
+    status, found = fsck(server, "--verify")
+    assert status == 4
+    # Every damage leaves the entry dangling: a blob gone or short is seen from the
+    # listing, wrong bytes of the right size only by hashing them (--verify).
+    assert [line for line in found["dangling"] if key in line] == [f"team-a/{key}: {blob}"]  # type: ignore[attr-defined]
+    assert (blob in found["corrupt"]) is (change != "deleted under its entry")  # type: ignore[operator]
+
+    status, repaired = fsck(server, "--verify", "--repair")
+    assert status == 1
+    assert repaired["repaired"]["removed"] >= 1  # type: ignore[index]
+    assert server.http.get(f"/v1/ns/team-a/entries/{key}").status_code == 404
+    assert server.http.get(f"/v1/blobs/{blob}").status_code == 404
+
+    remote_module._down_until.clear()
+    with open_remote(server.url, tmp_path / "healer") as healer:
+        assert healer.put_blob(blob, source)
+        again = healer.put_entry(key, manifest)
+        assert again is not None
+        assert again.status == 201  # a new entry: the damaged one was taken out
+        assert healer.fetch(blob, SMALL, tmp_path / "healer" / "l1" / blob)
+    assert (tmp_path / "healer" / "l1" / blob).read_bytes() == data
+    _, after = fsck(server, "--verify")
+    assert blob not in after["corrupt"]  # type: ignore[operator]
+    assert not [line for line in after["dangling"] if key in line]  # type: ignore[attr-defined]
+    assert not [line for line in after["undocumented"] if key in line]  # type: ignore[attr-defined]
 
 
 def test_a_streamed_corrupt_blob_never_completes_over_the_wire(

@@ -7,7 +7,8 @@ lifespan closes what it opened. Every ServerError maps to its status in one hand
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -31,12 +32,15 @@ from neffcache.server.api import (
     namespaces,
     reports,
 )
+from neffcache.server.api.answers import errors
 from neffcache.server.auth import TokenPresence, ensure_bootstrap_token
 from neffcache.server.blobs import BlobStore, open_blob_store
+from neffcache.server.blobs.documents import DocumentStore
 from neffcache.server.deps import Backends
-from neffcache.server.errors import ServerError
+from neffcache.server.errors import BadRequest, ServerError
 from neffcache.server.fastpath import FastPath
 from neffcache.server.index import Index, open_index
+from neffcache.server.recovery.durable import DurableIndex, check_at_start
 from neffcache.server.reports.prices import load_prices
 from neffcache.server.settings import ServerSettings, redact
 from neffcache.server.verified import VerifiedMemo
@@ -60,6 +64,7 @@ def create_app(
     if index is None:
         index = open_index(settings.index_store_url())
         owned.append(index)
+    index = durable(index, blob_store)
     changes = []
     if settings.bootstrap_admin_token is not None:
         changes = ensure_bootstrap_token(index, settings.bootstrap_admin_token.get_secret_value())
@@ -83,7 +88,7 @@ def create_app(
 
     # No /docs or /redoc: FastAPI's viewers load their scripts from a CDN, which the
     # air-gapped clusters this serves cannot reach. /openapi.json stays (protocol.md).
-    app = FastAPI(
+    app = _App(
         title="neffcache",
         version=__version__,
         lifespan=lifespan,
@@ -115,8 +120,67 @@ def create_app(
         app.include_router(module.router)
     app.add_exception_handler(ServerError, _server_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    # Inside the fast path, whose two shapes hold no control character.
+    app.add_middleware(PlainPaths)
     app.add_middleware(FastPath, backends=app.state.backends, on_error=error_response)
     return app
+
+
+def durable(index: Index, blob_store: BlobStore, *, at_start: bool = True) -> Index:
+    """The index with its durable copy kept in the blob store's documents (recovery/);
+    ``at_start``, also marked complete when it is (``check_at_start``). A store
+    without documents (a test's stand-in) leaves the index as it is: there is nothing
+    to rebuild it from."""
+    if not isinstance(blob_store, DocumentStore):
+        log.warning("the blob store keeps no documents: a lost index cannot be rebuilt")
+        return index
+    if at_start:
+        check_at_start(index, blob_store, blob_store)
+    return DurableIndex(index, blob_store, blob_store)
+
+
+class _App(FastAPI):
+    def openapi(self) -> dict[str, Any]:
+        """The schema as FastAPI makes it, except that request validation errors are
+        400 with a ``detail`` string (``_validation_error``), never FastAPI's 422."""
+        if self.openapi_schema is None:
+            schema = super().openapi()
+            for operations in schema.get("paths", {}).values():
+                for operation in operations.values():
+                    responses = operation.get("responses", {})
+                    if responses.pop("422", None) is not None and "400" not in responses:
+                        responses.update({str(k): v for k, v in errors(400).items()})
+            for name in ("HTTPValidationError", "ValidationError"):
+                schema.get("components", {}).get("schemas", {}).pop(name, None)
+            self.openapi_schema = schema
+        return self.openapi_schema
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_Scope = MutableMapping[str, Any]
+_Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+_Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+class PlainPaths:
+    """``400`` for an API path (``/v1/``) with a control character (percent-encoded,
+    as ``%0A``): no name the API takes has one, and Starlette would not route one to a
+    ``{name:path}`` route ("." stops at a newline), answering ``404`` as if the route
+    did not exist, or route ``KEY%0A`` as ``KEY`` (``$`` matches before a last newline).
+    Other paths (the dashboard's assets) name files, and an odd one is a plain 404."""
+
+    def __init__(self, app: Callable[[_Scope, _Receive, _Send], Awaitable[None]]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
+        path = scope["path"] if scope["type"] == "http" else ""
+        if path.startswith("/v1/") and _CONTROL.search(path):
+            problem = BadRequest(
+                "the path holds a control character; no name the API takes has one"
+            )
+            await error_response(problem, "")(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def error_response(exc: ServerError, path: str) -> JSONResponse:

@@ -65,6 +65,9 @@ def register(sub: Any, error_type: type[Exception]) -> None:
     for parser in (admin, token, create, listing, revoke):
         admincli._one_line(parser)
     admincli.register(admin_sub)
+    from .recovery import commands
+
+    commands.register(admin_sub, admincli._one_line)
 
 
 _SERVE_DOC = (
@@ -138,17 +141,11 @@ def _no_extra(extra: list[str]) -> None:
         raise CommandError(f"unexpected arguments after --: {' '.join(extra)}")
 
 
-def _local_index(args: argparse.Namespace) -> Any:
-    from .config_errors import ConfigError
-    from .index import open_index
-    from .settings import load_settings
+def local_backends(args: argparse.Namespace) -> Any:
+    """The server's stores opened on this host (``--local``; recovery/commands.py)."""
+    from .recovery.commands import local_backends
 
-    try:
-        settings = load_settings(data_dir=args.data_dir)
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
-        return open_index(settings.index_store_url())
-    except (ConfigError, OSError) as exc:
-        raise CommandError(str(exc)) from None
+    return local_backends(args)
 
 
 def _request(
@@ -193,19 +190,17 @@ def run_token_create(args: argparse.Namespace, extra: list[str]) -> int:
     from .audit import AuditLog, token_created
     from .auth import new_token
     from .errors import ServerError
-    from .settings import load_settings
 
-    index = _local_index(args)
-    try:
-        token, secret = new_token(args.scope, namespaces, args.name, trusted=args.trusted)
-        index.put_token(token)
-        actor = f"{os.environ.get('USER', 'local')} (--local)"
-        audit = AuditLog(index, load_settings(data_dir=args.data_dir).audit_keep)
-        audit.write([token_created(actor, token)])
-    except ServerError as exc:
-        raise CommandError(str(exc)) from None
-    finally:
-        index.close()
+    # The index as the server opens it: the token's document is written too (recovery/).
+    with local_backends(args) as backends:
+        try:
+            token, secret = new_token(args.scope, namespaces, args.name, trusted=args.trusted)
+            backends.index.put_token(token)
+            actor = f"{os.environ.get('USER', 'local')} (--local)"
+            audit = AuditLog(backends.index, backends.settings.audit_keep)
+            audit.write([token_created(actor, token)])
+        except ServerError as exc:
+            raise CommandError(str(exc)) from None
     return _print({**token_view(token), "token": secret})
 
 
@@ -215,11 +210,8 @@ def run_token_list(args: argparse.Namespace, extra: list[str]) -> int:
         return _print(_request(args, "GET", "/v1/admin/tokens"))
     from .api.admin import token_view
 
-    index = _local_index(args)
-    try:
-        return _print({"tokens": [token_view(t) for t in index.tokens()]})
-    finally:
-        index.close()
+    with local_backends(args) as backends:
+        return _print({"tokens": [token_view(t) for t in backends.index.tokens()]})
 
 
 def run_token_revoke(args: argparse.Namespace, extra: list[str]) -> int:
@@ -227,10 +219,7 @@ def run_token_revoke(args: argparse.Namespace, extra: list[str]) -> int:
     if not args.local:
         _request(args, "DELETE", f"/v1/admin/tokens/{args.token_id}")
         return _print({"revoked": args.token_id})
-    index = _local_index(args)
-    try:
-        if not index.revoke_token(args.token_id):
+    with local_backends(args) as backends:
+        if not backends.index.revoke_token(args.token_id):
             raise CommandError(f"no token {args.token_id}")
-    finally:
-        index.close()
     return _print({"revoked": args.token_id})

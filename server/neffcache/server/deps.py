@@ -21,6 +21,7 @@ from neffcache.server.eviction.usage import UsageMemo
 from neffcache.server.index import Index
 from neffcache.server.metrics import Metrics, Usage
 from neffcache.server.namespaces import Policies
+from neffcache.server.recovery.reindex import IndexRecovery
 from neffcache.server.settings import ServerSettings
 from neffcache.server.verified import VerifiedMemo
 from neffcache.server.wakeups import Wakeups
@@ -62,7 +63,13 @@ class Backends:
             self.blob_use,
             metrics=self.metrics,
         )
-        self.maintenance = Maintenance(self.index, self.evictor, self.access, self.settings)
+        self.maintenance = Maintenance(
+            self.index,
+            self.evictor,
+            self.access,
+            self.settings,
+            IndexRecovery(self.index, self.blobs),
+        )
         self.usage = UsageMemo(self.evictor)
 
     def _usage(self) -> Iterator[Usage]:

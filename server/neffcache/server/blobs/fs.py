@@ -5,6 +5,7 @@ Layout under the root::
     blobs/ab/abcdef…                   one file per blob, fanned out by its first two digits
     staging/<area>/uploads/…           upload files, one area per open store (process)
     quarantine/<digest>.<timestamp>    blobs whose bytes stopped matching their digest
+    documents/<name>                   named documents (documents.py): the index's durable copy
 
 A blob appears only through ``os.link`` from a complete, fsynced staging file, so a
 reader never sees a partial blob and a stored blob is never replaced.
@@ -29,6 +30,7 @@ from neffcache.server.config_errors import ConfigError
 from neffcache.server.errors import FULL_ERRNOS, StoreError, StoreFull
 
 from .base import DIGEST_PATTERN, BlobInfo
+from .documents import check_name, check_prefix, is_name
 
 _CHUNK = 1 << 20
 _LOCK_NAME = "lock"
@@ -180,9 +182,11 @@ class FsBlobStore:
         self._root = root
         self._blobs = root / "blobs"
         self._quarantine = root / "quarantine"
+        self._documents = root / "documents"
         with os_errors(f"create blob store at {root}"):
             self._blobs.mkdir(parents=True, exist_ok=True)
             self._quarantine.mkdir(exist_ok=True)
+            self._documents.mkdir(exist_ok=True)
         self._staging = StagingArea(root / "staging")
 
     @classmethod
@@ -229,7 +233,7 @@ class FsBlobStore:
                 return None
 
     def read(self, digest: str, start: int = 0, end: int | None = None) -> Iterator[bytes] | None:
-        chunks = _read_file(self._blob_path(digest), start, end)
+        chunks = _FileChunks(self._blob_path(digest), start, end)
         # Run it to its first yield so the file is opened now: a blob quarantined later
         # still streams whole, and a miss is None rather than an empty stream.
         if next(chunks, None) is None:
@@ -242,9 +246,7 @@ class FsBlobStore:
                 st = os.stat(self._blob_path(digest))
             except FileNotFoundError:
                 return None
-        # ctime: set by the kernel on every change to the inode, never by a user.
-        found = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        return found, max(st.st_mtime_ns, st.st_ctime_ns) / 1e9
+        return _stamp_of(st), max(st.st_mtime_ns, st.st_ctime_ns) / 1e9
 
     def local_path(self, digest: str) -> Path | None:
         return self._blob_path(digest) if self.size(digest) is not None else None
@@ -278,6 +280,68 @@ class FsBlobStore:
                     if info is not None:
                         yield info
 
+    # --- documents
+
+    def put_document(self, name: str, data: bytes, *, create_only: bool = False) -> bool:
+        path = self._documents / check_name(name)
+        with os_errors(f"write document {name}"):
+            self._make_parents(path.parent)
+            # Written in the staging area and moved into place: a crash leaves the old
+            # document or the new one, and only a staging file to clean up.
+            fd, temp = tempfile.mkstemp(dir=self._staging.path, prefix="document-")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                if create_only:
+                    try:
+                        os.link(temp, path)  # unlike rename, fails if the name exists
+                    except FileExistsError:
+                        return False
+                    finally:
+                        os.unlink(temp)
+                else:
+                    os.replace(temp, path)
+            except BaseException:
+                with suppress(OSError):
+                    os.unlink(temp)
+                raise
+            _fsync(path.parent)
+            return True
+
+    def _make_parents(self, directory: Path) -> None:
+        if directory.is_dir():
+            return
+        directory.mkdir(parents=True, exist_ok=True)
+        # New directories must survive a crash before a document relies on them.
+        for parent in (directory, *directory.parents):
+            _fsync(parent)
+            if parent == self._documents:
+                break
+
+    def get_document(self, name: str) -> bytes | None:
+        with os_errors(f"read document {name}"):
+            try:
+                return (self._documents / check_name(name)).read_bytes()
+            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                return None
+
+    def delete_document(self, name: str) -> bool:
+        path = self._documents / check_name(name)
+        with os_errors(f"delete document {name}"):
+            try:
+                os.unlink(path)
+            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                return False
+            # Durable too: a document back after a crash would restore what was removed.
+            _fsync(path.parent)
+            return True
+
+    def documents(self, prefix: str) -> Iterator[str]:
+        start = self._documents / check_prefix(prefix) if prefix else self._documents
+        yield from _walk_documents(start, prefix)
+
     def check(self) -> None:
         with os_errors(f"blob store at {self._root} is not usable"):
             if not self._blobs.is_dir():
@@ -298,7 +362,8 @@ def _scan(directory: Path, *, missing_ok: bool) -> Iterator[os.DirEntry[str]]:
     with os_errors(action):
         try:
             entries = os.scandir(directory)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
+            # NotADirectoryError: a document listed as if it were a folder of them.
             if missing_ok:
                 return
             raise
@@ -309,6 +374,15 @@ def _scan(directory: Path, *, missing_ok: bool) -> Iterator[os.DirEntry[str]]:
             if entry is None:
                 return
             yield entry
+
+
+def _walk_documents(directory: Path, prefix: str) -> Iterator[str]:
+    """Document names under ``directory``, which holds those starting with ``prefix``."""
+    for entry in _scan(directory, missing_ok=True):
+        if _is_dir(entry):
+            yield from _walk_documents(Path(entry.path), f"{prefix}{entry.name}/")
+        elif is_name(prefix + entry.name):
+            yield prefix + entry.name
 
 
 def _is_dir(entry: os.DirEntry[str]) -> bool:
@@ -329,9 +403,48 @@ def _blob_info(entry: os.DirEntry[str]) -> BlobInfo | None:
     return BlobInfo(entry.name, st.st_size, st.st_mtime)
 
 
-def _read_file(path: Path, start: int, end: int | None) -> Iterator[bytes]:
-    """Yields b"" once the file is open (see ``read``), then [start, end) in chunks;
-    yields nothing if the file is absent."""
+def _stamp_of(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    # ctime: set by the kernel on every change to the inode, never by a user.
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class _FileChunks:
+    """The chunks of one open blob file (``_read_file``), and ``unchanged_since``:
+    whether that file, the one read and not whatever has its name now, still had a
+    given stamp once its last bytes were read. So a blob collected, or collected and
+    uploaded again (a new file under its name), while it is read is judged by the bytes
+    that were read."""
+
+    def __init__(self, path: Path, start: int, end: int | None) -> None:
+        self._after: list[os.stat_result] = []  # the open file's stat after its last read
+        self._chunks = _read_file(path, start, end, self._after)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        return next(self._chunks)
+
+    def unchanged_since(self, stamp: Hashable) -> bool:
+        """Whether the file read had ``stamp`` (``FsBlobStore.stamp``) after it was
+        read to the end; False before then. An unlinked file (collected) counts as
+        unchanged when only its ctime moved: unlinking sets it, and a file without a
+        name changes its bytes only through an open descriptor, which sets mtime."""
+        if not self._after:
+            return False
+        st = self._after[-1]
+        found = _stamp_of(st)
+        if st.st_nlink == 0 and isinstance(stamp, tuple):
+            return found[:4] == stamp[:4]
+        return found == stamp
+
+
+def _read_file(
+    path: Path, start: int, end: int | None, after: list[os.stat_result]
+) -> Iterator[bytes]:
+    """Yields b"" once the file is open (see ``read``), then [start, end) in chunks,
+    then appends the open file's stat to ``after``; yields nothing if the file is
+    absent."""
     with os_errors(f"read {path.name}"):
         try:
             f = path.open("rb")
@@ -344,7 +457,8 @@ def _read_file(path: Path, start: int, end: int | None) -> Iterator[bytes]:
             while remaining != 0:
                 data = f.read(_CHUNK if remaining is None else min(_CHUNK, remaining))
                 if not data:
-                    return
+                    break
                 if remaining is not None:
                     remaining -= len(data)
                 yield data
+            after.append(os.fstat(f.fileno()))

@@ -9,6 +9,7 @@ from collections.abc import Hashable, Iterator
 from pathlib import Path
 
 from .base import BlobInfo
+from .documents import check_name, check_prefix
 
 _CHUNK = 1 << 20
 
@@ -20,6 +21,7 @@ class MemoryBlobStore:
     def __init__(self) -> None:
         self._blobs: dict[str, bytes] = {}
         self._stored_at: dict[str, float] = {}  # digest -> epoch seconds of its commit
+        self._documents: dict[str, bytes] = {}
         self._lock = threading.Lock()
         self._staging = tempfile.TemporaryDirectory(prefix="neffcache-staging-")
 
@@ -75,6 +77,27 @@ class MemoryBlobStore:
                 BlobInfo(digest, len(data), self._stored_at[digest])
                 for digest, data in self._blobs.items()
             ]
+        yield from snapshot
+
+    def put_document(self, name: str, data: bytes, *, create_only: bool = False) -> bool:
+        with self._lock:
+            if create_only and check_name(name) in self._documents:
+                return False
+            self._documents[check_name(name)] = bytes(data)
+            return True
+
+    def get_document(self, name: str) -> bytes | None:
+        with self._lock:
+            return self._documents.get(check_name(name))
+
+    def delete_document(self, name: str) -> bool:
+        with self._lock:
+            return self._documents.pop(check_name(name), None) is not None
+
+    def documents(self, prefix: str) -> Iterator[str]:
+        check_prefix(prefix)
+        with self._lock:
+            snapshot = [name for name in self._documents if name.startswith(prefix)]
         yield from snapshot
 
     def check(self) -> None:

@@ -16,7 +16,9 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from neffcache.server.access import AccessLog
 from neffcache.server.errors import StoreError
@@ -36,14 +38,49 @@ class Pass:
     plans: list[Plan] = field(default_factory=list)
     applied: Applied = field(default_factory=Applied)
     collected: Collected = field(default_factory=Collected)
+    # Blob collection skipped: the index may lack entries (lost or wiped, and not yet
+    # rebuilt; recovery/), so every blob could look unreferenced.
+    paused: bool = False
     seconds: float = 0.0
+
+
+class Recovery(Protocol):
+    """Rebuilding a lost index (recovery/reindex.py ``IndexRecovery``)."""
+
+    def intact(self) -> bool:
+        """Whether the index is known complete (cheap: asked every tick)."""
+
+    def complete(self, leading: Callable[[], bool]) -> bool:
+        """Rebuild the index if it was lost; whether it is complete now."""
+
+    def reconciled(self, leading: Callable[[], bool]) -> bool:
+        """Before a collection: whether the index names every documented entry."""
+
+
+class _Intact:
+    def intact(self) -> bool:
+        return True
+
+    def complete(self, leading: Callable[[], bool]) -> bool:
+        return True
+
+    def reconciled(self, leading: Callable[[], bool]) -> bool:
+        return True
 
 
 class Maintenance:
     def __init__(
-        self, index: Index, evictor: Evictor, access: AccessLog, settings: ServerSettings
+        self,
+        index: Index,
+        evictor: Evictor,
+        access: AccessLog,
+        settings: ServerSettings,
+        recovery: Recovery | None = None,
     ) -> None:
+        """``recovery`` rebuilds a lost index (recovery/reindex.py ``IndexRecovery``);
+        None for an index with nothing to rebuild it from."""
         self.index = index
+        self.recovery = recovery or _Intact()
         self.evictor = evictor
         self.access = access
         self.settings = settings
@@ -78,20 +115,31 @@ class Maintenance:
         return min(tick, interval) if interval > 0 else tick
 
     def _loop(self) -> None:
-        interval = self.settings.eviction_interval_seconds
         while not self._stop.wait(self._tick()):
             try:
-                self.flush()
-                # Renewed every tick, not only per pass: the lease outlives no tick, so
-                # a dead evictor is replaced within three ticks.
-                if interval <= 0 or not self.lead():
-                    continue
-                if time.monotonic() - self._last_pass >= interval:
-                    self.run(self.actor)
+                self.tick()
             except StoreError as exc:
                 log.warning("eviction pass failed: %s", exc)
             except Exception:  # a bug must not end the thread for good
                 log.exception("background maintenance failed")
+
+    def tick(self) -> None:
+        """One turn of the background thread."""
+        self.flush()
+        interval = self.settings.eviction_interval_seconds
+        # With eviction off no replica holds the lease, unless the index was lost: it
+        # is rebuilt within a tick either way (its tokens were lost with it, so
+        # every client is refused until then).
+        if interval <= 0 and self.recovery.intact():
+            return
+        # Renewed every tick, not only per pass: the lease outlives no tick, so a
+        # dead evictor is replaced within three ticks.
+        if not self.lead():
+            return
+        with self._pass_lock:
+            self.recovery.complete(self.lead)
+        if interval > 0 and time.monotonic() - self._last_pass >= interval:
+            self.run(self.actor)
 
     def flush(self) -> None:
         """Write this replica's recorded hits to the index now (kept on failure)."""
@@ -140,7 +188,12 @@ class Maintenance:
             if self.lead():
                 done.applied = self.evictor.apply(victims, actor)
             if self.lead():
-                done.collected = self.evictor.collect_blobs(self.lead)
+                # Only over an index that names every documented entry: else a blob
+                # it lost the row of would look unreferenced.
+                if self.recovery.reconciled(self.lead):
+                    done.collected = self.evictor.collect_blobs(self.lead)
+                else:
+                    done.paused = True
             self.trim_events()
             done.seconds = time.monotonic() - started
         if done.applied.removed or done.collected.blobs:

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import secrets
 import time
@@ -86,6 +87,8 @@ from .base import (
     event_cursor,
     events_start,
 )
+
+log = logging.getLogger("neffcache.server.index")
 
 # Short, so that a dead Redis fails a request (and readiness) in seconds rather than
 # holding server threads for redis-py's defaults.
@@ -537,7 +540,31 @@ class RedisIndex:
             )
         except ValueError as exc:
             raise ConfigError(f"bad redis index URL: {exc}; use redis://host:port/db") from exc
-        return cls(client, where=_redacted(url))
+        index = cls(client, where=_redacted(url))
+        index.warn_if_evicting()
+        return index
+
+    def warn_if_evicting(self) -> bool:
+        """Log a warning when Redis may evict keys under memory pressure: a policy
+        other than ``noeviction`` drops index rows one by one, unnoticed (a wipe is
+        noticed: recovery/durable.py), and blob collection would then take the lost
+        rows' blobs. True when it warned. Best effort: managed Redis services often
+        refuse CONFIG, and then nothing is said (docs/operations.md says what to set)."""
+        try:
+            policy = self._redis.config_get("maxmemory-policy").get("maxmemory-policy")
+            limit = self._redis.config_get("maxmemory").get("maxmemory")
+        except redis.RedisError:
+            return False
+        if policy in (None, "noeviction") or str(limit) == "0":
+            return False
+        log.warning(
+            "redis index %s has maxmemory %s with maxmemory-policy %s: Redis may drop "
+            "index rows; set maxmemory-policy noeviction (docs/operations.md)",
+            self._where,
+            limit,
+            policy,
+        )
+        return True
 
     @contextlib.contextmanager
     def _mapped(self) -> Iterator[None]:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from neffcache.server.config_errors import ConfigError
-from neffcache.server.errors import StoreError
+from neffcache.server.errors import StoreError, StoreFull
 
 from .base import (
     AuditRecord,
@@ -217,11 +217,25 @@ _STEP_CODE: dict[int, Callable[[sqlite3.Connection], None]] = {4: _backfill_v4}
 
 @contextlib.contextmanager
 def _mapped(path: Path) -> Iterator[None]:
-    """Turn sqlite3 errors into the store error the API maps to 503."""
+    """Turn sqlite3 errors into the store errors the API maps to 503, and 507 when the
+    disk (or quota) is full: the transaction was rolled back, nothing partial stays."""
     try:
         yield
     except sqlite3.Error as exc:
+        if _is_full(exc):
+            raise StoreFull(f"sqlite index {path}: {exc}") from exc
         raise StoreError(f"sqlite index {path}: {exc}") from exc
+
+
+_SQLITE_FULL = 13  # sqlite3.SQLITE_FULL, named there only from Python 3.11
+
+
+def _is_full(exc: sqlite3.Error) -> bool:
+    # sqlite_errorcode is Python 3.11+; an extended code's low byte is its primary one.
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF == _SQLITE_FULL
+    return "database or disk is full" in str(exc)
 
 
 class SqliteIndex:

@@ -1,0 +1,321 @@
+"""``reindex``: rebuild the index from the documents in the blob store; and
+``IndexRecovery``, which the evicting replica runs before it collects blobs.
+
+Additive and idempotent: a row the index holds already stays as it is (the index wins
+a disagreement, reported as a conflict), so it is safe beside live replicas and safe
+to run twice. An entry comes back only if every blob it names is there at its size;
+one whose blobs are gone is reported, never restored half (``fsck --repair`` removes
+its document). Rows come back as written, ``created_at`` included, and as last served
+at the restore, with no hits: a restore is not a reason to expire them all.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import TypeVar
+
+from neffcache.server.auth import trusted_writer_ids
+from neffcache.server.blobs import BlobStore
+from neffcache.server.blobs.documents import DocumentStore
+from neffcache.server.errors import StoreError
+from neffcache.server.index import Entry, Index, PutResult, Touch
+from neffcache.server.namespaces import POLICY
+
+from . import documents as docs
+from .durable import (
+    EMPTY_BESIDE_BLOBS,
+    DurableIndex,
+    finish_removal,
+    is_complete,
+    looks_lost,
+    mark_complete,
+)
+
+log = logging.getLogger("neffcache.server.recovery")
+T = TypeVar("T")
+
+# Documents fetched at once: S3 answers each GET in milliseconds, so a large cache
+# needs many in flight; a filesystem does not mind.
+_FETCHERS = 16
+_BATCH = 1000
+
+
+@dataclass
+class ReindexReport:
+    restored: int = 0  # entries put back
+    present: int = 0  # entries the index held already
+    conflicts: list[str] = field(default_factory=list)  # index holds another manifest
+    missing_blobs: list[str] = field(default_factory=list)  # entries not restored
+    untrusted: list[str] = field(default_factory=list)  # writers the namespace refuses now
+    removed: int = 0  # documents of entries removed on purpose (a tombstone), deleted now
+    aliases: int = 0
+    tokens: int = 0
+    records: int = 0  # namespace policies and pins
+    damaged: list[str] = field(default_factory=list)  # documents that do not read
+    complete: bool = False  # ran to the end and marked the index complete
+    seconds: float = 0.0
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "restored": self.restored,
+            "present": self.present,
+            "conflicts": self.conflicts,
+            "missing_blobs": self.missing_blobs,
+            "untrusted": self.untrusted,
+            "removed": self.removed,
+            "aliases": self.aliases,
+            "tokens": self.tokens,
+            "records": self.records,
+            "damaged": self.damaged,
+            "complete": self.complete,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def fetched(store: DocumentStore, prefix: str) -> Iterator[tuple[str, bytes | None]]:
+    """Every document under ``prefix`` with its bytes (None: deleted since listed),
+    fetched by a pool of threads in listing order, a batch at a time (memory stays
+    bounded for any number of documents)."""
+    listing = store.documents(prefix)
+    with ThreadPoolExecutor(_FETCHERS, thread_name_prefix="neffcache-documents") as pool:
+        while names := list(islice(listing, _BATCH)):
+            yield from zip(names, pool.map(store.get_document, names), strict=True)
+
+
+def decoded(
+    store: DocumentStore,
+    prefix: str,
+    reader: Callable[[bytes], T],
+    damaged: list[str],
+) -> Iterator[tuple[str, T]]:
+    """Every document under ``prefix`` read by ``reader`` (``documents.*_from``), with
+    its name; the names of those that do not read (or that an entry's fields would
+    name otherwise: a document copied to the wrong place) go to ``damaged``."""
+    for name, data in fetched(store, prefix):
+        if data is None:
+            continue  # deleted since the listing
+        try:
+            value = reader(data)
+            if isinstance(value, Entry) and name != docs.entry_name(value.namespace, value.key):
+                raise docs.DocumentError("named for another entry")
+        except docs.DocumentError:
+            damaged.append(name)
+            continue
+        yield name, value
+
+
+def untrusted(index: Index) -> Callable[[Entry], bool]:
+    """Whether an entry's writer may not publish into its namespace now (it takes only
+    trusted writers): its document outlived a take-back (api/entries.py ``_publish``
+    removes an untrusted entry that raced the rule) whose document delete failed."""
+    trusted = trusted_writer_ids(index)
+    only = set()
+    for held in index.records(POLICY):
+        try:
+            value = json.loads(held.value)
+        except ValueError:
+            continue
+        if isinstance(value, dict) and value.get("trusted_writers_only") is True:
+            only.add(held.namespace)
+    return lambda entry: entry.namespace in only and entry.writer not in trusted
+
+
+def restore_entry(
+    index: Index,
+    entry: Entry,
+    report: ReindexReport,
+    size: Callable[[str], int | None],
+    refused: Callable[[Entry], bool] = lambda entry: False,
+) -> None:
+    """Put one documented entry back, if every blob it names is there (``size``:
+    a digest's stored size, None when absent) and its writer may write there
+    (``untrusted``); the index's own rules decide between it and a row already
+    there."""
+    where = f"{entry.namespace}/{entry.key}"
+    if refused(entry):
+        report.untrusted.append(where)
+        return
+    files = docs.manifest_files(entry.manifest)
+    if not files:
+        report.damaged.append(docs.entry_name(entry.namespace, entry.key))
+        return
+    if any(size(digest) != expected for digest, expected in files.items()):
+        report.missing_blobs.append(where)
+        return
+    result = index.put_entry(entry, docs.manifest_aliases(entry.manifest))
+    if result is PutResult.CREATED:
+        report.restored += 1
+        index.touch_entries([Touch(entry.namespace, entry.key, time.time(), 0)])
+    elif result is PutResult.SAME:
+        report.present += 1
+    else:
+        report.conflicts.append(where)
+
+
+def restore_configuration(index: Index, store: DocumentStore, report: ReindexReport) -> None:
+    """Tokens, then namespace policies and pins, from their documents. A token
+    revoked on either side stays revoked."""
+    for _, token in decoded(store, docs.TOKENS, docs.token_from, report.damaged):
+        held = index.token_by_hash(token.secret_hash)
+        if held is None:
+            index.put_token(token)
+            report.tokens += 1
+        elif token.revoked and not held.revoked:
+            index.revoke_token(held.token_id)
+            report.tokens += 1
+    for _, record in decoded(store, docs.RECORDS, docs.record_from, report.damaged):
+        if index.put_record(record, create_only=True):
+            report.records += 1
+
+
+def reindex(
+    index: Index,
+    blobs: BlobStore,
+    store: DocumentStore,
+    progress: Callable[[str], None] = log.info,
+    leading: Callable[[], bool] = lambda: True,
+) -> ReindexReport:
+    """Restore every documented row the index lacks, then mark the index complete.
+    ``index`` is the plain index, not ``DurableIndex``: the documents are the source
+    here. ``leading`` is asked every batch (the evicting replica's lease, renewed):
+    False stops it unmarked, for the next leader to finish. StoreError ends it
+    early; run it again."""
+    started = time.monotonic()
+    report = ReindexReport()
+    # Tokens first: replicas answer 401 to every client until their tokens are back.
+    restore_configuration(index, store, report)
+    progress(f"tokens {report.tokens}, policies and pins {report.records}")
+    # One listing of the blobs instead of a HEAD per blob: on S3, a thousand per request.
+    sizes = {blob.digest: blob.size for blob in blobs.blobs()}
+    progress(f"{len(sizes)} blobs listed")
+    entries = decoded(store, docs.ENTRIES, docs.entry_from, report.damaged)
+    refused = untrusted(index)
+
+    def size(digest: str) -> int | None:
+        # A blob stored after the listing is asked for; one listed stays until its
+        # entry is back (the collector runs on this replica, after this).
+        return sizes[digest] if digest in sizes else blobs.size(digest)
+
+    for count, (_, entry) in enumerate(entries, 1):
+        if finish_removal(index, store, entry):
+            report.removed += 1
+        else:
+            restore_entry(index, entry, report, size, refused)
+        if count % _BATCH == 0:
+            if not leading():
+                report.seconds = time.monotonic() - started
+                return report
+            if count % 10_000 == 0:
+                progress(f"{count} entry documents read, {report.restored} entries restored")
+    for _, (namespace, alias, key) in decoded(store, docs.ALIASES, docs.alias_from, report.damaged):
+        if index.add_alias(namespace, alias, key) is PutResult.CREATED:
+            report.aliases += 1
+    if leading():
+        mark_complete(index, "reindex")
+        report.complete = True
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def reconcile(index: Index, blobs: BlobStore, store: DocumentStore) -> ReindexReport:
+    """Restore the documented entries a complete-looking index lacks: rows lost with
+    the marker kept (an index restored from a backup, Redis restarted from a snapshot
+    or failed over to a replica that lagged). Costs a listing of the documents' names
+    and of the index's keys, and a read only for what is missing."""
+    report = ReindexReport()
+    indexed: set[str] = set()
+    for namespace in index.namespaces():
+        after = None
+        while page := index.list_entries(namespace, after, _BATCH):
+            indexed.update(docs.entry_name(namespace, e.key) for e in page)
+            after = page[-1].key
+    missing = [name for name in store.documents(docs.ENTRIES) if name not in indexed]
+    refused = untrusted(index)
+    for name in missing:
+        data = store.get_document(name)
+        if data is None:
+            continue
+        try:
+            entry = docs.entry_from(data)
+            if name != docs.entry_name(entry.namespace, entry.key):
+                raise docs.DocumentError("named for another entry")
+        except docs.DocumentError:
+            report.damaged.append(name)
+            continue
+        if finish_removal(index, store, entry):
+            report.removed += 1
+        else:
+            restore_entry(index, entry, report, blobs.size, refused)
+    return report
+
+
+class IndexRecovery:
+    """What the evicting replica does for a lost index (eviction/maintenance.py):
+    ``intact`` every tick (one index read), ``complete`` when it is not (the whole
+    reindex), ``reconciled`` before every blob collection (``reconcile``). Over an
+    index without documents (a test's blob store) all three are True at once."""
+
+    def __init__(self, index: Index, blobs: BlobStore) -> None:
+        self.index = index
+        self.blobs = blobs
+        self._warned = 0.0
+
+    def _warn(self, why: str) -> None:
+        if time.monotonic() - self._warned >= 3600 or not self._warned:
+            self._warned = time.monotonic()
+            log.warning("%s: blob collection waits for `neffcache admin reindex`", why)
+
+    def intact(self) -> bool:
+        if not isinstance(self.index, DurableIndex):
+            return True
+        return is_complete(self.index.inner)
+
+    def complete(self, leading: Callable[[], bool]) -> bool:
+        """True when the index holds every documented entry, after rebuilding it here
+        if it was lost or wiped; False when that cannot be done now."""
+        index = self.index
+        if not isinstance(index, DurableIndex) or is_complete(index.inner):
+            return True
+        try:
+            why = looks_lost(index.inner, index.store, self.blobs)
+            if why is None:
+                mark_complete(index.inner, "no documents")
+                return True
+            if why == EMPTY_BESIDE_BLOBS:
+                # Nothing to restore yet: the documents may be on their way. An admin
+                # who knows the blobs are orphans says so with `admin reindex`.
+                self._warn(why)
+                return False
+            log.warning("%s: reindexing from the documents", why)
+            report = reindex(index.inner, self.blobs, index.store, leading=leading)
+        except StoreError as exc:
+            log.warning("cannot reindex now (blob collection waits): %s", exc)
+            return False
+        log.warning("reindex: %s", report.as_json())
+        return report.complete
+
+    def reconciled(self, leading: Callable[[], bool]) -> bool:
+        """Before a blob collection: True when the index is complete and holds every
+        documented entry whose blobs are there, so a blob no index row names is one
+        no document names either."""
+        if not self.complete(leading):
+            return False
+        index = self.index
+        if not isinstance(index, DurableIndex):
+            return True
+        try:
+            report = reconcile(index.inner, self.blobs, index.store)
+        except StoreError as exc:
+            log.warning("cannot compare the index with its documents (collection waits): %s", exc)
+            return False
+        if report.restored:
+            log.warning(
+                "restored %d entries the index had lost: %s", report.restored, report.as_json()
+            )
+        return True

@@ -1,0 +1,188 @@
+"""Fault suite item 8: Redis killed, Redis wiped, S3 unreachable.
+
+One ``neffcache serve`` over a real ``redis-server`` (no persistence, as a cache's
+Redis often runs) and moto's S3 reached through a loopback proxy the test can cut.
+Training runs are the stand-in ``libneuronxla`` through the client's hook, as a
+training image runs them.
+
+Nothing lost: every training run completes with the right NEFF bytes whatever state
+the stores are in (compiling locally when the cache cannot answer); and once the
+stores are back, ``neffcache admin reindex`` restores every entry the server ever
+acknowledged, so later runs hit without compiling."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from client.e2e_harness import (
+    BLOCK_A,
+    OTHER,
+    VARIANT,
+    Sandbox,
+    cache_url,
+    canonical_key,
+    reference_neff,
+)
+from faults.proxy import FaultProxy
+from faults.support import Server, running_server_with
+from loopback import free_port
+from server.conftest import _redis_ready, _wait_until_ready
+
+NEFFCACHE = [sys.executable, "-m", "neffcache.client.cli"]
+NAMESPACE = "jobs"
+
+
+class Redis:
+    """A ``redis-server`` on a fixed port that the test can kill and start again,
+    empty each time (``--save ''``, no append-only file: a restart loses everything)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.workdir = workdir
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            pytest.fail("redis-server is not on PATH (apt-get install redis-server)")
+        argv = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        argv += ["--appendonly", "no", "--dir", str(self.workdir)]
+        log = self.workdir / "redis.log"
+        with open(log, "ab") as out:
+            self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        _wait_until_ready(self.process, lambda: _redis_ready(self.port), log)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def stores(
+    tmp_path: Path, s3_bucket: str, s3_endpoint: str
+) -> Iterator[tuple[Redis, FaultProxy, dict[str, str]]]:
+    host, _, port = s3_endpoint.removeprefix("http://").partition(":")
+    proxy = FaultProxy((host, int(port)))
+    db = Redis(tmp_path)
+    db.start()
+    # The server's settings, also given to `neffcache admin reindex`.
+    settings = {
+        "index_url": db.url,
+        "blob_url": s3_bucket,
+        # No replica reindexes by itself (a tick is an hour): the CLI does.
+        "eviction_interval_seconds": "0",
+        "access_flush_seconds": "3600",
+    }
+    old = os.environ.get("AWS_ENDPOINT_URL_S3")
+    os.environ["AWS_ENDPOINT_URL_S3"] = proxy.url  # the server reaches S3 through it
+    try:
+        yield db, proxy, settings
+    finally:
+        if old is not None:
+            os.environ["AWS_ENDPOINT_URL_S3"] = old
+        proxy.close()
+        db.kill()
+
+
+def train(sandbox: Sandbox, server: Server, names: list[str]) -> int:
+    """One training run on a fresh host (a new L1): it must finish with the right
+    NEFFs. Returns how many graphs it compiled."""
+    before = sandbox.compiles()
+    env = sandbox.env(
+        l1=sandbox.new_dir("l1"),
+        url=cache_url(server.port, NAMESPACE),
+        url_var="NEURON_CC_FLAGS",
+        hook=True,
+        extra={"NEFFCACHE_TIMEOUT": "3", "NEFFCACHE_CONNECT_TIMEOUT": "1"},
+    )
+    run = sandbox.train(env, names, timeout=120)
+    run.done.check()
+    assert run.neffs == [reference_neff(name) for name in names]
+    return sandbox.compiles() - before
+
+
+def reindex(data_dir: Path, settings: dict[str, str]) -> dict[str, object]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEFFCACHE_")}
+    env.update({f"NEFFCACHE_{k.upper()}": v for k, v in settings.items()})
+    done = subprocess.run(
+        [*NEFFCACHE, "admin", "reindex", "--data-dir", str(data_dir), "--json"],
+        env=env,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    report: dict[str, object] = json.loads(done.stdout)
+    return report
+
+
+def held(server: Server) -> set[str]:
+    """The keys the server answers for now (one page: the tests hold a few)."""
+    answer = server.http.get(f"/v1/ns/{NAMESPACE}/entries?limit=1000")
+    assert answer.status_code == 200, answer.text
+    return {entry["key"] for entry in answer.json()["entries"]}
+
+
+def test_redis_killed_wiped_and_s3_cut_lose_nothing(
+    tmp_path: Path, stores: tuple[Redis, FaultProxy, dict[str, str]]
+) -> None:
+    db, proxy, settings = stores
+    sandbox = Sandbox(tmp_path / "sandbox", NAMESPACE)
+    sandbox.root.mkdir()
+    data_dir = tmp_path / "server"
+    try:
+        with running_server_with(data_dir, **settings) as server:
+            assert train(sandbox, server, [BLOCK_A, VARIANT]) == 2
+            acknowledged = held(server)
+            assert acknowledged == {canonical_key(BLOCK_A), canonical_key(VARIANT)}
+
+            # 1. Redis killed: runs compile locally and finish.
+            db.kill()
+            assert server.http.get("/readyz").status_code == 503
+            assert train(sandbox, server, [BLOCK_A, OTHER]) == 2
+
+            # 2. Redis back, empty (no persistence): a wiped index. Runs still finish
+            #    (they miss, compile and publish into the empty index) ...
+            db.start()
+            assert held(server) == set()
+            assert train(sandbox, server, [OTHER]) == 1
+            acknowledged |= held(server)
+            # ... and reindex brings back what the lost index held.
+            report = reindex(data_dir, settings)
+            assert report["restored"] == 2
+            assert report["present"] == 1
+            assert report["missing_blobs"] == report["damaged"] == []
+            assert held(server) == acknowledged
+            assert train(sandbox, server, [BLOCK_A, VARIANT, OTHER]) == 0
+
+            # 3. Redis wiped while the server runs (FLUSHALL): the same.
+            redis.Redis.from_url(db.url).flushall()
+            assert train(sandbox, server, [VARIANT]) == 1
+            report = reindex(data_dir, settings)
+            assert (report["restored"], report["present"]) == (2, 1)
+            assert held(server) == acknowledged
+
+            # 4. S3 unreachable (connections refused): runs compile locally and finish.
+            proxy.close()
+            assert train(sandbox, server, [BLOCK_A, OTHER]) == 2
+            # Back (a new proxy on another port: the server is told by restarting it).
+        with FaultProxy(proxy.upstream) as back:
+            os.environ["AWS_ENDPOINT_URL_S3"] = back.url
+            with running_server_with(data_dir, **settings) as server:
+                report = reindex(data_dir, settings)
+                assert (report["restored"], report["present"]) == (0, 3)
+                assert held(server) == acknowledged
+                assert train(sandbox, server, [BLOCK_A, VARIANT, OTHER]) == 0
+    finally:
+        sandbox.kill_all()
