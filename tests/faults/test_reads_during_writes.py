@@ -58,24 +58,36 @@ class Tally:
 # --- readers: each returns nothing, and tells the tally what it saw
 
 
+def streamed(
+    response: httpx.Response, expected: int, what: str, tally: Tally
+) -> tuple[int, bytearray] | None:
+    """The announced length and the bytes of an answer read to its end; None (counted)
+    for a 404, and for another status or a stream cut off (a failure)."""
+    if response.status_code == 404:
+        response.read()
+        tally.count("404")
+        return None
+    if response.status_code != expected:
+        tally.fail(f"{what}: {response.status_code}")
+        return None
+    announced = int(response.headers["content-length"])
+    body = bytearray()
+    try:
+        for chunk in response.iter_raw():
+            body += chunk
+    except httpx.HTTPError as exc:
+        tally.fail(f"{what} cut off at {len(body)} of {announced} bytes: {exc!r}")
+        return None
+    return announced, body
+
+
 def read_whole(client: httpx.Client, blob: bytes, tally: Tally) -> None:
     name = digest(blob)
     with client.stream("GET", f"/v1/blobs/{name}") as response:
-        if response.status_code == 404:
-            response.read()
-            tally.count("404")
+        received = streamed(response, 200, f"GET {name[:12]}", tally)
+        if received is None:
             return
-        if response.status_code != 200:
-            tally.fail(f"GET {name[:12]}: {response.status_code}")
-            return
-        announced = int(response.headers["content-length"])
-        body = bytearray()
-        try:
-            for chunk in response.iter_raw():
-                body += chunk
-        except httpx.HTTPError as exc:
-            tally.fail(f"GET {name[:12]} cut off at {len(body)} of {announced} bytes: {exc!r}")
-            return
+        announced, body = received
     if announced != len(blob) or len(body) != announced or digest(bytes(body)) != name:
         tally.fail(f"GET {name[:12]}: {len(body)} of {announced} bytes, wrong bytes")
         return
@@ -92,21 +104,10 @@ def read_range(client: httpx.Client, blob: bytes, tally: Tally, rng: random.Rand
         end = rng.randrange(start + 1, size + 1)
         asked = f"bytes={start}-{end - 1}"
     with client.stream("GET", f"/v1/blobs/{name}", headers={"Range": asked}) as response:
-        if response.status_code == 404:
-            response.read()
-            tally.count("404")
+        received = streamed(response, 206, f"GET {name[:12]} {asked}", tally)
+        if received is None:
             return
-        if response.status_code != 206:
-            tally.fail(f"GET {name[:12]} {asked}: {response.status_code}")
-            return
-        announced = int(response.headers["content-length"])
-        body = bytearray()
-        try:
-            for chunk in response.iter_raw():
-                body += chunk
-        except httpx.HTTPError as exc:
-            tally.fail(f"GET {name[:12]} {asked} cut off at {len(body)} of {announced}: {exc!r}")
-            return
+        _, body = received
         content_range = response.headers.get("content-range")
     if content_range != f"bytes {start}-{end - 1}/{size}" or bytes(body) != blob[start:end]:
         tally.fail(f"GET {name[:12]} {asked}: {content_range}, {len(body)} bytes, not the range")
