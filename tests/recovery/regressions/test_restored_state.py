@@ -166,8 +166,37 @@ def test_a_removed_pin_whose_document_delete_failed_is_found_by_fsck(
         blobs.failing = False
         assert http.delete(where, params={"kind": "model", "value": "llama"}).status_code == 404
         report = fsck(app.state.backends)
-    assert blobs.get_document(docs.record_name(PIN, NS, "model:llama")) is not None
-    assert report.problems > 0, "fsck reports a clean cache; a reindex would bring the pin back"
+        assert blobs.get_document(docs.record_name(PIN, NS, "model:llama")) is not None
+        assert report.problems > 0, "fsck reports a clean cache; a reindex would bring it back"
+        # The tombstone the failed removal left tells fsck the pin was removed.
+        fsck(app.state.backends, repair=True)
+        assert blobs.get_document(docs.record_name(PIN, NS, "model:llama")) is None
+        assert http.get(where).json()["pins"] == []
+        assert fsck(app.state.backends).problems == 0
+
+
+def test_fsck_restores_a_pin_whose_row_the_index_lost(tmp_path: Path, stores: list[Any]) -> None:
+    """Nothing lost: a pin whose row is gone without a tombstone (an index restored
+    from a backup older than the pin) is put back by fsck --repair, not taken for a
+    removed one."""
+    blobs = FlakyDeletes()
+    stores.append(blobs)
+    settings = ServerSettings(
+        data_dir=tmp_path, bootstrap_admin_token=BOOT, eviction_interval_seconds=0
+    )
+    index = MemoryIndex()
+    app = create_app(settings, blob_store=blobs, index=index)
+    pin = {"kind": "model", "value": "llama", "reason": "release"}
+    where = f"/v1/admin/namespaces/{NS}/pins"
+    with TestClient(app) as http:
+        http.headers["Authorization"] = f"Bearer {BOOT}"
+        assert http.post(f"/v1/admin/namespaces/{NS}", json={}).status_code == 201
+        assert http.put(where, json=pin).status_code == 201
+        assert index.delete_record(PIN, NS, "model:llama")  # lost, behind the server's back
+        assert http.get(where).json()["pins"] == []
+        report = fsck(app.state.backends, repair=True)
+        assert report.configuration == [docs.record_name(PIN, NS, "model:llama")]
+        assert [p["value"] for p in http.get(where).json()["pins"]] == ["llama"]
 
 
 def test_fsck_never_restores_an_untrusted_entry_into_a_trusted_writers_only_namespace(

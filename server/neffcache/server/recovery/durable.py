@@ -208,7 +208,13 @@ class DurableIndex:
         for _ in range(3):
             record = self.inner.get_record(kind, namespace, name)
             if record is None:
-                self.store.delete_document(doc_name)
+                try:
+                    self.store.delete_document(doc_name)
+                except StoreError:
+                    # The removal stands: a tombstone tells fsck the document left
+                    # is of a removed record, not of a row the index lost.
+                    self.inner.put_record(Record(TOMBSTONE, "", doc_name, "record"))
+                    raise
             else:
                 self.store.put_document(doc_name, docs.record_document(record))
             if self.inner.get_record(kind, namespace, name) == record:

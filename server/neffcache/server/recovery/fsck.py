@@ -19,9 +19,9 @@ What it looks for, and what ``repair`` does about each:
 - **damaged documents**: documents that do not read (``documents.DocumentError``):
   written again from the index when it holds the row, else removed.
 - tokens, policies and pins whose documents are missing or differ: written (a
-  revocation on either side stands); token documents without their row: restored;
-  policy and pin documents without their row (a removal whose document delete
-  failed): removed.
+  revocation on either side stands); token, policy and pin documents without their
+  row: restored, unless a tombstone says the row was removed and only the document
+  delete failed (then the document goes).
 
 Beside live replicas, every finding about an entry is checked once more before it is
 reported (a publish or an eviction between the two listings is no problem), every
@@ -44,7 +44,7 @@ from neffcache.server.deps import Backends
 from neffcache.server.index import Entry
 
 from . import documents as docs
-from .durable import DurableIndex, finish_removal
+from .durable import TOMBSTONE, DurableIndex, finish_removal
 from .reindex import ReindexReport, decoded, restore_entry, untrusted
 
 _PAGE = 1000
@@ -280,6 +280,20 @@ def _repair(
         elif name in records:
             held = records[name]
             index.sync_record(held.kind, held.namespace, held.name)
-        else:
+        elif index.inner.get_record(TOMBSTONE, "", name) is not None:
             index.store.delete_document(name)  # a removed policy or pin
+            index.inner.delete_record(TOMBSTONE, "", name)
+        else:
+            _restore_record(index, name)  # a row the index lost
         count("configuration")
+
+
+def _restore_record(index: DurableIndex, name: str) -> None:
+    """Put back the policy or pin a document holds, whose row the index lost; a
+    document that does not read is removed."""
+    try:
+        held = docs.record_from(index.store.get_document(name) or b"")
+    except docs.DocumentError:
+        index.store.delete_document(name)
+        return
+    index.inner.put_record(held, create_only=True)
