@@ -91,3 +91,20 @@ def test_bridge_doc_explains_every_outcome_of_import_and_export() -> None:
     outcomes += [*exporter.SKIPPED, "error"]
     assert len(outcomes) == 15
     assert [o for o in outcomes if f"| `{o}` |" not in doc] == []
+
+
+def test_the_site_home_page_gives_the_readme_commands() -> None:
+    readme = _sh_blocks((ROOT / "README.md").read_text())
+    home = _sh_blocks((ROOT / "docs" / "index.md").read_text())
+    assert readme[0] in home
+    assert readme[1] in home
+
+
+def test_every_doc_page_is_in_the_site_navigation() -> None:
+    import yaml
+
+    config = yaml.safe_load((ROOT / "docs" / "mkdocs.yml").read_text())
+    listed = {page for item in config["nav"] for page in item.values()}
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")}
+    assert pages - listed == set()
+    assert listed - pages == set()
