@@ -80,18 +80,22 @@ def raw_request(
             return None
         if end == "shut":
             sock.shutdown(socket.SHUT_WR)
-        answer = b""
-        try:
-            while b"\r\n" not in answer:
-                chunk = sock.recv(4096)
-                if not chunk:
-                    break
-                answer += chunk
-        except ConnectionResetError:
-            return None
-    if not answer.startswith(b"HTTP/1.1 "):
+        return answer_status(sock)
+
+
+def answer_status(sock: socket.socket) -> int | None:
+    """The status of the answer arriving on ``sock``: its first line read (until the
+    server closes or resets), or None when none came."""
+    answer = b""
+    try:
+        while b"\r\n" not in answer:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    except ConnectionResetError:
         return None
-    return int(answer[9:12])
+    return int(answer[9:12]) if answer.startswith(b"HTTP/1.1 ") else None
 
 
 @contextlib.contextmanager

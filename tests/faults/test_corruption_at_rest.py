@@ -25,6 +25,7 @@ import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -77,6 +78,29 @@ CHANGES: dict[str, Callable[[Path], None]] = {
 }
 
 
+def publish_and_damage(
+    server: Server, change: str, size: int, tmp_path: Path
+) -> tuple[bytes, Path, str, dict[str, Any]]:
+    """Publish an entry of one ``size``-byte blob through the real client, then apply
+    ``change`` to the blob's file behind the server's back; the bytes, their source
+    file, the key and the manifest."""
+    data = os.urandom(size)
+    blob = digest(data)
+    source = tmp_path / "model.neff"
+    source.write_bytes(data)
+    key = os.urandom(32).hex()
+    manifest: dict[str, Any] = {"key": key, "files": {"model.neff": {"digest": blob, "size": size}}}
+    with open_remote(server.url, tmp_path / "writer") as writer:
+        assert writer.put_blob(blob, source)
+        published = writer.put_entry(key, manifest)
+        assert published is not None
+        assert published.status == 201
+    path = server.blob_path(blob)
+    os.chmod(path, 0o644)
+    CHANGES[change](path)
+    return data, source, key, manifest
+
+
 @pytest.mark.parametrize("size", [SMALL, BIG], ids=["small", "streamed"])
 @pytest.mark.parametrize("change", list(CHANGES))
 def test_a_blob_corrupted_at_rest_is_a_miss_and_heals(
@@ -86,21 +110,9 @@ def test_a_blob_corrupted_at_rest_is_a_miss_and_heals(
     ``404``, the entry still answers (the client verifies what it names), the blob is
     reported missing, and the next upload of the right bytes heals it: the same
     manifest is accepted and a fetch returns exactly the right bytes."""
-    data = os.urandom(size)
+    data, source, key, manifest = publish_and_damage(server, change, size, tmp_path)
     blob = digest(data)
-    source = tmp_path / "model.neff"
-    source.write_bytes(data)
-    key = os.urandom(32).hex()
-    manifest = {"key": key, "files": {"model.neff": {"digest": blob, "size": size}}}
-    with open_remote(server.url, tmp_path / "writer") as writer:
-        assert writer.put_blob(blob, source)
-        published = writer.put_entry(key, manifest)
-        assert published is not None
-        assert published.status == 201
-
     path = server.blob_path(blob)
-    os.chmod(path, 0o644)
-    CHANGES[change](path)
 
     l1 = tmp_path / "reader" / "l1" / blob
     with open_remote(server.url, tmp_path / "reader") as reader:
@@ -157,20 +169,8 @@ def test_fsck_finds_corruption_at_rest_and_repair_then_upload_heals(
     ``--repair`` quarantines it and takes the entry out (exit 1), so the graph is a
     miss; one upload and publish later the entry serves the right bytes, and fsck
     says nothing about either."""
-    data = os.urandom(SMALL)
+    data, source, key, manifest = publish_and_damage(server, change, SMALL, tmp_path)
     blob = digest(data)
-    source = tmp_path / "model.neff"
-    source.write_bytes(data)
-    key = os.urandom(32).hex()
-    manifest = {"key": key, "files": {"model.neff": {"digest": blob, "size": SMALL}}}
-    with open_remote(server.url, tmp_path / "writer") as writer:
-        assert writer.put_blob(blob, source)
-        published = writer.put_entry(key, manifest)
-        assert published is not None
-        assert published.status == 201
-    path = server.blob_path(blob)
-    os.chmod(path, 0o644)
-    CHANGES[change](path)
 
     status, found = fsck(server, "--verify")
     assert status == 4

@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 import pytest
-from faults.support import Server, digest, running_server_with
+from faults.support import Server, answer_status, digest, running_server_with
 
 DISK = 8 * 2**20  # the tmpfs's size
 VERSION = "2.20.9961.0+0acef03a"
@@ -101,20 +101,12 @@ def upload(port: int, data: bytes) -> int | None:
 
         sender = threading.Thread(target=send)
         sender.start()
-        answer = b""
         try:
-            while b"\r\n" not in answer:
-                chunk = sock.recv(4096)
-                if not chunk:
-                    break
-                answer += chunk
-        except ConnectionResetError:
-            pass
+            return answer_status(sock)
         finally:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)  # the sender stops, if still sending
             sender.join(timeout=30)
-    return int(answer[9:12]) if answer.startswith(b"HTTP/1.1 ") else None
 
 
 def manifest_for(key: str, files: dict[str, bytes], **extra: Any) -> dict[str, Any]:

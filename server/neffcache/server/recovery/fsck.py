@@ -45,9 +45,8 @@ from neffcache.server.index import Entry
 
 from . import documents as docs
 from .durable import TOMBSTONE, DurableIndex, finish_removal
-from .reindex import ReindexReport, decoded, restore_entry, untrusted
+from .reindex import ReindexReport, all_entries, decoded, restore_entry, untrusted
 
-_PAGE = 1000
 ACTOR = "fsck"
 
 
@@ -124,23 +123,19 @@ def fsck(
 
     referenced: set[str] = set()
     indexed: dict[str, Entry] = {}
-    for namespace in index.namespaces():
-        after = None
-        while page := index.list_entries(namespace, after, _PAGE):
-            for entry in page:
-                indexed[docs.entry_name(namespace, entry.key)] = entry
-                sizes = docs.manifest_files(entry.manifest)
-                referenced.update(sizes)
-                gone = [
-                    d
-                    for d, size in sizes.items()
-                    if d in corrupt
-                    or (d in listed and listed[d].size != size)
-                    or (d not in listed and backends.blobs.size(d) != size)
-                ]
-                if gone:
-                    report.dangling.append(f"{namespace}/{entry.key}: {', '.join(sorted(gone))}")
-            after = page[-1].key
+    for entry in all_entries(index.inner):
+        indexed[docs.entry_name(entry.namespace, entry.key)] = entry
+        sizes = docs.manifest_files(entry.manifest)
+        referenced.update(sizes)
+        gone = [
+            d
+            for d, size in sizes.items()
+            if d in corrupt
+            or (d in listed and listed[d].size != size)
+            or (d not in listed and backends.blobs.size(d) != size)
+        ]
+        if gone:
+            report.dangling.append(f"{entry.namespace}/{entry.key}: {', '.join(sorted(gone))}")
     report.entries = len(indexed)
     progress(f"{report.entries} entries read")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice
@@ -78,14 +78,14 @@ class ReindexReport:
         }
 
 
-def fetched(store: DocumentStore, prefix: str) -> Iterator[tuple[str, bytes | None]]:
-    """Every document under ``prefix`` with its bytes (None: deleted since listed),
-    fetched by a pool of threads in listing order, a batch at a time (memory stays
-    bounded for any number of documents)."""
-    listing = store.documents(prefix)
+def fetched(store: DocumentStore, names: Iterable[str]) -> Iterator[tuple[str, bytes | None]]:
+    """The documents ``names`` lists, with their bytes (None: deleted since listed),
+    fetched by a pool of threads in order, a batch at a time (memory stays bounded
+    for any number of documents)."""
+    listing = iter(names)
     with ThreadPoolExecutor(_FETCHERS, thread_name_prefix="neffcache-documents") as pool:
-        while names := list(islice(listing, _BATCH)):
-            yield from zip(names, pool.map(store.get_document, names), strict=True)
+        while batch := list(islice(listing, _BATCH)):
+            yield from zip(batch, pool.map(store.get_document, batch), strict=True)
 
 
 def decoded(
@@ -94,10 +94,20 @@ def decoded(
     reader: Callable[[bytes], T],
     damaged: list[str],
 ) -> Iterator[tuple[str, T]]:
-    """Every document under ``prefix`` read by ``reader`` (``documents.*_from``), with
-    its name; the names of those that do not read (or that an entry's fields would
+    """Every document under ``prefix`` read by ``reader`` (``decoded_names``)."""
+    return decoded_names(store, store.documents(prefix), reader, damaged)
+
+
+def decoded_names(
+    store: DocumentStore,
+    names: Iterable[str],
+    reader: Callable[[bytes], T],
+    damaged: list[str],
+) -> Iterator[tuple[str, T]]:
+    """The documents ``names`` lists, read by ``reader`` (``documents.*_from``), with
+    their names; the names of those that do not read (or that an entry's fields would
     name otherwise: a document copied to the wrong place) go to ``damaged``."""
-    for name, data in fetched(store, prefix):
+    for name, data in fetched(store, names):
         if data is None:
             continue  # deleted since the listing
         try:
@@ -108,6 +118,15 @@ def decoded(
             damaged.append(name)
             continue
         yield name, value
+
+
+def all_entries(index: Index) -> Iterator[Entry]:
+    """Every entry of every namespace, a page at a time."""
+    for namespace in index.namespaces():
+        after = None
+        while page := index.list_entries(namespace, after, _BATCH):
+            yield from page
+            after = page[-1].key
 
 
 def untrusted(index: Index) -> Callable[[Entry], bool]:
@@ -158,6 +177,22 @@ def restore_entry(
         report.conflicts.append(where)
 
 
+def put_back(
+    index: Index,
+    store: DocumentStore,
+    entry: Entry,
+    report: ReindexReport,
+    size: Callable[[str], int | None],
+    refused: Callable[[Entry], bool],
+) -> None:
+    """A documented entry the index lacks: its removal finished (a tombstone), or the
+    entry restored (``restore_entry``)."""
+    if finish_removal(index, store, entry):
+        report.removed += 1
+    else:
+        restore_entry(index, entry, report, size, refused)
+
+
 def restore_configuration(index: Index, store: DocumentStore, report: ReindexReport) -> None:
     """Tokens, then namespace policies and pins, from their documents. A token
     revoked on either side stays revoked."""
@@ -203,10 +238,7 @@ def reindex(
         return sizes[digest] if digest in sizes else blobs.size(digest)
 
     for count, (_, entry) in enumerate(entries, 1):
-        if finish_removal(index, store, entry):
-            report.removed += 1
-        else:
-            restore_entry(index, entry, report, size, refused)
+        put_back(index, store, entry, report, size, refused)
         if count % _BATCH == 0:
             if not leading():
                 report.seconds = time.monotonic() - started
@@ -229,29 +261,11 @@ def reconcile(index: Index, blobs: BlobStore, store: DocumentStore) -> ReindexRe
     or failed over to a replica that lagged). Costs a listing of the documents' names
     and of the index's keys, and a read only for what is missing."""
     report = ReindexReport()
-    indexed: set[str] = set()
-    for namespace in index.namespaces():
-        after = None
-        while page := index.list_entries(namespace, after, _BATCH):
-            indexed.update(docs.entry_name(namespace, e.key) for e in page)
-            after = page[-1].key
+    indexed = {docs.entry_name(e.namespace, e.key) for e in all_entries(index)}
     missing = [name for name in store.documents(docs.ENTRIES) if name not in indexed]
     refused = untrusted(index)
-    for name in missing:
-        data = store.get_document(name)
-        if data is None:
-            continue
-        try:
-            entry = docs.entry_from(data)
-            if name != docs.entry_name(entry.namespace, entry.key):
-                raise docs.DocumentError("named for another entry")
-        except docs.DocumentError:
-            report.damaged.append(name)
-            continue
-        if finish_removal(index, store, entry):
-            report.removed += 1
-        else:
-            restore_entry(index, entry, report, blobs.size, refused)
+    for _, entry in decoded_names(store, missing, docs.entry_from, report.damaged):
+        put_back(index, store, entry, report, blobs.size, refused)
     return report
 
 
