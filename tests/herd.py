@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-from loopback import free_port
+from loopback import free_port, wait_healthy
 
 TESTS = Path(__file__).resolve().parent
 STANDINS = TESTS / "standins"
@@ -75,15 +74,8 @@ class _Server:
             stdout=subprocess.DEVNULL,
             stderr=self.log,
         )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1, trust_env=False).is_success:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.05)
-            if self.process.poll() is not None:
-                break
+        if wait_healthy(self.process, self.url, 60):
+            return
         self.stop()
         raise RuntimeError(f"the server did not start: {(root / 'server.log').read_text()}")
 

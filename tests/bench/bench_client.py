@@ -12,10 +12,18 @@ the real compiler, and measures:
    process, as a ratio to ``python -c "import neffcache.client"`` (the floor any
    Python wrapper pays), medians of alternating runs. Twice: a server hit (L1 blobs
    and manifests emptied before each run; the compiler-version memo kept, as on any
-   host after its first graph) and an L1 hit. Goal (server hit): <= 1.5x.
-2. A 256 MiB NEFF hit through the wrapper from the server, as a ratio of throughput
+   host after its first graph) and an L1 hit. Goal (server hit): <= 1.5x. The same
+   hits also against ``cp`` of the NEFF out of a stock-layout entry directory
+   (``neuronxcc-<ver>/MODULE_<key>+<flags8>/model.neff``): what a stock hit does with
+   the bytes, with no Python start; the floor of any hit.
+2. A hit in the training process through the Neuron cache path: a training-like
+   caller (``tests/client/train_like.py``, over the stand-in ``libneuronxla``)
+   compiling one graph several times, with the hook and a neffcache URL against the
+   stock local-directory cache, per call, in-process: the L1 hit's median, and the
+   server hit of a process whose L1 is empty.
+3. A 256 MiB NEFF hit through the wrapper from the server, as a ratio of throughput
    to ``curl`` fetching the same bytes from nginx into a file. Goal: >= 0.8x.
-3. What the ``.pth`` hook costs every Python start when no neffcache URL is set: the
+4. What the ``.pth`` hook costs every Python start when no neffcache URL is set: the
    time ``site.addsitedir`` takes for a directory holding only ``neffcache_hook.pth``
    minus an empty directory's. Goal: < 2 ms.
 
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import statistics
@@ -40,6 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import bench_server as peers  # the same server and nginx harness
+from results import record
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDINS = ROOT / "tests" / "standins"
@@ -136,11 +146,21 @@ def hit_phase(tmp: Path, server_url: str, repeats: int) -> None:
     if compiles(counter) != 1:
         raise RuntimeError(f"expected one compile, counted {compiles(counter)}")
     floor = [sys.executable, "-c", "import neffcache.client"]
+    # The stock cache's hit, as a process: the NEFF copied out of the stock layout's
+    # entry directory (neuron-cache-facts.md section 3.1), which is all a stock hit does
+    # with the bytes, with no Python start at all.
+    stock = tmp / "stock" / "neuronxcc-2.21.18209.0+043b1bf7" / "MODULE_123456789+3cc9a3cb"
+    stock.mkdir(parents=True)
+    shutil.copyfile(out, stock / "model.neff")
+    (stock / "model.done").touch()
+    cp = ["cp", str(stock / "model.neff"), str(tmp / "cp.neff")]
     base: list[float] = []
+    copied: list[float] = []
     server: list[float] = []
     l1: list[float] = []
     for _ in range(repeats):
         base.append(timed(floor, env))
+        copied.append(timed(cp, env))
         clear_l1(local)
         server.append(timed(wrap, env))
         l1.append(timed(wrap, env))
@@ -151,10 +171,93 @@ def hit_phase(tmp: Path, server_url: str, repeats: int) -> None:
         f"{out.stat().st_size / MiB:.2f} MiB NEFF), medians of {repeats}:"
     )
     print(f"    python -c 'import neffcache.client'  {median_ms(base):7.1f} ms")
+    print(f"    cp from a stock-layout directory     {median_ms(copied):7.1f} ms")
     for label, runs, goal in (("server hit", server, 1.5), ("L1 hit", l1, None)):
         ratio = statistics.median(runs) / statistics.median(base)
         verdict = f"goal <= {goal}x: {'met' if ratio <= goal else 'NOT met'}" if goal else "no goal"
         print(f"    {label:<34} {median_ms(runs):7.1f} ms   RATIO {ratio:.2f}x ({verdict})")
+        record(
+            "client",
+            f"{label} through `neffcache wrap`, whole process",
+            median_ms(runs),
+            "python -c 'import neffcache.client'",
+            median_ms(base),
+            "ms",
+            better="lower",
+            goal="<= 1.5x" if goal else "",
+        )
+        record(
+            "client",
+            f"{label} through `neffcache wrap`, whole process",
+            median_ms(runs),
+            "cp of the NEFF from a stock-layout directory",
+            median_ms(copied),
+            "ms",
+            better="lower",
+            note="the floor of any hit: no Python start, no key, no lookup",
+        )
+
+
+def hook_run(env: dict[str, str], hlo: Path, calls: int, out: Path) -> list[float]:
+    """Seconds of each ``neuron_xla_compile`` call of one training-like process that
+    compiles the same graph ``calls`` times (tests/client/train_like.py)."""
+    argv = [sys.executable, str(ROOT / "tests" / "client" / "train_like.py")]
+    argv += [*[str(hlo)] * calls, "--out", str(out)]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"train_like.py exited {done.returncode}: {done.stderr[-2000:]}")
+    shutil.rmtree(out, ignore_errors=True)
+    return [json.loads(line)["seconds"] for line in done.stdout.splitlines()]
+
+
+def hook_phase(tmp: Path, server_url: str, calls: int) -> None:
+    """A hit in the training process, through the Neuron cache path: the hook with a
+    neffcache URL against the stock local-directory cache, the same caller (the
+    stand-in ``libneuronxla``, which follows neuron-cache-facts.md sections 3 and 6: the
+    cache-wide lock, the entry probes, the NEFF read). Per call, in-process: no process
+    start in either figure."""
+    hlo = tmp / "hook.hlo_module.pb"
+    hlo.write_bytes(hlo_module(MiB // 2))
+    counter = tmp / "count-hook"
+    base = client_env(server_url, tmp / "l1-hook", counter, 3 * MiB // 2)
+    base.pop("NEFFCACHE_URL")
+    base["PYTHONPATH"] = str(STANDINS)
+    base["PATH"] = f"{STANDINS}{os.pathsep}{base.get('PATH', '')}"
+    stock_env = {**base, "NEURON_COMPILE_CACHE_URL": str(tmp / "stock-cache")}
+    neff_env = {**base, "NEURON_COMPILE_CACHE_URL": f"neffcache+{server_url}/bench"}
+    stock = hook_run(stock_env, hlo, calls + 1, tmp / "hook-out")[1:]  # the first compiles
+    hook_run(neff_env, hlo, 1, tmp / "hook-out")  # compiles and publishes
+    clear_l1(tmp / "l1-hook")
+    neff = hook_run(neff_env, hlo, calls + 1, tmp / "hook-out")
+    server_hit, l1_hits = neff[0], neff[1:]
+    if compiles(counter) != 2:
+        raise RuntimeError(f"expected two compiles (one each), counted {compiles(counter)}")
+    print(f"hit in the training process, same caller, medians of {calls} calls:")
+    print(f"    stock local-directory cache          {median_ms(stock):7.1f} ms")
+    ratio = statistics.median(l1_hits) / statistics.median(stock)
+    label = "neffcache hook, L1 hit"
+    print(f"    {label:<37}{median_ms(l1_hits):7.1f} ms   RATIO {ratio:.2f}x")
+    label = "neffcache hook, server hit"
+    print(f"    {label:<37}{server_hit * 1000:7.1f} ms   (the first call of a process, L1 empty)")
+    record(
+        "client",
+        "hit through the Neuron cache path in the training process, L1",
+        median_ms(l1_hits),
+        "the stock local-directory cache, same caller",
+        median_ms(stock),
+        "ms",
+        better="lower",
+    )
+    record(
+        "client",
+        "hit through the Neuron cache path, from the server (L1 empty)",
+        server_hit * 1000,
+        "the stock local-directory cache, same caller",
+        median_ms(stock),
+        "ms",
+        better="lower",
+        note="one call: the first of a process, which also pays the client's first use",
+    )
 
 
 def large_phase(tmp: Path, server_url: str, size: int, repeats: int) -> None:
@@ -190,6 +293,16 @@ def large_phase(tmp: Path, server_url: str, size: int, repeats: int) -> None:
     verdict = f"goal >= 0.8x: {'met' if ratio >= 0.8 else 'NOT met'}"
     label = "neffcache wrap, server hit"
     print(f"    {label:<36}{wrap_rate:7.0f} MiB/s   RATIO {ratio:.2f}x ({verdict})")
+    record(
+        "client",
+        f"{mib:.0f} MiB NEFF server hit through `neffcache wrap`",
+        wrap_rate,
+        "curl from nginx",
+        curl_rate,
+        "MiB/s",
+        better="higher",
+        goal=">= 0.8x",
+    )
 
 
 def pth_phase(repeats: int) -> None:
@@ -217,6 +330,16 @@ def pth_phase(repeats: int) -> None:
                 )
                 costs[directory].append(float(out.stdout))
     extra = median_ms(costs[hooked]) - median_ms(costs[empty])
+    record(
+        "client",
+        "site.addsitedir with neffcache_hook.pth, no neffcache URL",
+        median_ms(costs[hooked]),
+        "site.addsitedir of an empty directory",
+        median_ms(costs[empty]),
+        "ms",
+        better="lower",
+        goal="< 2 ms more",
+    )
     verdict = "met" if extra < 2 else "NOT met"
     print(
         f".pth hook at start-up without a neffcache URL: {extra:.3f} ms more than an empty "
@@ -240,6 +363,7 @@ def main() -> None:
         compileall.compile_dir(ROOT / part, quiet=1)
     with workspace() as tmp, peers.neffcache_server(tmp) as server:
         hit_phase(tmp, server.url, repeats)
+        hook_phase(tmp, server.url, repeats)
         large_phase(tmp, server.url, large, 3 if args.quick else 5)
     pth_phase(repeats)
 

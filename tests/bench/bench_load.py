@@ -84,6 +84,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import bench_server as peers  # nginx, process and CPU helpers
+from results import record
 from scaleout.replicas import Replica, create_token, running_replicas
 
 MiB = 2**20
@@ -683,6 +684,30 @@ def summary(results: list[Result]) -> None:
             f"{ratio(r.pct('miss', 0.5), nginx.pct('miss', 0.5)):>9}"
             f"{ratio(r.pct('miss', 0.99), nginx.pct('miss', 0.99)):>9}"
         )
+    for r in results:
+        if r is nginx:
+            continue
+        record(
+            "load",
+            f"GET ops/s (hits and misses), two replicas over {r.name}",
+            r.rate("hit", "miss"),
+            "nginx, same clients and draws",
+            nginx.rate("hit", "miss"),
+            "ops/s",
+            better="higher",
+            note="; ".join(r.notes),
+        )
+        hit, peer_hit = r.pct("hit", 0.5), nginx.pct("hit", 0.5)
+        if hit is not None and peer_hit:
+            record(
+                "load",
+                f"hit p50 latency, two replicas over {r.name}",
+                hit,
+                "nginx, same clients and draws",
+                peer_hit,
+                "ms",
+                better="lower",
+            )
     print(
         "(a replica run's GET ops/s leave out its publishes, which nginx cannot take: its "
         "clients spent part of the time on them)"
@@ -739,6 +764,7 @@ def run(args: argparse.Namespace) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=int, default=60, help="per configuration")
+    parser.add_argument("--quick", action="store_true", help="10 s per configuration")
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument(
         "--processes",
@@ -760,6 +786,8 @@ def main() -> None:
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: the parent reports it
             worker_main(args.worker)
         return
+    if args.quick:
+        args.seconds = 10
     if not Path(peers.NGINX).exists():
         parser.error(f"{peers.NGINX} is not installed")
     if args.clients < 1 or args.processes < 1 or args.seconds < 1 or args.entries < 1:

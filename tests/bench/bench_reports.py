@@ -33,6 +33,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 for part in ("keying", "client", "server"):
     sys.path.insert(0, str(ROOT / part))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from results import record  # noqa: E402
 
 from neffcache.server.auth import TokenPresence  # noqa: E402
 from neffcache.server.blobs.memory import MemoryBlobStore  # noqa: E402
@@ -140,6 +143,15 @@ def measure(name: str, index: Index, events: list[Event], now: float) -> tuple[f
         f"floor (read + json.loads) {floor_s * per_million:6.1f} s/M   "
         f"ratio {report_s / floor_s:5.2f}x"
     )
+    record(
+        "reports",
+        f"cost report over {len(events):,} events, {name} index",
+        report_s * per_million,
+        "reading the same events and json.loads of each",
+        floor_s * per_million,
+        "s per million events",
+        better="lower",
+    )
     return report_s, floor_s
 
 
@@ -147,7 +159,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--namespaces", type=int, default=8)
+    parser.add_argument("--quick", action="store_true", help="20,000 events")
     args = parser.parse_args()
+    if args.quick:
+        args.events = 20_000
     now = time.time()
     events = make_events(args.events, args.namespaces, now)
     print(f"{len(events)} graph events, {args.namespaces} namespaces, 30 days")

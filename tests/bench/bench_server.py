@@ -79,6 +79,9 @@ from urllib.parse import urlsplit
 import blake3
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import record
+
 MiB = 2**20
 NGINX = "/usr/sbin/nginx"
 NAMESPACE = "bench"
@@ -705,6 +708,19 @@ def summary(figures: list[Figure]) -> None:
         print(f"{label:<45}{fig.neffcache:10.1f}{nginx}{ratio}  {fig.goal:<11}{met:<4}{rss:>7}")
         for note in fig.notes:
             print(f"    {note}")
+        if fig.nginx:
+            peer = "nginx GET of the same size" if fig.label.startswith("PUT") else "nginx"
+            record(
+                "server",
+                fig.label,
+                fig.neffcache,
+                peer,
+                fig.nginx,
+                fig.unit,
+                better="higher",
+                goal="" if fig.goal == "-" else fig.goal,
+                note="; ".join(fig.notes),
+            )
 
 
 # --- phases -----------------------------------------------------------------------------

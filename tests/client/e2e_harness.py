@@ -42,7 +42,7 @@ from typing import Any
 
 import blake3
 import httpx
-from loopback import free_port
+from loopback import free_port, wait_healthy
 
 TESTS = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
@@ -520,16 +520,9 @@ class Server:
                 stdout=subprocess.DEVNULL,
                 stderr=log,
             )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1, trust_env=False).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.05)
-            if self.process.poll() is not None:
-                raise AssertionError(f"server exited: {self.log.read_text()}")
-        raise AssertionError("server did not answer within 30 s")
+        if not wait_healthy(self.process, self.url):
+            self.kill()
+            raise AssertionError(f"the server did not start: {self.log.read_text()[-3000:]}")
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

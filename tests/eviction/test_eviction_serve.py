@@ -19,7 +19,7 @@ from typing import Any
 import blake3
 import httpx
 import pytest
-from loopback import free_port
+from loopback import free_port, wait_healthy
 
 NEFFCACHE = [sys.executable, "-m", "neffcache.client.cli"]
 MIB = 2**20
@@ -68,15 +68,8 @@ class Server:
             self.process = subprocess.Popen(
                 argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
             )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1, trust_env=False).is_success:
-                    return self
-            except httpx.HTTPError:
-                time.sleep(0.05)
-            if self.process.poll() is not None:
-                break
+        if wait_healthy(self.process, self.url):
+            return self
         self.kill()
         raise AssertionError(f"the server did not start: {self.log.read_text()[-3000:]}")
 

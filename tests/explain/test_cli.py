@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import httpx
 import pytest
 from explain.graphs import NEW, Graph, digest, hlo
 from hlo_edit import RawModule
-from loopback import free_port
+from loopback import free_port, terminate, wait_healthy
 
 NEFFCACHE = [sys.executable, "-m", "neffcache.client.cli"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,25 +51,14 @@ class Server:
                 argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
             )
         self.http = httpx.Client(base_url=self.url, timeout=30, trust_env=False)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and self.process.poll() is None:
-            try:
-                if self.http.get("/healthz", timeout=1).is_success:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.05)
+        if wait_healthy(self.process, self.url):
+            return
         self.stop()
         raise AssertionError(f"the server did not start: {self.log.read_text()[-3000:]}")
 
     def stop(self) -> None:
         self.http.close()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process)
 
     def publish(self, namespace: str, graph: Graph, neff: bytes = b"neff") -> None:
         for data in graph.files(neff):

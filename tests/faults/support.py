@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import blake3
 import httpx
-from loopback import free_port
+from loopback import free_port, terminate, wait_healthy
 
 NEFFCACHE = [sys.executable, "-m", "neffcache.client.cli"]
 
@@ -112,21 +111,9 @@ def running_server_with(data_dir: Path, **settings: str) -> Iterator[Server]:
             argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=out
         )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if server.http.get("/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.05)
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"neffcache serve did not start:\n{server.log.read_text()}")
+        if not wait_healthy(process, server.url):
+            raise AssertionError(f"neffcache serve did not start:\n{server.log.read_text()}")
         yield server
     finally:
         server.http.close()
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        terminate(process)

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import blake3
 import httpx
 import pytest
-from loopback import free_port
+from loopback import free_port, wait_healthy
 from reports.support import HOUR, key
 
 NEFFCACHE = [sys.executable, "-m", "neffcache.client.cli"]
@@ -49,13 +48,8 @@ class Serve:
             )
 
     def ready(self) -> Serve:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and self.process.poll() is None:
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1, trust_env=False).is_success:
-                    return self
-            except httpx.HTTPError:
-                time.sleep(0.05)
+        if wait_healthy(self.process, self.url):
+            return self
         self.stop()
         raise AssertionError(f"the server did not start: {self.log.read_text()[-3000:]}")
 

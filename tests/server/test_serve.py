@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 import blake3
 import httpx
 import pytest
-from loopback import free_port
+from loopback import free_port, wait_healthy
 
 NEFFCACHE = [sys.executable, "-m", "neffcache.client.cli"]
 
@@ -39,16 +38,9 @@ class Server:
                 stdout=subprocess.DEVNULL,
                 stderr=log,
             )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.1)
-            if self.process.poll() is not None:
-                raise AssertionError(f"server exited: {self.log.read_text()}")
-        raise AssertionError("server did not answer within 30 s")
+        if not wait_healthy(self.process, self.url):
+            self.kill()
+            raise AssertionError(f"the server did not start: {self.log.read_text()[-3000:]}")
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -167,6 +167,9 @@ class Core:
         self._leases: Leases | None = None  # made on the first miss
         self._holding: dict[str, str] = {}  # entry dir -> the address this process leases
         self._no_lease: set[str] = set()  # addresses compiled here without a lease
+        # Entries this process fetched under the SDK's lock and counted as server hits:
+        # the SDK's probe that follows finds them in L1 and must not count them again.
+        self._counted: set[str] = set()
 
     # -- the SDK's per-entry compile lock, made safe against dead holders ---------------
     #
@@ -223,8 +226,18 @@ class Core:
         began = self._waited_from.get(_spelled(entry), time.time())
         t0 = time.monotonic()
         manifest = self._fleet(entry, address, began, take=True)
-        if manifest is not None and self._materialize(entry, manifest):
-            self._record(entry, "hit", "server", None, manifest, time.monotonic() - t0)
+        if manifest is None:
+            return
+        # Another rank of this host may be fetching the same entry in a probe (it holds
+        # the host's entry lock meanwhile, see _fetch): one download per host.
+        with self.local.lock(entry_lock_name(address), f"entry {address}"):
+            if (entry / DONE).exists():
+                self._record(entry, "hit", "l1", None)
+            elif self._materialize(entry, manifest):
+                self._record(entry, "hit", "server", None, manifest, time.monotonic() - t0)
+            else:
+                return
+        self._counted.add(_spelled(entry))
 
     def release_entry(self, hlo_path: str) -> None:
         from neffcache.client.local import release
@@ -236,6 +249,7 @@ class Core:
         _take_explanation(entry)
         self._locked_entries.discard(entry)
         self._waited_from.pop(entry, None)
+        self._counted.discard(entry)
         fd = self._entry_locks.pop(hlo_path, None)
         if fd is not None:
             release(fd)
@@ -246,7 +260,11 @@ class Core:
             return self._failed_while_waiting(path)
         if self.stock.exists(path):
             if name == DONE:
-                self._record(Path(path).parent, "hit", "l1", None)
+                entry = _dir_of(path)
+                if entry in self._counted:
+                    self._counted.discard(entry)
+                else:
+                    self._record(Path(path).parent, "hit", "l1", None)
             return True
         if name not in (DONE, NEFF):
             return False
@@ -467,8 +485,9 @@ class Core:
         t0 = time.monotonic()
         began = time.time()
         with self.local.lock(entry_lock_name(address), f"entry {address}") as _held:
-            if (entry / DONE).exists():
-                return True  # another rank on this host fetched it meanwhile
+            if (entry / DONE).exists():  # another rank on this host fetched it meanwhile
+                self._record(entry, "hit", "l1", None)
+                return True
             manifest = same_environment(self.remote.alias(address))
             if manifest is None:
                 keys = self._keys(entry, address)

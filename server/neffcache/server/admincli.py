@@ -93,30 +93,66 @@ def _one_line(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def register(admin_sub: Any) -> None:
     ns = _one_line(
-        admin_sub.add_parser("namespace", help="create, show, change or list namespaces")
+        admin_sub.add_parser(
+            "namespace",
+            help="create, show, change or list namespaces",
+            description="A namespace's policy: TTL, quota, largest entry, compiler versions "
+            "kept, failure TTL, read-through, trusted writers, ranking. A namespace without "
+            "one has the server's defaults.",
+        )
     )
     ns_sub = ns.add_subparsers(dest="namespace_command", metavar="ACTION", required=True)
-    for action, helptext in (
-        ("create", "create a namespace with a policy (unset settings take the defaults)"),
-        ("set", "change settings of a namespace"),
+    for action, helptext, description in (
+        (
+            "create",
+            "create a namespace with a policy (unset settings take the defaults)",
+            "Create a namespace with a policy; a setting not given takes the server's "
+            "default, and follows it when the default changes.",
+        ),
+        (
+            "set",
+            "change settings of a namespace",
+            "Change the named settings of a namespace created before; the others stay.",
+        ),
     ):
-        parser = _one_line(ns_sub.add_parser(action, help=helptext))
+        parser = _one_line(ns_sub.add_parser(action, help=helptext, description=description))
         parser.add_argument("namespace")
         _policy_arguments(parser)
         _target(parser)
         parser.set_defaults(run=run_namespace_write, action=action)
-    show = _one_line(ns_sub.add_parser("show", help="a namespace's policy, usage and pins"))
+    show = _one_line(
+        ns_sub.add_parser(
+            "show",
+            help="a namespace's policy, usage and pins",
+            description="Print a namespace's effective policy, what it holds (entries, "
+            "bytes, share of its quota, compile-hours) and its pins.",
+        )
+    )
     show.add_argument("namespace")
     _target(show)
     show.set_defaults(run=run_namespace_show)
     listing = _one_line(
-        ns_sub.add_parser("list", help="every namespace you administer, with usage")
+        ns_sub.add_parser(
+            "list",
+            help="every namespace you administer, with usage",
+            description="A table of every namespace with a policy or an entry that the "
+            "token administers: entries, bytes, quota, TTL, who may write.",
+        )
     )
     _target(listing)
     listing.set_defaults(run=run_namespace_list)
 
-    for action, helptext in (("pin", "never evict an entry or a group"), ("unpin", "undo a pin")):
-        parser = _one_line(admin_sub.add_parser(action, help=helptext))
+    for action, helptext, description in (
+        (
+            "pin",
+            "never evict an entry or a group",
+            "Pin an entry (by key or Neuron address) or a group (by model label or "
+            "compiler version): no expiry, retention or quota removes it. Labels are the "
+            "publisher's, so a label pin protects only entries of trusted tokens.",
+        ),
+        ("unpin", "undo a pin", "Remove a pin given as it was made; audited with --reason."),
+    ):
+        parser = _one_line(admin_sub.add_parser(action, help=helptext, description=description))
         parser.add_argument("namespace")
         group = parser.add_mutually_exclusive_group(required=True)
         for kind, kind_help in _PIN_KINDS:
@@ -124,14 +160,24 @@ def register(admin_sub: Any) -> None:
         parser.add_argument("--reason", default="", help="why, for the audit log")
         _target(parser)
         parser.set_defaults(run=run_pin, action=action)
-    pins = _one_line(admin_sub.add_parser("pins", help="list a namespace's pins"))
+    pins = _one_line(
+        admin_sub.add_parser(
+            "pins",
+            help="list a namespace's pins",
+            description="A table of a namespace's pins: kind, value, since when, by whom, why.",
+        )
+    )
     pins.add_argument("namespace")
     _target(pins)
     pins.set_defaults(run=run_pins)
 
     expire = _one_line(
         admin_sub.add_parser(
-            "expire", help="retire a compiler generation: remove its unpinned entries"
+            "expire",
+            help="retire a compiler generation: remove its unpinned entries",
+            description="Remove every unpinned entry built by a compiler version (or a "
+            "pattern such as 2.20.*) in the namespaces the token administers, or those "
+            "named with --namespace.",
         )
     )
     expire.add_argument(
@@ -144,7 +190,11 @@ def register(admin_sub: Any) -> None:
 
     evict = _one_line(
         admin_sub.add_parser(
-            "evict", help="apply expiry, retention and quotas now (--dry-run: only list)"
+            "evict",
+            help="apply expiry, retention and quotas now (--dry-run: only list)",
+            description="Run an eviction pass now (an admin token for '*'; a replica that "
+            "is not the evictor answers 409 naming it), or with --dry-run list what the "
+            "rules would remove, with the bytes and compile-hours at stake.",
         )
     )
     evict.add_argument("--dry-run", action="store_true", help="list what would go; change nothing")
@@ -153,7 +203,12 @@ def register(admin_sub: Any) -> None:
     evict.set_defaults(run=run_evict)
 
     audit = _one_line(
-        admin_sub.add_parser("audit", help="who evicted, expired, pinned or changed what")
+        admin_sub.add_parser(
+            "audit",
+            help="who evicted, expired, pinned or changed what",
+            description="Print the audit log, newest first: evictions, expiries, pins, "
+            "namespace and token changes, each with when, who, what and why.",
+        )
     )
     audit.add_argument("--since", type=since, default=0.0, help="7d, 12h, or a date: 2026-11-01")
     audit.add_argument("--namespace", help="only this namespace")

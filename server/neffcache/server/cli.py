@@ -34,12 +34,27 @@ def register(sub: Any, error_type: type[Exception]) -> None:
     serve.set_defaults(run=run_serve)
 
     admin = sub.add_parser(
-        "admin", help="manage a server: tokens, namespaces, pins, eviction, audit"
+        "admin",
+        help="manage a server: tokens, namespaces, pins, eviction, audit",
+        description="Manage a neffcache server through its admin API (reindex and fsck "
+        "open its stores directly). Each command is one request to --server with an admin "
+        "--token; it prints for people, --json prints the API's answer (docs/admin.md).",
     )
     admin_sub = admin.add_subparsers(dest="admin_command", metavar="WHAT", required=True)
-    token = admin_sub.add_parser("token", help="create, list or revoke tokens")
+    token = admin_sub.add_parser(
+        "token",
+        help="create, list or revoke tokens",
+        description="Create, list or revoke the server's tokens (needs an admin token for "
+        "'*'; audited). With --local they use the server's index directly, on its host.",
+    )
     token_sub = token.add_subparsers(dest="token_command", metavar="ACTION", required=True)
-    create = token_sub.add_parser("create", help="create a token and print its secret once")
+    create = token_sub.add_parser(
+        "create",
+        help="create a token and print its secret once",
+        description="Create a token with a scope (read < write < admin) over namespaces "
+        "('*' for all) and print its record as JSON, with the secret in \"token\": shown "
+        "this once, the server keeps only its hash.",
+    )
     create.add_argument("--scope", choices=("read", "write", "admin"), required=True)
     create.add_argument(
         "--namespace", action="append", required=True, help="repeat for several; '*' for all"
@@ -52,10 +67,20 @@ def register(sub: Any, error_type: type[Exception]) -> None:
     )
     _target_arguments(create, local=True)
     create.set_defaults(run=run_token_create)
-    listing = token_sub.add_parser("list", help="list tokens (never their secrets)")
+    listing = token_sub.add_parser(
+        "list",
+        help="list tokens (never their secrets)",
+        description="Print every token's record as JSON (id, scope, namespaces, name, "
+        "created, revoked, trusted), never a secret.",
+    )
     _target_arguments(listing, local=True)
     listing.set_defaults(run=run_token_list)
-    revoke = token_sub.add_parser("revoke", help="revoke a token by id")
+    revoke = token_sub.add_parser(
+        "revoke",
+        help="revoke a token by id",
+        description="Revoke the token with this id (as `token list` shows it): requests "
+        "carrying it are refused from then on.",
+    )
     revoke.add_argument("token_id")
     _target_arguments(revoke, local=True)
     revoke.set_defaults(run=run_token_revoke)

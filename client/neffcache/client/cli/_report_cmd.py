@@ -60,11 +60,16 @@ def register(sub: Any) -> None:
     parser.add_argument("--top", default=None, help="most expensive misses listed (10)")
     _common_options(parser, argparse.SUPPRESS, plain=True)
     parser.set_defaults(run=run)
-    actions = parser.add_subparsers(dest="report_action", metavar="[upgrade]")
+    actions = parser.add_subparsers(
+        dest="report_action", metavar="[upgrade]", prog="neffcache report"
+    )
     upgrade = _one_line(
         actions.add_parser(
             "upgrade",
             help="what a compiler upgrade will recompile, per namespace, and a prewarm plan",
+            description="Lists, per namespace, the graphs in use that a compiler upgrade "
+            "will miss, the compile-hours and money to rebuild them, and a prewarm plan "
+            "(docs/reports.md).",
             usage="neffcache report upgrade --to-compiler V [--from-compiler V] [--active 30d] "
             "[--namespace NS ...] [--top N] [--format ...] [-o FILE]",
         )
@@ -102,7 +107,13 @@ def _common_options(parser: argparse.ArgumentParser, default: Any, *, plain: boo
     parser.add_argument(
         "--format", dest="fmt", default="table" if plain else default, help=", ".join(FORMATS)
     )
-    parser.add_argument("-o", "--output", default=None if plain else default, metavar="FILE")
+    parser.add_argument(
+        "-o",
+        "--output",
+        default=None if plain else default,
+        metavar="FILE",
+        help="write the report to FILE instead of stdout",
+    )
     parser.add_argument(
         "--url",
         default=None if plain else default,

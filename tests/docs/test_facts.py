@@ -13,7 +13,7 @@ from neffcache.keying import (
     WRAPPER_ONLY_FLAGS,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _sh_blocks(text: str) -> list[str]:
