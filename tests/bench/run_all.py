@@ -254,7 +254,7 @@ def figures_table(outcomes: Sequence[Outcome]) -> list[str]:
     ]
     for outcome in outcomes:
         for f in outcome.figures:
-            ratio = "-" if f["ratio"] is None else f"{f['ratio']:.2f}x"
+            ratio = "-" if f["ratio"] is None else f"{f['ratio']:.3g}x"
             lines.append(
                 f"| {outcome.bench.name} | {cell(f['figure'])} | {number(f['value'])} "
                 f"| {cell(f['peer'])} | {number(f['peer_value'])} | {cell(f['unit'])} "
