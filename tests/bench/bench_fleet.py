@@ -37,7 +37,6 @@ import argparse
 import importlib.metadata
 import os
 import platform
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -46,6 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fleet"))
+from bench_server import until_interrupted
 from fleet_graphs import CATALOGUE, sequence
 from fleet_sim import CONFIGS, Fleet, PhaseResult, Plan
 from results import record
@@ -324,17 +324,7 @@ def run(plan: Plan) -> int:
 
 def main() -> None:
     plan = parse()
-
-    def stop(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGHUP, stop)
-    try:
-        sys.exit(run(plan))
-    except KeyboardInterrupt:
-        print("\ninterrupted; processes stopped, temp dir removed", file=sys.stderr)
-        sys.exit(130)
+    until_interrupted(lambda: run(plan))
 
 
 if __name__ == "__main__":

@@ -64,7 +64,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -793,17 +792,7 @@ def main() -> None:
     if args.clients < 1 or args.processes < 1 or args.seconds < 1 or args.entries < 1:
         parser.error("--clients, --processes, --seconds and --entries must be at least 1")
     args.processes = min(args.processes, args.clients)
-
-    def stop(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGHUP, stop)
-    try:
-        sys.exit(run(args))
-    except KeyboardInterrupt:
-        print("\ninterrupted; servers stopped, temp dir removed", file=sys.stderr)
-        sys.exit(130)
+    peers.until_interrupted(lambda: run(args))
 
 
 if __name__ == "__main__":

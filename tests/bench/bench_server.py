@@ -997,6 +997,13 @@ def main() -> None:
         parser.error("wrk is not installed (apt-get install wrk), use --client python")
     if not Path(NGINX).exists():
         parser.error(f"{NGINX} is not installed")
+    until_interrupted(lambda: run(QUICK if args.quick else FULL, kind, args.quick))
+
+
+def until_interrupted(work: Callable[[], int | None]) -> None:
+    """Run a benchmark and exit with its code. SIGTERM and SIGHUP stop it as Ctrl-C
+    does: through its context managers, which stop its servers and remove its
+    temporary directory; then it exits 130."""
 
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
@@ -1004,9 +1011,9 @@ def main() -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGHUP, stop)
     try:
-        run(QUICK if args.quick else FULL, kind, args.quick)
+        sys.exit(work())
     except KeyboardInterrupt:
-        print("\ninterrupted; servers stopped, temp dir removed", file=sys.stderr)
+        print("\ninterrupted; processes stopped, temp dir removed", file=sys.stderr)
         sys.exit(130)
 
 

@@ -89,9 +89,9 @@ class Command:
 def logical_lines(block: Block) -> list[tuple[int, str]]:
     """The block's commands as single lines: ``\\`` continuations and indented
     follow-on lines joined; in a block with ``$`` prompts, only the prompted lines
-    (the rest is output)."""
+    (the rest is output). A ``text`` block is output, save its prompted lines."""
     raw = block.text.splitlines()
-    prompted = any(line.startswith("$ ") for line in raw)
+    prompted = block.lang == "text" or any(line.startswith("$ ") for line in raw)
     lines: list[tuple[int, str]] = []
     continued = False
     for number, line in enumerate(raw, start=block.line):
