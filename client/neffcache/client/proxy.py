@@ -167,8 +167,9 @@ class Core:
         self._leases: Leases | None = None  # made on the first miss
         self._holding: dict[str, str] = {}  # entry dir -> the address this process leases
         self._no_lease: set[str] = set()  # addresses compiled here without a lease
-        # Entries this process fetched under the SDK's lock and counted as server hits:
-        # the SDK's probe that follows finds them in L1 and must not count them again.
+        # Entries whose hit this process counted under the SDK's lock (fetched, or found
+        # fetched by another rank of the host): the SDK's probe that follows finds them
+        # in L1 and must not count them again.
         self._counted: set[str] = set()
 
     # -- the SDK's per-entry compile lock, made safe against dead holders ---------------
