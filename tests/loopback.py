@@ -1,14 +1,17 @@
-"""A free loopback port, and the wait for a server started on it, for the tests that
-start servers (imported as ``loopback``)."""
+"""A free loopback port, the waits for a server started on it, and uvicorn in a thread,
+for the tests (and benchmarks) that start servers (imported as ``loopback``)."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
 import subprocess
+import threading
 import time
+from typing import Any
 
 import httpx
+import uvicorn
 
 
 def free_port() -> int:
@@ -43,3 +46,38 @@ def terminate(process: subprocess.Popen[bytes], seconds: float = 10.0) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
     process.wait()
+
+
+def redis_ready(port: int) -> bool:
+    """Whether a ``redis-server`` on the loopback ``port`` answers PING."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class InThread:
+    """uvicorn serving ``app`` on a free loopback port, in a daemon thread; entered, it
+    gives the base URL once the server accepts connections."""
+
+    def __init__(self, app: Any) -> None:
+        port = free_port()
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.url = f"http://127.0.0.1:{port}"
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + 15
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise AssertionError("the test server did not start")
+            time.sleep(0.01)
+        return self.url
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)

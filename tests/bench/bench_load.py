@@ -64,7 +64,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -83,6 +82,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import bench_server as peers  # nginx, process and CPU helpers
+from loopback import redis_ready
 from results import record
 from scaleout.replicas import Replica, create_token, running_replicas
 
@@ -130,15 +130,6 @@ def manifest(entry_key: str, files: dict[str, bytes]) -> dict[str, Any]:
 
 
 # --- the services -----------------------------------------------------------------------
-
-
-def redis_ready(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(64).startswith(b"+PONG")
-    except OSError:
-        return False
 
 
 @contextlib.contextmanager

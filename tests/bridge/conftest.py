@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
-from loopback import free_port
+from loopback import InThread
 from server.conftest import s3_bucket, s3_endpoint, unused_port
 
 from neffcache.server.app import create_app
@@ -69,36 +66,13 @@ class Server:
         return found
 
 
-class _Running:
-    """uvicorn serving ``app`` on a free loopback port, in a daemon thread."""
-
-    def __init__(self, app: Any) -> None:
-        self.port = free_port()
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        deadline = time.monotonic() + 15
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise AssertionError("the test server did not start")
-            time.sleep(0.01)
-        return f"http://127.0.0.1:{self.port}"
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-
-
 StartServer = Callable[..., Server]
 
 
 @pytest.fixture
 def start_server(tmp_path: Path) -> Iterator[StartServer]:
     """``start_server(blobs=None, index=None, **settings)``: a private server."""
-    running: list[_Running] = []
+    running: list[InThread] = []
     stores: list[BlobStore | Index] = []
 
     def start(
@@ -110,7 +84,7 @@ def start_server(tmp_path: Path) -> Iterator[StartServer]:
         app = create_app(
             ServerSettings(data_dir=data_dir, **settings), blob_store=blobs, index=index
         )
-        running.append(_Running(app))
+        running.append(InThread(app))
         stores.extend((blobs, index))
         return Server(running[-1].__enter__(), blobs, index)
 
@@ -125,7 +99,7 @@ def start_server(tmp_path: Path) -> Iterator[StartServer]:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     blobs, index = MemoryBlobStore(), MemoryIndex()
     settings = ServerSettings(data_dir=tmp_path_factory.mktemp("bridge-server"))
-    with _Running(create_app(settings, blob_store=blobs, index=index)) as url:
+    with InThread(create_app(settings, blob_store=blobs, index=index)) as url:
         yield Server(url, blobs, index)
     blobs.close()
     index.close()

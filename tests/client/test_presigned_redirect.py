@@ -16,7 +16,6 @@ from __future__ import annotations
 import http.client
 import os
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -25,9 +24,8 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-import uvicorn
 from client.unit_support import delta, digest, no_server_down
-from loopback import free_port
+from loopback import InThread, free_port
 from server.conftest import s3_bucket, s3_endpoint
 
 from neffcache.client.config import ClientConfig
@@ -206,30 +204,6 @@ def front(s3_endpoint: str) -> Iterator[Front]:
 # --- the server ---------------------------------------------------------------------------
 
 
-class Running:
-    """uvicorn serving ``app`` on a free loopback port, in a daemon thread."""
-
-    def __init__(self, app: Any) -> None:
-        port = free_port()
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.url = f"http://127.0.0.1:{port}"
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        deadline = time.monotonic() + 15
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise AssertionError("the test server did not start")
-            time.sleep(0.01)
-        return self.url
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-
-
 class Cache:
     """The server (tokens on), a store that reaches moto directly (to put blobs), and
     the read token a training job has."""
@@ -276,7 +250,7 @@ def cache(
     )
     app = create_app(settings, blob_store=fronted, index=MemoryIndex())
     try:
-        with Running(app) as url:
+        with InThread(app) as url:
             admin = httpx.post(
                 f"{url}/v1/admin/tokens",
                 json={"scope": "admin", "namespaces": ["*"]},

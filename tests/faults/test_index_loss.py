@@ -34,8 +34,8 @@ from client.e2e_harness import (
 )
 from faults.proxy import FaultProxy
 from faults.support import Server, running_server_with
-from loopback import free_port
-from server.conftest import _redis_ready, _wait_until_ready
+from loopback import free_port, redis_ready
+from server.conftest import _wait_until_ready
 
 NEFFCACHE = [sys.executable, "-m", "neffcache.client.cli"]
 NAMESPACE = "jobs"
@@ -60,7 +60,7 @@ class Redis:
         log = self.workdir / "redis.log"
         with open(log, "ab") as out:
             self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
-        _wait_until_ready(self.process, lambda: _redis_ready(self.port), log)
+        _wait_until_ready(self.process, lambda: redis_ready(self.port), log)
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from loopback import free_port
+from loopback import free_port, redis_ready
 
 _START_TIMEOUT = 30.0
 # Fake credentials so that nothing signs with, or sends, a developer's real ones.
@@ -98,15 +97,6 @@ def _http_ready(url: str) -> bool:
         return False
 
 
-def _redis_ready(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(64).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="session")
 def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``http://127.0.0.1:<port>`` of a moto S3 server; fake AWS credentials are set
@@ -149,7 +139,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     workdir = tmp_path_factory.mktemp("redis")
     argv = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     argv += ["--dir", str(workdir)]  # in case anything is written anyway
-    with _service(argv, lambda: _redis_ready(port), workdir / "redis.log"):
+    with _service(argv, lambda: redis_ready(port), workdir / "redis.log"):
         yield f"redis://127.0.0.1:{port}/0"
 
 
