@@ -74,3 +74,20 @@ def parse(data: bytes) -> Any:
     module = Module()
     module.ParseFromString(data)
     return module
+
+
+def varint(value: int) -> bytes:
+    """``value`` in protobuf's varint encoding (a negative one as its 64-bit two's
+    complement, as protobuf writes an int64), for tests that write raw wire bytes."""
+    value &= 2**64 - 1
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field (wire type 2): a message, string or bytes."""
+    return varint(number << 3 | 2) + varint(len(payload)) + payload

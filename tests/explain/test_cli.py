@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from explain.graphs import NEW, Graph, digest, hlo
-from hlo_edit import RawModule
+from hlo_edit import RawModule, field, varint
 from loopback import free_port, terminate, wait_healthy
 
 NEFFCACHE = [sys.executable, "-m", "neffcache.client.cli"]
@@ -298,9 +298,6 @@ def test_a_graph_with_a_shape_longer_than_the_server_takes_is_sent_without_shape
     from neffcache.client.cli import _explain_cmd
     from neffcache.client.config import ClientConfig
 
-    def field(number: int, payload: bytes) -> bytes:
-        return bytes([number << 3 | 2]) + _varint(len(payload)) + payload
-
     leaf = b"\x10\x0b" + b"\x18\x80\x08" * 2  # f32[1024,1024]
     shape = leaf
     for _ in range(3):
@@ -308,7 +305,7 @@ def test_a_graph_with_a_shape_longer_than_the_server_takes_is_sent_without_shape
     module = RawModule()
     module.ParseFromString(hlo("block_a"))
     module.computations[-1].instructions.append(
-        field(2, b"tuple") + field(3, shape) + b"\x98\x02" + _varint(9001)
+        field(2, b"tuple") + field(3, shape) + b"\x98\x02" + varint(9001)
     )
     data = module.SerializeToString()
     args = Namespace(compiler_version=NEW, target="trn1")
@@ -317,15 +314,6 @@ def test_a_graph_with_a_shape_longer_than_the_server_takes_is_sent_without_shape
     sent = json.loads(_explain_cmd._request(data, args, [], config))
     assert sent["graph"]["instructions"] == 19
     assert "shapes" not in sent["graph"]
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
 
 
 def test_a_removal_without_a_why_prints_no_empty_line() -> None:

@@ -39,6 +39,7 @@ from typing import Any
 import jsonschema_rs
 import pytest
 from hlo_edit import parse as parse_module
+from hlo_edit import varint
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -169,24 +170,14 @@ def decode(data: bytes) -> list[Field] | None:
     return out
 
 
-def _encode_varint(value: int) -> bytes:
-    value &= 2**64 - 1
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
 def encode(fields: list[Field]) -> bytes:
     out = bytearray()
     for number, wire, value in fields:
-        out += _encode_varint(number << 3 | wire)
+        out += varint(number << 3 | wire)
         if wire == 0:
-            out += _encode_varint(value)
+            out += varint(value)
         elif wire == 2:
-            out += _encode_varint(len(value)) + value
+            out += varint(len(value)) + value
         else:
             out += value
     return bytes(out)

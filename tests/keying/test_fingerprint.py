@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hlo_edit import RawModule
+from hlo_edit import RawModule, field
 from hlo_edit import parse as _parse
 
 from neffcache.keying import KeyingError, canonical_hlo, fingerprint_hlo
@@ -328,26 +328,13 @@ def _mutated_from(name: str, mutate: Any) -> bytes:
     return data
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _ld(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-@pytest.mark.parametrize("buffer_assignment", [b"", _ld(2, b"\x08\x01")])
+@pytest.mark.parametrize("buffer_assignment", [b"", field(2, b"\x08\x01")])
 def test_an_hlo_proto_is_refused_with_a_hint(buffer_assignment: bytes) -> None:
     # XLA's --xla_dump_hlo_as_proto writes an HloProto: the module is its field 1, and
     # a buffer assignment (field 3) must not be read as computations. Found in review:
     # with one buffer alias, two different wrapped programs shared a fingerprint.
     for name in ("block_a", "variant_op"):
-        wrapped = _ld(1, load(name)) + (_ld(3, buffer_assignment) if buffer_assignment else b"")
+        wrapped = field(1, load(name)) + (field(3, buffer_assignment) if buffer_assignment else b"")
         with pytest.raises(KeyingError, match="HloProto"):
             fingerprint_hlo(wrapped)
 

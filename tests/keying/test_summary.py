@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hlo_edit import Module, RawModule
+from hlo_edit import Module, RawModule, field, varint
 from hlo_edit import parse as _parse
 
 from neffcache.keying import GraphSummary, KeyingError, fingerprint_hlo, graph_summary
@@ -209,39 +209,25 @@ def test_a_shape_change_changes_shapes_and_not_structure() -> None:
     ]
 
 
-def _varint(value: int) -> bytes:
-    value &= 2**64 - 1
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
 def _shape(
     element_type: int, dims: tuple[int, ...] = (), *, dynamic: tuple[bool, ...] = ()
 ) -> bytes:
     """A ShapeProto (xla_data.proto): element_type 2, dimensions 3, is_dynamic 6."""
-    body = b"\x10" + _varint(element_type)
-    body += b"".join(b"\x18" + _varint(d) for d in dims)
-    body += b"".join(b"\x30" + _varint(int(d)) for d in dynamic)
+    body = b"\x10" + varint(element_type)
+    body += b"".join(b"\x18" + varint(d) for d in dims)
+    body += b"".join(b"\x30" + varint(int(d)) for d in dynamic)
     return body
 
 
 def _tuple_shape(*elements: bytes) -> bytes:
-    return b"\x10\x0d" + b"".join(_field(4, e) for e in elements)  # TUPLE = 13
+    return b"\x10\x0d" + b"".join(field(4, e) for e in elements)  # TUPLE = 13
 
 
 def test_one_instruction_with_another_shape_differs_in_that_one_shape() -> None:
     # A second shape field on the dot merges into the first (protobuf's rule for a
     # singular message): dimensions append, f32[8,32] becomes f32[8,32,2].
     def widen(module: Any) -> None:
-        module.computations[-1].instructions[2] += _field(3, b"\x18\x02")
+        module.computations[-1].instructions[2] += field(3, b"\x18\x02")
 
     edited = graph_summary(_edited("block_a", widen, raw=True))
     assert edited.structure == summary("block_a").structure
@@ -263,7 +249,7 @@ def test_an_opcode_change_changes_the_structure() -> None:
 def test_the_last_opcode_written_wins() -> None:
     # Two opcode fields in one instruction's bytes: protobuf keeps the last.
     def twice(module: Any) -> None:
-        module.computations[-1].instructions[9] += _field(2, b"sine")
+        module.computations[-1].instructions[9] += field(2, b"sine")
 
     edited = graph_summary(_edited("block_a", twice, raw=True))
     assert edited.shapes[12] == "sine f32[8,32]"
@@ -290,7 +276,7 @@ def test_parameter_numbers_and_custom_call_targets_are_structure() -> None:
         def edit(module: Any) -> None:
             tanh = module.computations[-1].instructions[9]
             module.computations[-1].instructions[9] = (
-                tanh + _field(2, b"custom-call") + _field(28, target)
+                tanh + field(2, b"custom-call") + field(28, target)
             )
 
         return edit
@@ -308,7 +294,7 @@ def test_a_parameter_number_equal_to_the_sentinel_is_read_one_by_one() -> None:
     # The smallest int64 closes each instruction in the joined parse; a real value
     # equal to it must not shift values between instructions.
     def edit(module: Any) -> None:
-        module.computations[-1].instructions[0] += b"\x48" + _varint(-(2**63))
+        module.computations[-1].instructions[0] += b"\x48" + varint(-(2**63))
 
     edited = graph_summary(_edited("block_a", edit, raw=True))
     assert edited.shapes == BLOCK_A_SHAPES
@@ -330,7 +316,7 @@ def test_tuples_tokens_dynamic_dimensions_and_unknown_types_print_as_xla_does() 
         ]
         for shape, new_id in extra:
             entry.instructions.append(
-                _field(2, b"tuple") + _field(3, shape) + b"\x98\x02" + _varint(new_id)
+                field(2, b"tuple") + field(3, shape) + b"\x98\x02" + varint(new_id)
             )
 
     got = graph_summary(_edited("block_a", shapes, raw=True))
@@ -346,7 +332,7 @@ def test_tuples_tokens_dynamic_dimensions_and_unknown_types_print_as_xla_does() 
 
 def test_a_shape_that_does_not_parse_prints_as_a_question_mark() -> None:
     def garble(module: Any) -> None:
-        module.computations[-1].instructions[2] += _field(3, b"\xff")
+        module.computations[-1].instructions[2] += field(3, b"\xff")
 
     got = graph_summary(_edited("block_a", garble, raw=True))
     assert got.shapes[5] == "dot ?"
