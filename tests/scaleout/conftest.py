@@ -11,12 +11,11 @@ tune them, for example a short eviction interval.
 from __future__ import annotations
 
 import itertools
-import uuid
 from collections.abc import Iterator
 
 import pytest
 from scaleout.replicas import Pair, running_replicas
-from server.conftest import redis_server, s3_endpoint
+from server.conftest import new_bucket, redis_server, s3_endpoint
 
 __all__ = ["pair", "redis_server", "s3_endpoint"]
 
@@ -36,19 +35,6 @@ def fresh_database(redis_url: str) -> str:
     return url
 
 
-def fresh_bucket(s3_endpoint: str) -> str:
-    """``s3://<new bucket>/prefix`` on moto."""
-    import boto3  # type: ignore[import-untyped]
-
-    bucket = f"neffcache-scaleout-{uuid.uuid4().hex[:16]}"
-    client = boto3.session.Session().client("s3", endpoint_url=s3_endpoint)
-    try:
-        client.create_bucket(Bucket=bucket)
-    finally:
-        client.close()
-    return f"s3://{bucket}/prefix"
-
-
 @pytest.fixture(scope="module")
 def pair(
     request: pytest.FixtureRequest,
@@ -61,7 +47,7 @@ def pair(
     settings = {"NEFFCACHE_BOOTSTRAP_ADMIN_TOKEN": ADMIN}
     settings.update(getattr(request.module, "REPLICA_SETTINGS", {}))
     index_url = fresh_database(redis_server)
-    blob_url = fresh_bucket(s3_endpoint)
+    blob_url = new_bucket(s3_endpoint, "neffcache-scaleout")
     workdir = tmp_path_factory.mktemp("replicas")
     try:
         with running_replicas(

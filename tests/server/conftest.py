@@ -113,16 +113,21 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def s3_bucket(s3_endpoint: str) -> Iterator[str]:
     """``s3://<fresh bucket>/prefix``, with AWS_ENDPOINT_URL_S3 pointing at moto for the
     test, so ``open_blob_store`` reaches it."""
+    with _environ({"AWS_ENDPOINT_URL_S3": s3_endpoint}):
+        yield new_bucket(s3_endpoint, "neffcache-test")
+
+
+def new_bucket(s3_endpoint: str, name: str) -> str:
+    """``s3://<name>-<random>/prefix``: a bucket made on moto at ``s3_endpoint``."""
     import boto3  # here, not at the top: only S3 tests need it
 
-    bucket = f"neffcache-test-{uuid.uuid4().hex[:20]}"
+    bucket = f"{name}-{uuid.uuid4().hex[:20]}"
     client = boto3.session.Session().client("s3", endpoint_url=s3_endpoint)
     try:
         client.create_bucket(Bucket=bucket)
     finally:
         client.close()
-    with _environ({"AWS_ENDPOINT_URL_S3": s3_endpoint}):
-        yield f"s3://{bucket}/prefix"
+    return f"s3://{bucket}/prefix"
 
 
 @pytest.fixture(scope="session")
