@@ -106,8 +106,9 @@ def test_manifest_round_trip(store: LocalStore) -> None:
     assert store.manifest(key) == manifest
     path = store.root / "keys" / "ab" / f"{key}.json"
     assert json.loads(path.read_bytes()) == manifest
-    store.put_manifest(key, {"key": key, "v": 2})  # replaced whole
-    assert store.manifest(key) == {"key": key, "v": 2}
+    other = {"key": key, "files": {"model.neff": {"digest": "e" * 64, "size": 4}}, "v": 2}
+    store.put_manifest(key, other)  # replaced whole
+    assert store.manifest(key) == other
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp files
 
 

@@ -22,6 +22,13 @@ if TYPE_CHECKING:
 
 _MAX_HEAD = 64 * 1024
 _READ = 1 << 20
+#: The most a body kept in memory may be, unless a request says otherwise: a manifest
+#: (the server takes at most 1 MiB) or a lease answer (one plus a failure record of at
+#: most 256 KiB). A server that sends more is broken or hostile, and would otherwise
+#: grow the training process until the deadline.
+BODY_LIMIT = 4 << 20
+#: An error answer's body: a JSON reason.
+ERROR_LIMIT = 64 << 10
 #: Statuses whose ``Location`` a GET may follow.
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
@@ -73,9 +80,11 @@ class Connection:
         sink: Callable[[bytes], None] | None = None,
         timeout: float | None = None,
         wait: float = 0.0,
+        limit: int = BODY_LIMIT,
     ) -> Response:
         """Send one request; the body goes to ``sink`` in chunks when given (then
-        ``Response.body`` is empty), else it is returned whole. A reused connection
+        ``Response.body`` is empty), else it is returned whole, up to ``limit`` bytes
+        (``ERROR_LIMIT`` for an error's): a longer one is an HttpError. A reused connection
         that turns out closed is retried once on a fresh one, before any byte of the
         response was read. ``wait``: seconds the server may hold its answer on purpose
         (a long-poll), allowed on top of the idle timeout."""
@@ -85,7 +94,7 @@ class Connection:
             reused = self._sock is not None
             try:
                 self._send(method, path, headers or {}, body, body_file, deadline)
-                return self._receive(method, sink, deadline)
+                return self._receive(method, sink, deadline, limit)
             except _StaleConnection:
                 self.close()
                 if attempt or not reused:
@@ -153,7 +162,7 @@ class Connection:
             raise _StaleConnection() from None
 
     def _receive(
-        self, method: str, sink: Callable[[bytes], None] | None, deadline: float
+        self, method: str, sink: Callable[[bytes], None] | None, deadline: float, limit: int
     ) -> Response:
         head = self._read_head(deadline)
         status_line, *header_lines = head.decode("latin-1").split("\r\n")
@@ -168,8 +177,9 @@ class Connection:
                 headers[name.strip().lower()] = value.strip()
         chunks: list[bytes] = []
         # Only a success's body is the payload; an error's (a JSON reason) is kept.
-        write = chunks.append
-        if sink is not None and 200 <= status < 300:
+        success = 200 <= status < 300
+        write = _bounded(chunks, limit if success else min(limit, ERROR_LIMIT))
+        if sink is not None and success:
             write = _guarded(sink)
         if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
             pass
@@ -234,12 +244,14 @@ class Connection:
     def _line(self, deadline: float) -> bytes:
         data = b""
         while b"\r\n" not in data:
+            # Checked before reading more, not after: one read may bring a short
+            # header and a megabyte of the chunk behind it.
+            if len(data) > _MAX_HEAD:
+                raise HttpError("a chunk header is too large")
             chunk = self._recv(deadline)
             if not chunk:
                 raise HttpError("the connection closed inside a chunk header")
             data += chunk
-            if len(data) > _MAX_HEAD:
-                raise HttpError("a chunk header is too large")
         line, _, rest = data.partition(b"\r\n")
         self._buffer = rest + self._buffer
         return line
@@ -348,6 +360,22 @@ def _resolve(host: str, port: int, timeout: float) -> list[tuple[Any, ...]]:
 
 class SinkError(Exception):
     """The caller's sink failed (a full disk): the caller's trouble, not the server's."""
+
+
+def _bounded(chunks: list[bytes], limit: int) -> Callable[[bytes], None]:
+    """Keep chunks in ``chunks`` until they add up to more than ``limit`` bytes, then
+    fail the request: checked before the bytes are kept, so memory stays bounded
+    whatever the server announces or sends."""
+    kept = 0
+
+    def write(chunk: bytes) -> None:
+        nonlocal kept
+        kept += len(chunk)
+        if kept > limit:
+            raise HttpError(f"the answer is over {limit} bytes")
+        chunks.append(chunk)
+
+    return write
 
 
 def _guarded(sink: Callable[[bytes], None]) -> Callable[[bytes], None]:

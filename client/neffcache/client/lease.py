@@ -25,7 +25,8 @@ from typing import Any, NamedTuple
 
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
-from neffcache.client.remote import LeaseAnswer, Manifest, Remote
+from neffcache.client.manifests import Manifest
+from neffcache.client.remote import LeaseAnswer, Remote
 from neffcache.client.stats import STATS
 
 # The longest single long-poll request; the server may answer sooner (its own cap).

@@ -19,6 +19,7 @@ import errno
 import fcntl
 import json
 import os
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any
 import blake3
 
 from neffcache.client._log import log
+from neffcache.client.manifests import checked, is_digest
 from neffcache.client.stats import STATS
 
 _POLL = 0.05
@@ -100,13 +102,24 @@ class LocalStore:
         self.root = Path(local_dir) / ".neffcache"
 
     def blob_path(self, digest: str) -> Path:
+        """Where the blob ``digest`` lives. ValueError for anything but 64 hex digits:
+        a digest from a manifest must never name a path outside the blob store."""
+        if not is_digest(digest):
+            raise ValueError(f"not a blob digest: {str(digest)[:80]!r}")
         return self.root / "blobs" / digest[:2] / digest
 
     def has_blob(self, digest: str, size: int) -> bool:
-        """Whether the blob is here with the right bytes; a damaged copy is removed."""
+        """Whether the blob is here with the right bytes; a damaged copy is removed.
+        Only a regular file counts: a device or a FIFO planted under a blob's name
+        would make the hash below read forever."""
+        if not is_digest(digest):
+            return False
         path = self.blob_path(digest)
         try:
-            if path.stat().st_size != size:
+            status = path.stat()
+            if not stat.S_ISREG(status.st_mode):
+                raise ValueError("not a regular file")
+            if status.st_size != size:
                 raise ValueError("size")
             if file_digest(path) != digest:
                 raise ValueError("digest")
@@ -127,6 +140,10 @@ class LocalStore:
         return dest
 
     def manifest(self, key: str) -> dict[str, Any] | None:
+        """The manifest kept under ``key``, checked as a server's is (anything on the
+        host may have written the file); None when absent or unusable."""
+        if not is_digest(key):
+            return None
         path = self.root / "keys" / key[:2] / f"{key}.json"
         try:
             value = json.loads(path.read_bytes())
@@ -135,11 +152,13 @@ class LocalStore:
         except (OSError, ValueError):
             STATS.count("bad_local_manifests")
             return None
-        return value if isinstance(value, dict) else None
+        return checked(value, f"L1's manifest {path}")
 
     def put_manifest(self, key: str, manifest: dict[str, Any]) -> bool:
         """Remember ``manifest`` under ``key``; best effort (a full or read-only L1
         costs a later lookup, never the current call): False when it could not."""
+        if not is_digest(key):
+            return False
         path = self.root / "keys" / key[:2] / f"{key}.json"
         try:
             atomic_write(path, json.dumps(manifest, sort_keys=True).encode())

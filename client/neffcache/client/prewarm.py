@@ -52,7 +52,6 @@ import contextlib
 import json
 import logging
 import queue
-import re
 import socket
 import threading
 import time
@@ -65,12 +64,12 @@ from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
 from neffcache.client.http import Connection
 from neffcache.client.local import LocalStore, atomic_write
+from neffcache.client.manifests import BadManifest, Manifest, check, is_digest
 from neffcache.client.proxy import DONE, NEFF, entry_lock_name, same_environment, write_entry
-from neffcache.client.remote import Manifest, Remote
+from neffcache.client.remote import Remote
 from neffcache.client.stats import STATS
 from neffcache.keying import KeyingError, parse_neuron_address
 
-HEX64 = re.compile(r"[0-9a-f]{64}")
 # Which run-manifest fields name a graph, in the order they are looked up: the
 # canonical key (the most general), the direct key, the stock address.
 ID_FIELDS = ("key", "direct_key", "neuron_address")
@@ -181,7 +180,7 @@ def valid_id(field: str, value: object) -> bool:
     if not isinstance(value, str):
         return False
     if field != "neuron_address":
-        return HEX64.fullmatch(value) is not None
+        return is_digest(value)
     try:
         parse_neuron_address(value)
     except KeyingError:
@@ -448,21 +447,14 @@ def _mark_done(done: Path) -> None:
 
 def blob_refs(manifest: Manifest) -> list[tuple[str, int]] | None:
     """The distinct (digest, size) of the manifest's files, or None when it names no
-    NEFF or a reference that is not one."""
-    files = manifest.get("files")
-    if not isinstance(files, dict) or NEFF not in files:
+    NEFF or is malformed (manifests.check)."""
+    try:
+        files = check(manifest)["files"]
+    except BadManifest:
         return None
-    refs: dict[str, int] = {}
-    for name, ref in files.items():
-        if not isinstance(ref, dict) or not isinstance(name, str) or "/" in name:
-            return None
-        digest, size = ref.get("digest"), ref.get("size")
-        if not isinstance(digest, str) or not HEX64.fullmatch(digest):
-            return None
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            return None
-        refs[digest] = size
-    return sorted(refs.items())
+    if NEFF not in files:
+        return None
+    return sorted({ref["digest"]: ref["size"] for ref in files.values()}.items())
 
 
 def worst(statuses: list[str]) -> str:

@@ -20,7 +20,8 @@ from typing import Any
 
 from neffcache.client._log import log
 from neffcache.client.local import file_digest
-from neffcache.client.remote import Manifest, Remote
+from neffcache.client.manifests import Manifest
+from neffcache.client.remote import Remote
 from neffcache.client.stats import STATS
 from neffcache.keying import CacheKey
 

@@ -37,9 +37,8 @@ from neffcache.client.http import (
     redirect_target,
 )
 from neffcache.client.local import LocalStore, new_temp
+from neffcache.client.manifests import Manifest, checked, is_digest, is_size
 from neffcache.client.stats import STATS
-
-Manifest = dict[str, Any]
 
 # Blob transfers get the request timeout plus this much time per byte: a 256 MiB NEFF
 # over a slow link must not count as a dead server, a stalled one must still end.
@@ -204,14 +203,22 @@ class Remote:
     # -- reads ------------------------------------------------------------------------
 
     def entry(self, key: str) -> Manifest | None:
-        return self._json("entry lookup", f"{self._ns}/entries/{key}")
+        found = self._json("entry lookup", f"{self._ns}/entries/{key}")
+        return checked(found, f"the server's entry {key[:12]}")
 
     def alias(self, alias: str) -> Manifest | None:
         """By direct key or stock Neuron address."""
-        return self._json("alias lookup", f"{self._ns}/aliases/{quote(alias, safe='/')}")
+        found = self._json("alias lookup", f"{self._ns}/aliases/{quote(alias, safe='/')}")
+        return checked(found, f"the server's entry for {alias[:80]}")
 
     def fetch(self, digest: str, size: int, dest: Path) -> bool:
-        """Download a blob to ``dest`` (atomically, verified); False on any problem."""
+        """Download a blob to ``dest`` (atomically, verified); False on any problem.
+        A digest or size that is not one (a server's manifest may say anything) is
+        refused before it becomes a URL or bounds a download."""
+        if not is_digest(digest) or not is_size(size):
+            STATS.count("bad_manifests")
+            log.warning("neffcache: refused to fetch blob %r of size %r", digest[:80], size)
+            return False
         if not self.available():
             STATS.count("server_skipped")
             return False
@@ -308,6 +315,9 @@ class Remote:
         """Make sure L1 holds the blob: ``"l1"`` when it did, ``"server"`` when it was
         downloaded now, None when it could not be had. One download per blob per host:
         concurrent callers (ranks, prewarm) wait on one lock and find it there."""
+        if not is_digest(digest) or not is_size(size):
+            STATS.count("bad_manifests")
+            return None
         if local.has_blob(digest, size):
             return "l1"
         with local.lock(f"blob-{digest}", f"the download of {digest[:12]}"):
@@ -455,7 +465,7 @@ class Remote:
         try:
             answer = json.loads(response.body)
             state = answer["state"]
-            entry = answer.get("entry")
+            entry = checked(answer.get("entry"), f"the entry in the lease answer for {name[:80]}")
             failure = answer.get("failure")
             return LeaseAnswer(
                 state=state,

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
-from neffcache.client.remote import Manifest
+from neffcache.client.manifests import Manifest
 from neffcache.client.stats import STATS
 from neffcache.client.wrapper import (
     FLAGS,

@@ -33,6 +33,9 @@ MAX_TOP = 1000
 # when it is done, so the wait is long and only a silent server times out.
 CONNECT_TIMEOUT = 5.0
 REPORT_TIMEOUT = 600.0
+# A report is aggregates, bounded by the server (a few MiB as an HTML page); a larger
+# answer is not a report, and reading it whole would only fill this process.
+REPORT_LIMIT = 64 << 20
 _DURATION = re.compile(r"\s*[0-9]+(?:\.[0-9]+)?\s*[smhdw]\s*")
 _NUMBER = re.compile(r"\s*[0-9]+(?:\.[0-9]+)?\s*")
 _NAMESPACE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
@@ -243,7 +246,7 @@ def _get(server: str, path: str, token: str | None) -> bytes:
     try:
         connection = Connection(server, CONNECT_TIMEOUT, REPORT_TIMEOUT)
         try:
-            answer = connection.request("GET", path, headers=headers)
+            answer = connection.request("GET", path, headers=headers, limit=REPORT_LIMIT)
         finally:
             connection.close()
     except HttpError as exc:

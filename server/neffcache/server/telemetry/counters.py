@@ -19,6 +19,7 @@ CLIENT_COUNTERS = frozenset(
         "bad_downloads",
         "bad_local_blobs",
         "bad_local_manifests",
+        "bad_manifests",
         "compile_failures",
         "compiles",
         "config_errors",
