@@ -56,6 +56,7 @@ class Bench:
 # Cheap and self-contained first; the two that load the whole machine last.
 BENCHES = (
     Bench("keying", "bench_keying.py", ("--quick",)),
+    Bench("mlir_keying", "bench_mlir_keying.py", ("--quick",)),
     Bench("reports", "bench_reports.py", ("--quick",)),
     Bench("eviction", "bench_eviction.py", ("--scale", "0.3")),
     Bench("client", "bench_client.py", ("--quick",), needs=("nginx", "curl")),

@@ -11,6 +11,8 @@ from neffcache.keying import (
     neuron_cache_flags,
     neuron_flags_hash,
     normalize_flags,
+    option_arity,
+    option_name,
 )
 
 # Wrapper-only flags that take no value (facts §2: --no_cache, --retry_failed_compilation).
@@ -344,3 +346,42 @@ def test_no_user_flags_end_to_end() -> None:
 def test_trn2_lnc_end_to_end() -> None:
     neuron_cc_flags = "--model-type=transformer --optlevel=1 --enable-saturate-infinity --lnc=2"
     assert neuron_flags_hash(neuron_cache_flags(neuron_cc_flags, "trn2")) == "839ddec0"
+
+
+# --- repeats, option names and arities -------------------------------------------------
+
+
+def test_identical_repeats_collapse_into_the_last() -> None:
+    assert normalize_flags("--model-type=transformer --lnc 2 --model-type transformer") == [
+        "--logical-nc-config=2",
+        "--model-type=transformer",
+    ]
+    # --a --b --a: the compiler sees --a last either way.
+    assert normalize_flags("--enable-x --disable-x --enable-x") == ["--disable-x", "--enable-x"]
+    # Not identical: kept, in order (which wins is the compiler's business).
+    assert normalize_flags("-O1 -O2") == ["--optlevel=1", "--optlevel=2"]
+
+
+def test_repeated_verbose_and_targets_of_the_same_value_key_alike() -> None:
+    nxd = ["--target", "trn2", "--target=trn2", "--verbose=35", "--verbose=35", "-O1"]
+    assert normalize_flags(nxd) == normalize_flags(["--target=trn2", "-O1"])
+
+
+@pytest.mark.parametrize(
+    ("token", "name", "value", "arity"),
+    [
+        ("-O2", "--optlevel", "2", "value"),
+        ("--lnc", "--logical-nc-config", None, "value"),
+        ("-lnc=1", "--logical-nc-config", "1", "value"),
+        ("--target=trn2", "--target", "trn2", "value"),
+        ("--logfile", "--logfile", None, "value"),
+        ("--pipeline", "--pipeline", None, "words"),
+        ("--enable-saturate-infinity", "--enable-saturate-infinity", None, "none"),
+        ("--no_cache", "--no_cache", None, "none"),
+        ("--cache_dir", "--cache_dir", None, "value"),
+        ("--some-new-option", "--some-new-option", None, "unknown"),
+    ],
+)
+def test_option_names_and_arities(token: str, name: str, value: str | None, arity: str) -> None:
+    assert option_name(token) == (name, value)
+    assert option_arity(name) == arity

@@ -9,8 +9,12 @@
 ``graph_summary(module)`` describes a graph for explanations, never for keys: its
 structure digest (shapes and literals erased), instruction count and shapes.
 
+``fingerprint_mlir(data)`` is the canonical fingerprint of StableHLO MLIR bytecode (the
+``module.mlir`` TorchNeuron hands neuronx-cc), read in pure Python: locations and the
+module's name never split it. ``is_mlir_bytecode`` and ``is_mlir_text`` recognize inputs.
+
 Depends only on the standard library, ``blake3`` and ``protobuf`` (imported on first
-use of the fingerprint and summary functions).
+use of the HLO fingerprint and summary functions).
 """
 
 from __future__ import annotations
@@ -26,9 +30,11 @@ from ._flags import (
     neuron_cache_flags,
     neuron_flags_hash,
     normalize_flags,
+    option_arity,
+    option_name,
 )
 from ._inputs import TARGETS, CompileContext, KeyInputs
-from ._key import CacheKey, compute_key, direct_key
+from ._key import CacheKey, compute_key, digest_key, direct_key
 from ._layout import (
     STOCK_DONE,
     STOCK_FLAGS,
@@ -39,21 +45,25 @@ from ._layout import (
     is_stock_artifact,
 )
 from ._neuron import NeuronAddress, neuron_address, parse_neuron_address
+from ._tree import tree_digest
 from ._version import KEY_VERSION
 
 if _typing.TYPE_CHECKING:
     from ._canonical import DEBUG_FRONTEND_ATTRIBUTES, canonical_hlo, fingerprint_hlo
+    from ._mlir import fingerprint_mlir, is_mlir_bytecode, is_mlir_text
     from ._summary import GraphSummary, graph_summary
 
 # The fingerprint and the graph summary need protobuf, whose import costs more than a
 # cache hit through the compiler wrapper may spend in all; it loads on first use
-# (PEP 562), so a caller that only needs a direct key never pays for it.
+# (PEP 562), so a caller that only needs a direct key never pays for it. The MLIR
+# reader (its tables) loads on first use too.
 _LAZY = {
     **{
         name: "._canonical"
         for name in ("DEBUG_FRONTEND_ATTRIBUTES", "canonical_hlo", "fingerprint_hlo")
     },
     **{name: "._summary" for name in ("GraphSummary", "graph_summary")},
+    **{name: "._mlir" for name in ("fingerprint_mlir", "is_mlir_bytecode", "is_mlir_text")},
 }
 
 
@@ -93,13 +103,20 @@ __all__ = [
     "compile_env",
     "compiler_version",
     "compute_key",
+    "digest_key",
     "direct_key",
     "fingerprint_hlo",
+    "fingerprint_mlir",
     "graph_summary",
+    "is_mlir_bytecode",
+    "is_mlir_text",
     "is_stock_artifact",
     "neuron_address",
     "neuron_cache_flags",
     "neuron_flags_hash",
     "normalize_flags",
+    "option_arity",
+    "option_name",
     "parse_neuron_address",
+    "tree_digest",
 ]

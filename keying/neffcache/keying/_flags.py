@@ -14,7 +14,11 @@ Normalization (``normalize_flags``) answers "would the compiler produce the same
   win, and flags with different names compete too: ``--enable-x`` and
   ``--disable-x``, or an abbreviation and its full name. neffcache cannot tell which
   flags compete, so ``--a --b`` and ``--b --a`` are different keys (a miss, never a
-  wrong NEFF).
+  wrong NEFF);
+* an identical repeat collapses into its last occurrence (NxD and libneuronxla each
+  append the same options): ``--a --b --a`` is ``--b --a``, which is what the compiler
+  sees whether the options compete (the last ``--a`` wins either way) or accumulate
+  (the same value twice says nothing more).
 
 The stock hash (``neuron_flags_hash``) is the opposite: it reproduces the SDK's
 formula byte for byte, spelling and order included, so addresses interoperate.
@@ -137,7 +141,30 @@ def normalize_flags(flags: str | Sequence[str]) -> list[str]:
     """
     options = _parse_options(split_flags(flags))
     kept = [(name, value) for name, value in options if name not in _DROPPED]
+    last = {option: i for i, option in enumerate(kept)}
+    kept = [option for i, option in enumerate(kept) if last[option] == i]
     return [name if value is None else f"{name}={value}" for name, value in kept]
+
+
+def option_name(token: str) -> tuple[str, str | None]:
+    """A command-line option's documented name and its inline value, if any:
+    ``-O2`` is (``--optlevel``, ``2``), ``--lnc`` is (``--logical-nc-config``, None),
+    ``--target=trn2`` is (``--target``, ``trn2``)."""
+    return _split_token(token)
+
+
+def option_arity(name: str) -> str:
+    """How option ``name`` (as ``option_name`` gives it) takes its value when none is
+    inline: ``"value"`` (the next word, documented), ``"words"`` (the words up to the
+    next option: ``--pipeline compile SaveTemps``), ``"none"`` (a documented switch) or
+    ``"unknown"`` (an option neffcache has no documentation for)."""
+    if name in _BOOLEAN_FLAGS:
+        return "none"
+    if name in _MULTI_VALUE_FLAGS:
+        return "words"
+    if name in _VALUE_FLAGS or name in _ALIASES.values():
+        return "value"
+    return "unknown"
 
 
 def _parse_options(tokens: list[str]) -> list[tuple[str, str | None]]:

@@ -80,6 +80,18 @@ def direct_key(module_bytes: bytes, context: CompileContext) -> CacheKey:
     return _key(_DIRECT_DOMAIN, ("module_digest", digest), context)
 
 
+def digest_key(module_digest: str, context: CompileContext) -> CacheKey:
+    """The direct key of an input whose raw digest the caller made: a directory's
+    (``tree_digest`` over its files' raw bytes). Same domain and fields as
+    ``direct_key``; the digests themselves come from separate domains, so a folder's
+    key can never equal a file's."""
+    if not isinstance(module_digest, str) or len(module_digest) != 64:
+        raise KeyingError("digest_key takes a 64-hex digest")
+    if not isinstance(context, CompileContext):
+        raise KeyingError("digest_key takes a CompileContext")
+    return _key(_DIRECT_DOMAIN, ("module_digest", module_digest), context)
+
+
 def _key(domain: str, graph: tuple[str, str], context: CompileContext) -> CacheKey:
     components: dict[str, ComponentValue] = {
         "key_version": KEY_VERSION,
