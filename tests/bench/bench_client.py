@@ -7,8 +7,8 @@ Starts ``neffcache serve`` (embedded defaults) and nginx on 127.0.0.1 (as
 the real compiler, and measures:
 
 1. A hit through ``neffcache wrap -- neuronx-cc compile ...`` for an entry the size
-   of a real NxD cache entry (a 0.5 MiB HloModuleProto made with JAX when it is
-   installed, else a 0.5 MiB stand-in; a 1.5 MiB NEFF), wall time of the whole
+   of a real NxD cache entry (a 0.5 MiB HloModuleProto made with JAX, which is
+   needed: the benchmark stops without it; a 1.5 MiB NEFF), wall time of the whole
    process, as a ratio to ``python -c "import neffcache.client"`` (the floor any
    Python wrapper pays), medians of alternating runs. Twice: a server hit (L1 blobs
    and manifests emptied before each run; the compiler-version memo kept, as on any
@@ -21,6 +21,9 @@ the real compiler, and measures:
    compiling one graph several times, with the hook and a neffcache URL against the
    stock local-directory cache, per call, in-process: the L1 hit's median, and the
    server hit of a process whose L1 is empty.
+   The same for a call shaped like TorchNeuron's: 0.5 MiB of StableHLO bytecode as
+   ``module.mlir`` in a fresh ``mkdtemp`` directory, options as separate words, the
+   shim found on PATH by name. Goal: <= 1.5x.
 3. A 256 MiB NEFF hit through the wrapper from the server, as a ratio of throughput
    to ``curl`` fetching the same bytes from nginx into a file. Goal: >= 0.8x.
 4. What the ``.pth`` hook costs every Python start when no neffcache URL is set: the
@@ -71,15 +74,41 @@ sys.stdout.buffer.write(lowered.compiler_ir("hlo").as_serialized_hlo_module_prot
 """
 
 
+_MAKE_MLIR = """
+import io
+import sys
+import jax
+import numpy as np
+n = int(sys.argv[1]) // 4
+constant = np.arange(n, dtype=np.float32)
+lowered = jax.jit(lambda x: x + constant).lower(np.zeros(n, np.float32))
+buffer = io.BytesIO()
+lowered.compiler_ir("stablehlo").operation.write_bytecode(buffer)
+sys.stdout.buffer.write(buffer.getvalue())
+"""
+
+
+def stablehlo_module(size: int) -> bytes:
+    """Real StableHLO bytecode of about ``size`` bytes, what TorchNeuron writes as
+    ``module.mlir``, made by JAX in a child process."""
+    return _from_jax(_MAKE_MLIR, size)
+
+
 def hlo_module(size: int) -> bytes:
     """A real HloModuleProto of about ``size`` bytes (a constant of that many bytes),
-    made by JAX in a child process (JAX's threads and this script's forks do not mix);
-    without JAX, opaque bytes of that size, which a hit never parses."""
-    done = subprocess.run(
-        [sys.executable, "-c", _MAKE_HLO, str(size)], capture_output=True, check=False
-    )
+    made by JAX in a child process (JAX's threads and this script's forks do not mix).
+    Without JAX the benchmark stops: opaque bytes are an input the wrapper refuses to
+    cache, so a stand-in would measure something else."""
+    return _from_jax(_MAKE_HLO, size)
+
+
+def _from_jax(script: str, size: int) -> bytes:
+    done = subprocess.run([sys.executable, "-c", script, str(size)], capture_output=True)
     if done.returncode != 0 or not done.stdout:
-        return b"\n\x05bench" + os.urandom(size)
+        sys.exit(
+            "bench_client needs JAX to make real graphs: pip install -e '.[bench]' "
+            f"(the child said: {done.stderr.decode(errors='replace')[-300:]})"
+        )
     return done.stdout
 
 
@@ -195,6 +224,71 @@ def hit_phase(tmp: Path, server_url: str, repeats: int) -> None:
             "ms",
             better="lower",
             note="the floor of any hit: no Python start, no key, no lookup",
+        )
+
+
+def torchneuron_phase(tmp: Path, server_url: str, repeats: int) -> None:
+    """A hit through the shim for a call shaped like TorchNeuron's: StableHLO bytecode
+    as ``module.mlir`` in a fresh directory, options as separate words, the shim run
+    by name from PATH (``neffcache shim-dir``), as TorchNeuron's ``execvp`` does."""
+    shim = Path(
+        subprocess.run(
+            [*NEFFCACHE, "shim-dir", "--dir", str(tmp / "shim")],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    module = stablehlo_module(MiB // 2)
+    local, counter = tmp / "l1-torchneuron", tmp / "count-torchneuron"
+    env = client_env(server_url, local, counter, 3 * MiB // 2)
+    env["PATH"] = f"{shim}{os.pathsep}{env.get('PATH', '')}"
+
+    def call() -> list[str]:
+        work = Path(tempfile.mkdtemp(prefix="neuron_compile_", dir=tmp))
+        (work / "module.mlir").write_bytes(module)
+        return ["neuronx-cc", "compile", str(work / "module.mlir"), "--framework", "XLA"]
+
+    tail = ["--target", "trn2", "--lnc", "2", "-O2", "--model-type", "transformer"]
+    tail += ["--auto-cast=none", "--output"]
+
+    def run() -> float:
+        argv = call()
+        return timed([*argv, *tail, str(Path(argv[2]).with_suffix(".neff"))], env)
+
+    run()  # the miss: compiles and publishes
+    floor = [sys.executable, "-c", "import neffcache.client"]
+    base: list[float] = []
+    server: list[float] = []
+    l1: list[float] = []
+    for _ in range(repeats):
+        base.append(timed(floor, env))
+        clear_l1(local)
+        server.append(run())
+        l1.append(run())
+    if compiles(counter) != 1:
+        raise RuntimeError(f"hits compiled ({compiles(counter)} compiles): the measurement is void")
+    print(
+        f"TorchNeuron-shaped hit through the shim ({len(module) / MiB:.2f} MiB StableHLO "
+        f"bytecode), medians of {repeats}:"
+    )
+    print(f"    python -c 'import neffcache.client'  {median_ms(base):7.1f} ms")
+    for label, runs in (("server hit", server), ("L1 hit", l1)):
+        ratio = statistics.median(runs) / statistics.median(base)
+        verdict = "met" if ratio <= 1.5 else "NOT met"
+        print(
+            f"    {label:<34} {median_ms(runs):7.1f} ms   "
+            f"RATIO {ratio:.2f}x (goal <= 1.5x: {verdict})"
+        )
+        record(
+            "client",
+            f"TorchNeuron-shaped {label} through the shim, whole process",
+            median_ms(runs),
+            "python -c 'import neffcache.client'",
+            median_ms(base),
+            "ms",
+            better="lower",
+            goal="<= 1.5x",
         )
 
 
@@ -363,6 +457,7 @@ def main() -> None:
         compileall.compile_dir(ROOT / part, quiet=1)
     with workspace() as tmp, peers.neffcache_server(tmp) as server:
         hit_phase(tmp, server.url, repeats)
+        torchneuron_phase(tmp, server.url, repeats)
         hook_phase(tmp, server.url, repeats)
         large_phase(tmp, server.url, large, 3 if args.quick else 5)
     pth_phase(repeats)

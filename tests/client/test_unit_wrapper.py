@@ -109,7 +109,6 @@ def test_framework_defaults_to_xla() -> None:
             ["compile", "a.pb", "b.pb", "--output=o.neff", "--target=trn1"], id="two-inputs"
         ),
         pytest.param(["compile", "--output=o.neff", "--target=trn1"], id="no-input"),
-        pytest.param(["compile", "in.txt", "--output=o.neff", "--target=trn1"], id="not-pb"),
         pytest.param(["--version"], id="version"),
         pytest.param(["-V"], id="V"),
         pytest.param(["compile", "--help"], id="help"),
@@ -138,6 +137,125 @@ def test_framework_defaults_to_xla() -> None:
 )
 def test_parse_refuses(argv: list[str]) -> None:
     assert parse(argv) is None
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(
+            ["compile", "--target=trn1", "--target=trn2", "in.pb", "--output=o.neff"],
+            id="two-targets",
+        ),
+        pytest.param(
+            ["compile", "in.pb", "--output=o.neff", "--target=trn2", "-O1", "-O2"],
+            id="two-optlevels",
+        ),
+        pytest.param(
+            ["compile", "in.pb", "--output=o", "--target=trn2", "--lnc", "1", "--lnc=2"],
+            id="two-lnc-spellings",
+        ),
+        pytest.param(
+            ["compile", "in.pb", "--output=o", "--target=trn2", "--enable-internal-neff-wrapper"],
+            id="extra-outputs",
+        ),
+    ],
+)
+def test_parse_refuses_what_it_cannot_key(argv: list[str]) -> None:
+    assert parse(argv, exists=lambda _: False) is None
+
+
+TORCHNEURON = [
+    "compile",
+    "/tmp/neuron_compile_ab12cd/module.mlir",
+    "--framework",
+    "XLA",
+    "--target",
+    "trn2",
+    "--lnc",
+    "2",
+    "-O2",
+    "--model-type",
+    "transformer",
+    "--auto-cast=none",
+    "--output",
+    "/tmp/neuron_compile_ab12cd/module.neff",
+]
+
+
+def test_parse_a_torchneuron_call() -> None:
+    call = parse(TORCHNEURON)
+    assert call is not None
+    assert call.input == Path("/tmp/neuron_compile_ab12cd/module.mlir")
+    assert call.output == Path("/tmp/neuron_compile_ab12cd/module.neff")
+    assert call.target == "trn2"
+    assert call.logfile is None
+    assert call.compiler_argv == TORCHNEURON
+    ctx = context(VERSION, call.target, call.flags, {})
+    assert list(ctx.flags) == [
+        "--logical-nc-config=2",
+        "--optlevel=2",
+        "--model-type=transformer",
+        "--auto-cast=none",
+    ]
+
+
+def test_parse_a_vllm_neuron_call() -> None:
+    argv = [
+        "compile",
+        "/wd/graph.hlo",
+        "--framework",
+        "XLA",
+        "--target",
+        "trn2",
+        "--output",
+        "/wd/graph_0123.neff",
+        "--logfile",
+        "/wd/log-neuron-cc.txt",
+    ]
+    call = parse(argv)
+    assert call is not None
+    assert call.input == Path("/wd/graph.hlo")
+    assert call.logfile == Path("/wd/log-neuron-cc.txt")
+    assert list(context(VERSION, call.target, call.flags, {}).flags) == []
+
+
+def test_parse_a_trace_call_with_a_folder_and_no_suffix() -> None:
+    argv = ["compile", "/w/model", "--framework", "XLA", "--target", "trn1", "--output", "/w/g"]
+    call = parse(argv)
+    assert call is not None
+    assert call.input == Path("/w/model")
+
+
+def test_identical_repeats_and_verbose_repeats_are_one_call() -> None:
+    argv = [*MODERN, "--verbose=35", "--verbose", "INFO", "--target", "trn1"]
+    call = parse(argv)
+    assert call is not None
+    assert call.target == "trn1"
+    one = context(VERSION, call.target, call.flags, {})
+    assert one == context(VERSION, "trn1", parse(MODERN).flags, {})  # type: ignore[union-attr]
+
+
+def test_libneuronxla_options_never_reach_the_compiler() -> None:
+    url = "--cache_dir=neffcache+http://h:8787/ns"
+    argv = [*TORCHNEURON, url, "--log_level", "INFO", "--no_cache", "--retry_failed_compilation"]
+    call = parse(argv)
+    assert call is not None
+    assert call.compiler_argv == TORCHNEURON
+    bare = parse(TORCHNEURON)
+    assert bare is not None
+    assert context(VERSION, "trn2", call.flags, {}) == context(VERSION, "trn2", bare.flags, {})
+
+
+def test_an_unknown_option_naming_a_file_passes_the_call_through(tmp_path: Path) -> None:
+    """The compiler may read a file an option it documents nowhere names: not keyable."""
+    config = tmp_path / "tuning.json"
+    config.write_text("{}")
+    argv = ["compile", "in.pb", "--output=o", "--target=trn2"]
+    assert parse([*argv, "--internal-tuning", str(config)]) is None
+    assert parse([*argv, f"--internal-tuning={config}"]) is None
+    assert parse([*argv, "--internal-tuning", "fast"]) is not None
+    # A switch before the input: the word after it could be either.
+    assert parse(["compile", "--unknown-switch", str(config), "--output=o", "--target=t"]) is None
 
 
 def test_parse_a_space_separated_compiler_flag() -> None:

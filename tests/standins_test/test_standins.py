@@ -1,19 +1,24 @@
 """Pin the test stand-ins (tests/standins/) to neuron-cache-facts.md.
 
 The stand-ins replace the Neuron SDK, which cannot be installed here: ``neuronx-cc``
-(sections 5, 16), the ``libneuronxla`` package (sections 2, 3, 4.3, 5, 6, 8, 9) and
-``neuron_parallel_compile.py`` (section 8.3). Code under test is only as well tested as
-these are faithful, so every test here checks a stand-in against a fact (or against a
-documented stand-in choice).
+(sections 2, 5, 16, 18), the ``libneuronxla`` package (sections 2, 3, 4.3, 5, 6, 8, 9),
+``neuron_parallel_compile.py`` (section 8.3), and the callers of the living stacks
+(section 18): ``torchneuron_like.py`` (18.2), ``vllm_neuron_like.py`` (18.4) and
+``trace_like.py`` (18.5). Code under test is only as well tested as these are faithful,
+so every test here checks a stand-in against a fact (or against a documented stand-in
+choice).
 """
 
 from __future__ import annotations
 
+import ast
 import errno
 import fcntl
 import hashlib
+import itertools
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -1070,3 +1075,486 @@ def test_compile_cache_entry(
     assert (tmp_path / "out.neff").read_bytes() == libneuronxla.neuron_xla_compile(
         b"graph", ["--optlevel=2"], platform_target="trn2", use_cache=False
     )
+
+
+# --------------------------------------------------------------------------- section 18
+
+TORCHNEURON = STANDINS / "torchneuron_like.py"
+VLLM = STANDINS / "vllm_neuron_like.py"
+TRACE = STANDINS / "trace_like.py"
+HLO_FIXTURE = STANDINS.parent / "fixtures" / "hlo" / "block_a.pb"
+OTHER_HLO_FIXTURE = STANDINS.parent / "fixtures" / "hlo" / "variant_op.pb"
+# Section 18.2: TorchNeuron's options, between the input and NEURON_CC_FLAGS.
+TORCHNEURON_OPTIONS = [
+    "--framework",
+    "XLA",
+    "--target",
+    "trn2",
+    "--lnc",
+    "2",
+    "-O2",
+    "--model-type",
+    "transformer",
+    "--auto-cast=none",
+]
+LIBNEURONXLA_OPTIONS = [
+    ["--cache_dir=/var/tmp/neuron-compile-cache"],
+    ["--cache_dir", "/var/tmp/neuron-compile-cache"],
+    ["--cache_dir=neffcache+http://127.0.0.1:1/ns"],
+    ["--no_cache"],
+    ["--retry_failed_compilation"],
+    ["--log_level=INFO"],
+    ["--log_level", "INFO"],
+    ["--dump=/tmp/dump"],
+    ["--compile_workdir=/tmp/work"],
+]
+
+
+def _replace_option(options: list[str], old: str | list[str], new: list[str]) -> list[str]:
+    """``options`` with ``old`` (a token, or a token and its value) replaced by ``new``."""
+    old = [old] if isinstance(old, str) else old
+    at = next(i for i in range(len(options)) if options[i : i + len(old)] == old)
+    return [*options[:at], *new, *options[at + len(old) :]]
+
+
+def test_torchneuron_argv_form_and_its_flags(tmp_path: Path) -> None:
+    """Section 18.2: input first, options as separate words, -O2 without a value."""
+    module = write_input(tmp_path / "module.mlir", b"ML\xefR\x00stablehlo bytecode")
+    outs = itertools.count()
+
+    def neff(input_file: Path, options: list[str] = TORCHNEURON_OPTIONS) -> bytes:
+        out = tmp_path / f"out-{next(outs)}.neff"
+        done = run_compiler("compile", str(input_file), *options, "--output", str(out))
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines()[-1] == "Compiler status PASS"
+        return out.read_bytes()
+
+    base = neff(module)
+    assert base.startswith(MAGIC)
+    assert neff(module) == base
+    # Any name and any format: the NEFF is a function of the bytes.
+    for name in ("module.hlo.pb", "graph.hlo", "model.pb", "no-extension"):
+        assert neff(write_input(tmp_path / name, module.read_bytes())) == base, name
+    # The --x=v and --x v spellings are one flag.
+    assert neff(module, _replace_option(TORCHNEURON_OPTIONS, ["--lnc", "2"], ["--lnc=2"])) == base
+    assert (
+        neff(
+            module,
+            _replace_option(TORCHNEURON_OPTIONS, "--auto-cast=none", ["--auto-cast", "none"]),
+        )
+        == base
+    )
+    variants = {
+        "-O1": _replace_option(TORCHNEURON_OPTIONS, "-O2", ["-O1"]),
+        "--lnc 1": _replace_option(TORCHNEURON_OPTIONS, ["--lnc", "2"], ["--lnc", "1"]),
+        "trn3": _replace_option(TORCHNEURON_OPTIONS, ["--target", "trn2"], ["--target", "trn3"]),
+        "model-type": _replace_option(
+            TORCHNEURON_OPTIONS, ["--model-type", "transformer"], ["--model-type", "generic"]
+        ),
+        "auto-cast": _replace_option(TORCHNEURON_OPTIONS, "--auto-cast=none", ["--auto-cast=all"]),
+        "extra flag": [*TORCHNEURON_OPTIONS, "--enable-saturate-infinity"],
+    }
+    neffs = {name: neff(module, options) for name, options in variants.items()}
+    assert base not in neffs.values()
+    assert len(set(neffs.values())) == len(neffs)
+
+
+def _tree(root: Path, files: dict[str, bytes]) -> Path:
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
+
+
+TRACE_FILES = {
+    "graph.hlo": b"hlo module bytes",
+    "metadata.json": b'{"a": 1}',
+    "weights/w0.npy": b"weights zero",
+    "weights/w1.npy": b"weights one",
+}
+
+
+def test_directory_input(tmp_path: Path) -> None:
+    """Section 18.5: a directory is the input; every file's relative name and bytes count."""
+    outs = itertools.count()
+
+    def neff(input_path: Path) -> bytes:
+        out = tmp_path / f"out-{next(outs)}.neff"
+        done = run_compiler(
+            "compile",
+            str(input_path),
+            "--framework",
+            "XLA",
+            "--target",
+            "trn1",
+            "--output",
+            str(out),
+        )
+        assert done.returncode == 0, done.stderr
+        return out.read_bytes()
+
+    base = neff(_tree(tmp_path / "a" / "model", TRACE_FILES))
+    assert base.startswith(MAGIC)
+    # Where the directory is does not count.
+    assert neff(_tree(tmp_path / "elsewhere" / "model", TRACE_FILES)) == base
+    assert neff(_tree(tmp_path / "other-name", TRACE_FILES)) == base
+    # Empty subdirectories do not count.
+    with_empty = _tree(tmp_path / "empty-sub", TRACE_FILES)
+    (with_empty / "weights" / "empty").mkdir()
+    assert neff(with_empty) == base
+    variants = {
+        "other weights": {**TRACE_FILES, "weights/w1.npy": b"weights One"},
+        "renamed weight": {
+            **{k: v for k, v in TRACE_FILES.items() if k != "weights/w1.npy"},
+            "weights/w2.npy": b"weights one",
+        },
+        "moved weight": {
+            **{k: v for k, v in TRACE_FILES.items() if k != "weights/w1.npy"},
+            "weights/sub/w1.npy": b"weights one",
+        },
+        "extra file": {**TRACE_FILES, "weights/w3.npy": b"three"},
+        "no metadata": {k: v for k, v in TRACE_FILES.items() if k != "metadata.json"},
+        "other graph": {**TRACE_FILES, "graph.hlo": b"another hlo module"},
+    }
+    neffs = {
+        name: neff(_tree(tmp_path / f"v{i}", files))
+        for i, (name, files) in enumerate(variants.items())
+    }
+    assert base not in neffs.values()
+    assert len(set(neffs.values())) == len(neffs)
+    # The directory is not its graph file alone.
+    assert neff(tmp_path / "a" / "model" / "graph.hlo") != base
+
+
+def test_directory_input_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "out.neff"
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)
+    done = run_compiler("compile", str(empty), "--output", str(out))
+    assert done.returncode == 2
+    assert "holds no file" in done.stderr
+    failing = _tree(
+        tmp_path / "failing", {**TRACE_FILES, "weights/w1.npy": b"x NEFFCACHE_STANDIN_FAIL"}
+    )
+    done = run_compiler("compile", str(failing), "--output", str(out))
+    assert done.returncode == 70
+    assert "NCC_STANDIN001" in done.stderr
+    assert not out.exists()
+
+
+def test_logfile_is_written_and_is_not_part_of_the_neff(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Section 18.4: vLLM Neuron passes --logfile <wd>/log-neuron-cc.txt."""
+    hlo = write_input(tmp_path / "graph.hlo", b"hlo")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    log = logs / "log-neuron-cc.txt"
+    common = ["--framework", "XLA", "--target", "trn2"]
+    with_log, without_log = tmp_path / "with.neff", tmp_path / "without.neff"
+    done = run_compiler(
+        "compile", str(hlo), *common, "--output", str(with_log), "--logfile", str(log)
+    )
+    assert done.returncode == 0, done.stderr
+    text = log.read_text()
+    assert "Compiler status PASS" in text.splitlines()
+    assert f"compile {hlo} --framework XLA --target trn2 --output {with_log}" in text
+    assert run_compiler("compile", str(hlo), *common, "--output", str(without_log)).returncode == 0
+    assert with_log.read_bytes() == without_log.read_bytes()
+    other = tmp_path / "other.neff"
+    done = run_compiler(
+        "compile", str(hlo), *common, f"--logfile={logs / 'other.txt'}", "--output", str(other)
+    )
+    assert done.returncode == 0, done.stderr
+    assert other.read_bytes() == with_log.read_bytes()
+
+    monkeypatch.setenv("NEFFCACHE_STANDIN_FAIL", "1")
+    failed = tmp_path / "failed.neff"
+    done = run_compiler(
+        "compile", str(hlo), *common, "--output", str(failed), "--logfile", str(log)
+    )
+    assert done.returncode == 70
+    assert "Compiler status ERROR" in log.read_text().splitlines()
+    assert "NCC_STANDIN001" in log.read_text()
+    monkeypatch.delenv("NEFFCACHE_STANDIN_FAIL")
+
+    missing_dir = tmp_path / "missing" / "log.txt"
+    done = run_compiler(
+        "compile", str(hlo), *common, "--output", str(failed), "--logfile", str(missing_dir)
+    )
+    assert done.returncode == 2
+    assert "error" in done.stderr
+    assert not failed.exists()
+
+
+@pytest.mark.parametrize("tokens", LIBNEURONXLA_OPTIONS, ids=lambda t: " ".join(t))
+def test_libneuronxla_options_are_refused(tokens: list[str], tmp_path: Path) -> None:
+    """Section 2: libneuronxla parses these out; they never reach the compiler CLI."""
+    hlo = write_input(tmp_path / "in.pb", b"hlo")
+    out = tmp_path / "out.neff"
+    done = run_compiler("compile", str(hlo), "--framework", "XLA", *tokens, "--output", str(out))
+    assert done.returncode == 2
+    assert "libneuronxla option" in done.stderr
+    assert tokens[0].partition("=")[0] in done.stderr
+    assert not out.exists()
+
+
+def test_the_stand_in_libneuronxla_never_passes_its_options_on(
+    counter: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(
+        "NEURON_CC_FLAGS",
+        "--cache_dir=/nowhere --log_level=INFO --retry_failed_compilation --model-type=transformer",
+    )
+    assert libneuronxla.neuron_xla_compile(b"module", [], use_cache=False).startswith(MAGIC)
+    assert compile_runs(counter) == 1
+
+
+# --------------------------------------------------------------------------- callers (18)
+
+
+def run_caller(
+    script: Path, *args: str, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=cwd,
+        timeout=60,
+    )
+
+
+def counter_argvs(counter: Path) -> list[list[str]]:
+    """The compile invocations' argv (program name first), as the counter logged them."""
+    return [line.split() for line in counter.read_text().splitlines() if " compile " in f"{line} "]
+
+
+def test_torchneuron_like_compiles_every_time(tmp_path: Path, counter: Path) -> None:
+    module = write_input(tmp_path / "module.bin", b"ML\xefR\x00stablehlo bytecode")
+    tmp_root = tmp_path / "tmp-root"
+    tmp_root.mkdir()
+    neffs = []
+    for i in range(2):
+        out = tmp_path / f"{i}.neff"
+        done = run_caller(
+            TORCHNEURON, str(module), "--output-neff", str(out), "--tmp-root", str(tmp_root)
+        )
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["neff"] == str(out)
+        neffs.append(out.read_bytes())
+        assert list(tmp_root.iterdir()) == [], "the compile's temporary directory was left"
+    assert neffs[0] == neffs[1]
+    argvs = counter_argvs(counter)
+    assert len(argvs) == 2
+    for argv in argvs:
+        # Section 18.2's argv, in its order.
+        assert argv[:2] == ["neuronx-cc", "compile"]
+        work = Path(argv[2]).parent
+        assert work.parent == tmp_root
+        assert work.name.startswith("neuron_compile_")
+        assert argv[2] == f"{work}/module.mlir"
+        assert argv[3:-2] == TORCHNEURON_OPTIONS
+        assert argv[-2:] == ["--output", f"{work}/module.neff"]
+    assert argvs[0][2] != argvs[1][2], "mkdtemp gives each compile its own directory"
+    # What the compiler makes of the same argv run directly.
+    direct = tmp_path / "direct.neff"
+    done = run_compiler("compile", str(module), *TORCHNEURON_OPTIONS, "--output", str(direct))
+    assert done.returncode == 0, done.stderr
+    assert direct.read_bytes() == neffs[0]
+
+    out = tmp_path / "o1.neff"
+    args = ["--output-neff", str(out), "--tmp-root", str(tmp_root)]
+    done = run_caller(TORCHNEURON, str(module), *args, "--opt-level", "1", "--lnc", "1", "--hlo-pb")
+    assert done.returncode == 0, done.stderr
+    argv = counter_argvs(counter)[-1]
+    assert argv[2].endswith("/module.hlo.pb")
+    assert argv[3:-2] == _replace_option(
+        _replace_option(TORCHNEURON_OPTIONS, "-O2", ["-O1"]), ["--lnc", "2"], ["--lnc", "1"]
+    )
+    assert out.read_bytes() != neffs[0]
+
+
+def test_torchneuron_like_appends_neuron_cc_flags(
+    tmp_path: Path, counter: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = write_input(tmp_path / "module.bin", b"ML\xefR\x00stablehlo bytecode")
+    tmp_root = tmp_path / "tmp-root"
+    tmp_root.mkdir()
+    out = tmp_path / "out.neff"
+    args = [str(module), "--output-neff", str(out), "--tmp-root", str(tmp_root)]
+    monkeypatch.setenv(
+        "NEURON_CC_FLAGS", "--enable-saturate-infinity --tensorizer-options='--a --b'"
+    )
+    done = run_caller(TORCHNEURON, *args)
+    assert done.returncode == 0, done.stderr
+    argv = json.loads(done.stdout)["argv"]
+    assert argv[-4:] == [
+        "--enable-saturate-infinity",
+        "--tensorizer-options=--a --b",
+        "--output",
+        str(Path(argv[2]).parent / "module.neff"),
+    ]
+
+    # An old libneuronxla setting left in NEURON_CC_FLAGS reaches the compiler, which
+    # refuses it: the caller exits with the compiler's code and prints its stderr.
+    monkeypatch.setenv(
+        "NEURON_CC_FLAGS", "--cache_dir=neffcache+http://127.0.0.1:1/ns --log_level=INFO"
+    )
+    out.unlink()
+    done = run_caller(TORCHNEURON, *args)
+    assert done.returncode == 2
+    assert "--cache_dir=neffcache+http://127.0.0.1:1/ns" in done.stderr
+    assert not out.exists()
+    assert list(tmp_root.iterdir()) == []
+
+    monkeypatch.delenv("NEURON_CC_FLAGS")
+    monkeypatch.setenv("NEFFCACHE_STANDIN_FAIL", "1")
+    done = run_caller(TORCHNEURON, *args)
+    assert done.returncode == 70
+    assert "NCC_STANDIN001" in done.stderr
+    assert not out.exists()
+    assert list(tmp_root.iterdir()) == []
+
+
+def _recording_compiler(bindir: Path, cwd_log: Path) -> None:
+    """A ``neuronx-cc`` that logs its working directory, then runs the stand-in."""
+    bindir.mkdir()
+    script = bindir / "neuronx-cc"
+    script.write_text(
+        f'#!/bin/sh\npwd -P >> "{cwd_log}"\nexec "{sys.executable}" "{COMPILER}" "$@"\n'
+    )
+    script.chmod(0o755)
+
+
+def test_vllm_neuron_like(tmp_path: Path, counter: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cwd_log = tmp_path / "cwd.log"
+    _recording_compiler(tmp_path / "bin", cwd_log)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    caller_cwd = tmp_path / "caller-cwd"
+    caller_cwd.mkdir()
+    summaries = []
+    for i in range(2):
+        wd = tmp_path / f"wd{i}"
+        done = run_caller(
+            VLLM, str(HLO_FIXTURE), "--work-dir", str(wd), "--", "--lnc", "2", cwd=caller_cwd
+        )
+        assert done.returncode == 0, done.stderr
+        summary = json.loads(done.stdout)
+        summaries.append(summary)
+        key = summary["key"]
+        assert re.fullmatch(r"[0-9a-f]{32}", key)
+        assert (wd / "graph.hlo").read_bytes() == HLO_FIXTURE.read_bytes()
+        assert summary["argv"] == [
+            "neuronx-cc",
+            "compile",
+            f"{wd}/graph.hlo",
+            "--framework",
+            "XLA",
+            "--target",
+            "trn2",
+            "--output",
+            f"{wd}/graph_{key}.neff",
+            "--logfile",
+            f"{wd}/log-neuron-cc.txt",
+            "--lnc",
+            "2",
+        ]
+        assert (wd / f"graph_{key}.neff").read_bytes().startswith(MAGIC)
+        assert "Compiler status PASS" in (wd / "log-neuron-cc.txt").read_text()
+    assert compile_runs(counter) == 2, "the stand-in has no cache of its own"
+    assert summaries[0]["key"] == summaries[1]["key"]
+    first = Path(summaries[0]["neff"]).read_bytes()
+    assert Path(summaries[1]["neff"]).read_bytes() == first
+    # No cwd argument: the compiler ran where the caller runs.
+    assert cwd_log.read_text().splitlines() == [str(caller_cwd.resolve())] * 2
+
+    other = run_caller(VLLM, str(OTHER_HLO_FIXTURE), "--work-dir", str(tmp_path / "wd-other"))
+    assert other.returncode == 0, other.stderr
+    assert json.loads(other.stdout)["key"] != summaries[0]["key"]
+    assert Path(json.loads(other.stdout)["neff"]).read_bytes() != first
+
+    monkeypatch.setenv("NEFFCACHE_STANDIN_FAIL", "1")
+    failed = run_caller(VLLM, str(HLO_FIXTURE), "--work-dir", str(tmp_path / "wd-failed"))
+    assert failed.returncode == 70
+    assert "NCC_STANDIN001" in failed.stderr
+
+
+def test_vllm_neuron_like_needs_the_neff_and_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "neuronx-cc").write_text("#!/bin/sh\nexit 0\n")
+    (bindir / "neuronx-cc").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    done = run_caller(VLLM, str(HLO_FIXTURE), "--work-dir", str(tmp_path / "wd"))
+    assert done.returncode == 1
+    assert "do not exist" in done.stderr
+
+
+def _npy(path: Path) -> tuple[tuple[int, ...], bytes]:
+    """(shape, raw data) of a little-endian float32 NPY 1.0 file, checked."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x93NUMPY\x01\x00"
+    header_len = int.from_bytes(data[8:10], "little")
+    assert (10 + header_len) % 64 == 0
+    header = ast.literal_eval(data[10 : 10 + header_len].decode("latin-1"))
+    assert header["descr"] == "<f4"
+    assert header["fortran_order"] is False
+    shape = tuple(header["shape"])
+    raw = data[10 + header_len :]
+    assert len(raw) == 4 * math.prod(shape)
+    return shape, raw
+
+
+def test_trace_like(tmp_path: Path, counter: Path) -> None:
+    def trace(workdir: Path, seed: int, graph: Path = HLO_FIXTURE) -> bytes:
+        done = run_caller(TRACE, str(graph), "--workdir", str(workdir), "--weights-seed", str(seed))
+        assert done.returncode == 0, done.stderr
+        summary = json.loads(done.stdout)
+        assert summary["argv"] == [
+            "neuronx-cc",
+            "compile",
+            str(workdir / "model"),
+            "--framework",
+            "XLA",
+            "--target",
+            "trn1",
+            "--output",
+            str(workdir / "graph.neff"),
+        ]
+        return (workdir / "graph.neff").read_bytes()
+
+    first = trace(tmp_path / "a", 1)
+    model = tmp_path / "a" / "model"
+    assert sorted(str(p.relative_to(model)) for p in model.rglob("*") if p.is_file()) == [
+        "graph.hlo",
+        "metadata.json",
+        "weights/w0.npy",
+        "weights/w1.npy",
+    ]
+    assert (model / "graph.hlo").read_bytes() == HLO_FIXTURE.read_bytes()
+    json.loads((model / "metadata.json").read_text())
+    shapes = {name: _npy(model / "weights" / name)[0] for name in ("w0.npy", "w1.npy")}
+    assert shapes == {"w0.npy": (4, 4), "w1.npy": (4,)}
+    # The NEFF is what the compiler makes of the directory.
+    direct = tmp_path / "direct.neff"
+    assert (
+        run_compiler("compile", str(model), "--target=trn1", "--output", str(direct)).returncode
+        == 0
+    )
+    assert direct.read_bytes() == first
+
+    assert trace(tmp_path / "b", 1) == first, "another workdir, same model: same NEFF"
+    assert _npy(tmp_path / "b" / "model" / "weights" / "w0.npy") == _npy(
+        model / "weights" / "w0.npy"
+    )
+    assert trace(tmp_path / "c", 2) != first, "other weights: another NEFF"
+    assert (
+        _npy(tmp_path / "c" / "model" / "weights" / "w0.npy")[1]
+        != _npy(model / "weights" / "w0.npy")[1]
+    )
+    assert trace(tmp_path / "d", 1, OTHER_HLO_FIXTURE) != first
+    assert compile_runs(counter) == 5

@@ -66,7 +66,8 @@ class Session:
 
     def run(self) -> int:
         from neffcache.client.compiler import compiler_version
-        from neffcache.client.keys import canonical_key, context, direct_key
+        from neffcache.client.inputs import Unkeyable, read_input
+        from neffcache.client.keys import context
 
         version = compiler_version(self.real, self.local.root)
         if version is None:
@@ -74,19 +75,28 @@ class Session:
         self.report["compiler_version"] = version
         self.report["neuron_address"] = neuron_address_of(self.call, version)
         try:
-            module = self.call.input.read_bytes()
+            graph = read_input(self.call.input)
             ctx = context(version, self.call.target, self.call.flags, os.environ)
-        except (OSError, ValueError) as exc:
+            direct = graph.direct(ctx)
+        except (OSError, ValueError, Unkeyable) as exc:
             return self._uncached(f"cannot key: {exc}")
-        direct = direct_key(module, ctx)
         self.report["direct_key"] = direct.key
         if self._hit(direct.key, alias=True):
             return self._done(0)
         try:
-            canonical = canonical_key(module, ctx)
-        except ValueError as exc:  # KeyingError: not an HloModuleProto we can read
-            return self._uncached(f"cannot fingerprint: {exc}")
+            canonical = graph.canonical(ctx)
+        except (ValueError, Unkeyable) as exc:  # not a graph keying can read
+            return self._uncached(f"cannot key: {exc}")
+        alias: CacheKey | None = direct
+        if canonical is None:  # no canonical form: the raw-bytes key is the entry's key
+            canonical, alias = direct, None
         self.report["key"] = canonical.key
+        return self._resolve(graph.module, canonical, alias)
+
+    def _resolve(self, module: bytes | None, canonical: CacheKey, direct: CacheKey | None) -> int:
+        """Serve, wait for or compile the graph whose entry key is ``canonical`` (and
+        whose direct key, when it has another, is ``direct``)."""
+        also = None if direct is None else direct.key
         waited_from = time.time()
         code = 1
         compiled = False  # the compiler ran here, holding the lease
@@ -94,13 +104,13 @@ class Session:
         try:
             with self.local.lock(canonical.key, f"graph {canonical.key[:12]}") as _held:
                 # Another rank may have fetched or compiled it while we waited.
-                if self._hit(canonical.key, alias=False, also=direct.key):
+                if self._hit(canonical.key, alias=False, also=also):
                     return self._done(0)
                 replayed = self._replay_failure(canonical.key, waited_from)
                 if replayed is not None:
                     return self._done(replayed)
                 # Other hosts: wait for one's compile, or hold the lease for ours.
-                served = self._fleet(canonical.key, direct.key, waited_from)
+                served = self._fleet(canonical.key, also, waited_from)
                 if served is not None:
                     return self._done(served)
                 self._explain(module, canonical, direct)
@@ -149,6 +159,7 @@ class Session:
         assert manifest is not None
         if also is not None:
             self.local.put_manifest(also, manifest)
+        self._note_log("neffcache: the NEFF came from the cache; the compiler did not run\n")
         self._record("hit", source, time.monotonic() - t0, None, manifest)
         STATS.count(f"hits_{source}")
         return True
@@ -180,7 +191,7 @@ class Session:
 
     # -- other hosts ------------------------------------------------------------------
 
-    def _fleet(self, key: str, direct: str, began: float) -> int | None:
+    def _fleet(self, key: str, direct: str | None, began: float) -> int | None:
         """Wait for the host that compiles this graph (then serve its entry, or replay
         its failure), or take the lease and compile here; the exit code when served,
         None to compile."""
@@ -209,6 +220,7 @@ class Session:
         text = record.get("log")
         if isinstance(text, str):
             sys.stderr.write(text)
+            self._note_log(text)
         STATS.count("failures_replayed")
         self.report["fallback"] = reason
         self.report["exit_code"] = code
@@ -219,9 +231,9 @@ class Session:
 
     # -- misses -----------------------------------------------------------------------
 
-    def _compile(self, canonical: CacheKey, direct: CacheKey) -> tuple[int, float]:
+    def _compile(self, canonical: CacheKey, direct: CacheKey | None) -> tuple[int, float]:
         t0 = time.monotonic()
-        code, log_tail = run_teeing(self.real, self.call.argv)
+        code, log_tail = run_teeing(self.real, self.call.compiler_argv)
         self.outcome = code
         seconds = time.monotonic() - t0
         self.report["exit_code"] = code
@@ -240,9 +252,13 @@ class Session:
         self._record("miss", "compiler", 0.0, seconds, None, size=size, outcome="ok")
         return code, seconds
 
-    def _keep(self, module: bytes, canonical: CacheKey, direct: CacheKey, seconds: float) -> bool:
+    def _keep(
+        self, module: bytes | None, canonical: CacheKey, direct: CacheKey | None, seconds: float
+    ) -> bool:
         """The new NEFF into L1 (best effort: a full disk costs a later hit, nothing
-        more); True when there is something to publish."""
+        more); True when there is something to publish. The HloModuleProto goes with
+        it when the input has one (for explanations and export); StableHLO and trace
+        folders' weights do not."""
         import tempfile
 
         from neffcache.client.local import atomic_write
@@ -251,9 +267,11 @@ class Session:
         try:
             self._staged = tempfile.TemporaryDirectory(dir=self.local.root)
             staged = Path(self._staged.name)
-            atomic_write(staged / HLO, module)
             atomic_write(staged / FLAGS, flags_json(self.call))
-            files = {NEFF: self.call.output, HLO: staged / HLO, FLAGS: staged / FLAGS}
+            files = {NEFF: self.call.output, FLAGS: staged / FLAGS}
+            if module is not None:
+                atomic_write(staged / HLO, module)
+                files[HLO] = staged / HLO
             address = self.report["neuron_address"]
             self._manifest, self._paths = make_manifest(
                 canonical, direct, address, files, seconds, self.config.model
@@ -263,7 +281,8 @@ class Session:
             # --output, which is the caller's once we return.
             self._paths[digest] = self.local.add_blob(self.call.output, digest)
             self.local.put_manifest(canonical.key, self._manifest)
-            self.local.put_manifest(direct.key, self._manifest)
+            if direct is not None:
+                self.local.put_manifest(direct.key, self._manifest)
         except OSError as exc:
             STATS.count("local_errors")
             log.warning("neffcache: cannot keep the new NEFF: %s", exc)
@@ -301,6 +320,7 @@ class Session:
             return None
         if isinstance(text, str):
             sys.stderr.write(text)
+            self._note_log(text)
         STATS.count("failures_replayed")
         self.report["fallback"] = "the rank that held the lock failed to compile this graph"
         self.report["exit_code"] = code
@@ -316,7 +336,7 @@ class Session:
         self.report["fallback"] = reason
         log.info("neffcache: %s; compiling without the cache", reason)
         t0 = time.monotonic()
-        code = run_plain(self.real, self.call.argv)
+        code = run_plain(self.real, self.call.compiler_argv)
         self.outcome = code
         self.report["exit_code"] = code
         size = self.call.output.stat().st_size if code == 0 and self.call.output.is_file() else 0
@@ -370,21 +390,33 @@ class Session:
             self.local.note_wrapped(fields["neuron_address"])  # for the hook, if it called
         graph(self.config, components, **fields)
 
-    def _explain(self, module: bytes, canonical: CacheKey, direct: CacheKey) -> None:
+    def _explain(self, module: bytes | None, canonical: CacheKey, direct: CacheKey | None) -> None:
         """Ask the server why this graph missed, in the background (reasons.py)."""
         from neffcache.client.reasons import Explanation, Prepared, summarize
 
         self._components = canonical.as_json()
 
         def prepare() -> Prepared:
-            summary = summarize(module)
+            summary = None if module is None else summarize(module)
             components = canonical.as_json()
             if summary is not None:
                 components["graph"] = summary
             self._components = components
-            return Prepared(canonical.key, direct.key, components)
+            return Prepared(canonical.key, None if direct is None else direct.key, components)
 
         self._explanation = Explanation(self.remote, prepare)
+
+    def _note_log(self, text: str) -> None:
+        """The caller's ``--logfile`` when the compiler did not run to write it: the
+        log of a failure replayed, or one line saying the NEFF came from the cache."""
+        if self.call.logfile is None:
+            return
+        from neffcache.client.local import atomic_write
+
+        try:
+            atomic_write(self.call.logfile, text.encode("utf-8", "replace"))
+        except OSError as exc:  # the NEFF is what the caller needs; the log is not
+            log.warning("neffcache: cannot write %s: %s", self.call.logfile, exc)
 
     def _reason(self, given: str | None) -> tuple[str, str | None]:
         from neffcache.client.reasons import UNKNOWN

@@ -26,7 +26,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO, NamedTuple, NoReturn
 
@@ -38,69 +38,49 @@ NEFF = "model.neff"
 HLO = "model.hlo_module.pb"
 FLAGS = "compile_flags.json"
 _LOG_TAIL = 64 * 1024
-# Options the wrapper reads, with their values.
-_VALUE_OPTIONS = frozenset({"--output", "--framework", "--target", "--logfile", "--verbose"})
 # Options the SDK adds to each call (facts §5), which its compile_flags.json lacks.
 _SDK_ADDED = frozenset({"--output", "--framework", "--target", "--verbose"})
+# Options that may repeat with other values without changing the NEFF: log verbosity
+# (NxD ModelBuilder and libneuronxla each append ``--verbose=35``, facts §18.6).
+_REPEATABLE = frozenset({"--verbose"})
+_HELP = frozenset({"-h", "--help", "--version", "-V"})
 
 
 class CompileCall(NamedTuple):
     """What a ``neuronx-cc compile`` command line says."""
 
-    argv: list[str]  # everything after the program name
+    argv: list[str]  # everything after the program name, as given
     input: Path
     output: Path
     target: str
     flags: list[str]  # argv minus the input path, for keying (normalized there)
     command: int  # where the ``compile`` word is in argv
     input_at: int  # where the input path is in argv
+    logfile: Path | None  # where the compiler writes its log (--logfile), if asked
+    compiler_argv: list[str]  # argv for the real compiler: without wrapper-only options
 
 
-def parse(argv: Sequence[str]) -> CompileCall | None:
+def parse(
+    argv: Sequence[str], exists: Callable[[str], bool] = os.path.exists
+) -> CompileCall | None:
     """The compile call, or None when argv is anything else (pass it through).
 
-    The first bare word must be ``compile``; the one bare word ending in ``.pb`` after
-    it is the input; other bare words are values of the options before them
-    (``--model-type transformer``, ``--pipeline compile SaveTemps``)."""
+    Options are read as the compiler documents them (keying's ``option_arity``):
+    ``--target trn2`` and ``--target=trn2``, ``--lnc 2``, ``-O2``, ``--pipeline
+    compile SaveTemps``. The one bare word after ``compile`` that no option takes is
+    the input, whatever its name (its content decides what it is: inputs.py). A word
+    after an option neffcache does not know is that option's value unless it names
+    something that exists: then it may be the input or a file the compiler reads, and
+    neither can be keyed safely. None too for a repeated option with another value
+    (which one the compiler keeps is not documented), ``--verbose`` excepted."""
     args = list(argv)
-    values: dict[str, str] = {}
-    command: int | None = None
-    inputs: list[int] = []
-    takes_words = False  # the previous token was an option (or its value) without "="
-    i = 0
-    while i < len(args):
-        token = args[i]
-        if token.startswith("-") and len(token) > 1:
-            if token in ("-h", "--help", "--version", "-V"):
-                return None
-            if token == "--enable-internal-neff-wrapper":
-                return None  # writes outputs beside --output the cache does not keep
-            name, eq, value = token.partition("=")
-            takes_words = not eq
-            if name in _VALUE_OPTIONS:
-                if not eq:
-                    if i + 1 >= len(args):
-                        return None
-                    i += 1
-                    value = args[i]
-                    takes_words = False
-                if name in values:
-                    return None  # repeated: let the compiler decide what it means
-                values[name] = value
-        elif command is None:
-            if token != "compile":
-                return None  # another subcommand
-            command = i
-        elif token.endswith(".pb"):
-            inputs.append(i)
-            takes_words = False
-        elif not takes_words:
-            return None  # a second positional: the compiler's business
-        i += 1
-    framework = values.get("--framework", "XLA")
-    if command is None or len(inputs) != 1 or framework != "XLA":
+    scan = _scan(args, exists)
+    if scan is None:
         return None
-    if "--output" not in values or "--target" not in values:
+    values, command, inputs, logfile = scan
+    if command is None or len(inputs) != 1:
+        return None
+    if values.get("--framework", "XLA") != "XLA" or not {"--output", "--target"} <= set(values):
         return None
     return CompileCall(
         argv=args,
@@ -110,7 +90,90 @@ def parse(argv: Sequence[str]) -> CompileCall | None:
         flags=[t for j, t in enumerate(args) if j != inputs[0]],
         command=command,
         input_at=inputs[0],
+        logfile=None if logfile is None else Path(logfile),
+        compiler_argv=without_wrapper_options(args),
     )
+
+
+def _scan(
+    args: list[str], exists: Callable[[str], bool]
+) -> tuple[dict[str, str], int | None, list[int], str | None] | None:
+    """(the last value of each option, where ``compile`` is, where the bare words
+    are, the --logfile), or None for a command the wrapper must not touch."""
+    from neffcache.keying import WRAPPER_ONLY_FLAGS, option_arity, option_name
+
+    values: dict[str, str] = {}
+    seen: dict[str, str | None] = {}
+    command: int | None = None
+    inputs: list[int] = []
+    i = 0
+    while i < len(args):
+        token = args[i]
+        i += 1
+        if _is_word(token) or token == "-":
+            if command is None and token != "compile":
+                return None  # another subcommand
+            if command is None:
+                command = i - 1
+            else:
+                inputs.append(i - 1)
+            continue
+        if token in _HELP or token == "--enable-internal-neff-wrapper":
+            return None  # help, or outputs beside --output the cache does not keep
+        name, value = option_name(token)
+        arity = option_arity(name)
+        if value is None and arity == "value":
+            if i >= len(args):
+                return None
+            value, i = args[i], i + 1
+        elif value is None and arity == "words":
+            start = i
+            while i < len(args) and not args[i].startswith("-"):
+                i += 1
+            value = " ".join(args[start:i])
+        elif value is None and arity == "unknown" and i < len(args) and _is_word(args[i]):
+            value, i = args[i], i + 1
+        unknown = arity == "unknown" and name not in WRAPPER_ONLY_FLAGS
+        if unknown and value is not None and exists(value):
+            return None  # the input after a switch, or a file the compiler reads
+        if name in seen and seen[name] != value and name not in _REPEATABLE:
+            return None
+        seen[name] = value
+        if value is not None:
+            values[name] = value
+    return values, command, inputs, values.get("--logfile")
+
+
+def _is_word(token: str) -> bool:
+    """Whether ``token`` can be an option's value rather than an option."""
+    return not token.startswith("-") or _is_number(token)
+
+
+def _is_number(token: str) -> bool:
+    return token[1:].replace(".", "", 1).isdigit() if token.startswith("-") else False
+
+
+def without_wrapper_options(args: Sequence[str]) -> list[str]:
+    """``args`` without libneuronxla's own options (``--cache_dir=...``, ``--no_cache``
+    and the rest of keying's WRAPPER_ONLY_FLAGS) and their values. libneuronxla took
+    them out of NEURON_CC_FLAGS before it ran the compiler, which never accepted them;
+    TorchNeuron passes the variable's tokens through as they are, so an image
+    configured for the libneuronxla hook would hand them to the compiler."""
+    from neffcache.keying import WRAPPER_ONLY_FLAGS, option_arity, option_name
+
+    kept: list[str] = []
+    skip = False
+    for token in args:
+        if skip:
+            skip = False
+            if not token.startswith("-"):
+                continue
+        name, value = option_name(token)
+        if name in WRAPPER_ONLY_FLAGS:
+            skip = value is None and option_arity(name) == "value"
+            continue
+        kept.append(token)
+    return kept
 
 
 def main(argv: Sequence[str]) -> int:
@@ -138,7 +201,9 @@ def main(argv: Sequence[str]) -> int:
         return 127
     call = parse(args)
     if config is None or call is None or os.environ.get("NEFFCACHE_IN_WRAPPER"):
-        return run_plain(real, args)
+        # A compile the cache does not serve still must not fail on libneuronxla's own
+        # options, which the compiler never took (without_wrapper_options).
+        return run_plain(real, without_wrapper_options(args) if "compile" in args else args)
     from neffcache.client.session import Session
 
     if config.telemetry:
@@ -156,7 +221,7 @@ def main(argv: Sequence[str]) -> int:
             log.exception("neffcache: the wrapper failed after its outcome was final")
             return session.outcome
         log.exception("neffcache: the wrapper failed; running the compiler without the cache")
-        return run_plain(real, args)
+        return run_plain(real, call.compiler_argv)
 
 
 def exit_fast(code: int) -> NoReturn:
