@@ -362,10 +362,12 @@ def test_training_snippet_uses_one_install_and_the_documented_variable() -> None
     snippet = (DEPLOY / "training-image" / "Dockerfile.snippet").read_text()
     live = [line for line in snippet.splitlines() if line and not line.startswith("#")]
     assert [line for line in live if "pip install" in line] == [
-        "RUN pip install --no-cache-dir neffcache"
+        "RUN pip install --no-cache-dir neffcache && neffcache shim-dir --dir /opt/neffcache/shim"
     ]
-    (env,) = [line for line in live if line.startswith("ENV ")]
+    # The shim first on PATH: the living stacks run neuronx-cc by name.
+    assert "ENV PATH=/opt/neffcache/shim:$PATH" in live
+    (env,) = [line for line in live if line.startswith("ENV NEFFCACHE_")]
     name, _, url = env[4:].partition("=")
-    assert name == "NEURON_COMPILE_CACHE_URL"
+    assert name == "NEFFCACHE_URL"
     assert f"`{name}`" in (ROOT / "docs" / "client.md").read_text()
     assert re.fullmatch(rf"neffcache\+https?://[\w.-]+:{PORT}/[\w.-]+", url)
