@@ -208,8 +208,13 @@ def test_wrapper_claims_a_stock_address_only_with_its_own_flags_hash(
     shutil.copyfile(hlo(BLOCK_A), source)
     out = _out(sandbox)
     manifest = sandbox.root / "run-manifest.jsonl"
+    l1 = sandbox.new_dir("l1")
+    # libneuronxla writes the HLO into its entry (the hook's L1) before it compiles:
+    # that entry is what vouches for the address, not the file's name.
+    (l1 / address).mkdir(parents=True)
+    shutil.copyfile(source, l1 / address / "model.hlo_module.pb")
     env = sandbox.env(
-        l1=sandbox.new_dir("l1"),
+        l1=l1,
         url=server.cache_url(sandbox.namespace),
         extra={"NEFFCACHE_RUN_MANIFEST": str(manifest)},
     )
@@ -227,6 +232,31 @@ def test_wrapper_claims_a_stock_address_only_with_its_own_flags_hash(
     else:
         assert status == 404
         assert record["neuron_address"] is None
+
+
+def test_a_name_alone_claims_no_stock_address(server: Server, sandbox: Sandbox) -> None:
+    """An SDK-style name over other bytes (an HLO edited in the SDK's work directory and
+    compiled again by hand) must not publish under the original graph's address: the
+    hook, which looks addresses up first, would serve it to every job of that graph."""
+    address = f"neuronxcc-{STANDIN_VERSION}/MODULE_77+3cc9a3cb"
+    work = sandbox.new_dir("work")
+    source = work / "model.MODULE_77+3cc9a3cb.hlo_module.pb"
+    shutil.copyfile(hlo(OTHER), source)
+    l1 = sandbox.new_dir("l1")
+    (l1 / address).mkdir(parents=True)
+    shutil.copyfile(hlo(BLOCK_A), l1 / address / "model.hlo_module.pb")  # the SDK's graph
+    manifest = sandbox.root / "run-manifest.jsonl"
+    env = sandbox.env(
+        l1=l1,
+        url=server.cache_url(sandbox.namespace),
+        extra={"NEFFCACHE_RUN_MANIFEST": str(manifest)},
+    )
+    argv = [*NEFFCACHE, "wrap", "--", "neuronx-cc", "compile", "--framework=XLA", str(source)]
+    argv += ["--output", str(_out(sandbox)), "--target=trn1", "--model-type=transformer"]
+    sandbox.run(argv, env).check()
+    (record,) = read_run_manifest(manifest)
+    assert record["neuron_address"] is None
+    assert server.get(f"/v1/ns/{sandbox.namespace}/aliases/{address}").status_code == 404
 
 
 # --- 6. an L1 that cannot be written ----------------------------------------------------

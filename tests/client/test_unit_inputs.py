@@ -3,6 +3,7 @@ not by name, and the keys of each kind."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -122,3 +123,21 @@ def test_too_many_files_is_unkeyable(tmp_path: Path, monkeypatch: pytest.MonkeyP
     with pytest.raises(Unkeyable, match="over 3 files"):
         read_input(model)
     assert MAX_DIRECTORY_FILES > 1000
+
+
+@pytest.mark.parametrize(
+    "named", ["/ckpt/0.npy", "../shared/0.npy", "weights/../../x.npy", "~/w.npy"]
+)
+def test_a_trace_whose_metadata_names_files_outside_it_is_unkeyable(
+    tmp_path: Path, named: str
+) -> None:
+    model = trace_folder(tmp_path)
+    (model / "metadata.json").write_text(json.dumps({"weights": {"0": named}}))
+    with pytest.raises(Unkeyable, match="outside the folder"):
+        read_input(model)
+
+
+def test_a_trace_whose_metadata_names_its_own_files_is_keyed(tmp_path: Path) -> None:
+    model = trace_folder(tmp_path)
+    (model / "metadata.json").write_text(json.dumps({"weights": {"0": "weights/w0.npy"}}))
+    assert read_input(model).canonical(ctx()) is not None

@@ -94,9 +94,10 @@ def test_parse_option_spellings(output: list[str], target: list[str]) -> None:
     assert call.input == Path("in.pb")
 
 
-def test_framework_defaults_to_xla() -> None:
-    call = parse(["compile", "in.pb", "--output=o.neff", "--target=trn1"])
-    assert call is not None
+def test_a_command_without_framework_is_not_keyed() -> None:
+    """Every caller passes --framework; a compiler that requires it would refuse the
+    command a hit would have served."""
+    assert parse(["compile", "in.pb", "--output=o.neff", "--target=trn1"]) is None
 
 
 @pytest.mark.parametrize(
@@ -250,12 +251,36 @@ def test_an_unknown_option_naming_a_file_passes_the_call_through(tmp_path: Path)
     """The compiler may read a file an option it documents nowhere names: not keyable."""
     config = tmp_path / "tuning.json"
     config.write_text("{}")
-    argv = ["compile", "in.pb", "--output=o", "--target=trn2"]
+    argv = ["compile", "in.pb", "--framework=XLA", "--output=o", "--target=trn2"]
     assert parse([*argv, "--internal-tuning", str(config)]) is None
     assert parse([*argv, f"--internal-tuning={config}"]) is None
     assert parse([*argv, "--internal-tuning", "fast"]) is not None
     # A switch before the input: the word after it could be either.
-    assert parse(["compile", "--unknown-switch", str(config), "--output=o", "--target=t"]) is None
+    switch = ["compile", "--unknown-switch", str(config), "--framework=XLA", "--output=o"]
+    assert parse([*switch, "--target=t"]) is None
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        pytest.param(["--", "more"], id="double-dash"),
+        pytest.param(["--out", "real.neff"], id="abbreviated-output"),
+        pytest.param(["--verbose", "--disable-x"], id="option-as-value"),
+        pytest.param(["--log_level", "--disable-x"], id="option-as-wrapper-value"),
+        pytest.param(["--tensorizer-options", "--disable-x"], id="option-as-options-value"),
+        pytest.param(["--internal-backend-options", "--enable-foo"], id="undocumented-options"),
+        pytest.param(["--pipeline", "compile SaveTemps"], id="pipeline-spaced-word"),
+        pytest.param(["--pipeline=compile SaveTemps"], id="pipeline-spaced-value"),
+    ],
+)
+def test_commands_the_compiler_may_read_otherwise_are_not_keyed(extra: list[str]) -> None:
+    base = ["compile", "in.pb", "--framework=XLA", "--output=o", "--target=trn2"]
+    assert parse(base, exists=lambda _: False) is not None
+    assert parse([*base, *extra], exists=lambda _: False) is None
+
+
+def test_an_empty_input_word_is_not_the_working_directory() -> None:
+    assert parse(["compile", "", "--framework=XLA", "--output=o", "--target=trn2"]) is None
 
 
 def test_parse_a_space_separated_compiler_flag() -> None:
@@ -307,6 +332,7 @@ def test_neuron_address_of(name: str, expected: str | None) -> None:
         (
             [
                 *("compile", "in.pb", "--output", "o", "--target", "trn2", "--logfile", "/w/l"),
+                *("--framework", "XLA"),
                 *("--auto-cast=none", "--enable-saturate-infinity", "--verbose", "35"),
             ],
             # --logfile stays: the SDK hashes it as NxD passes it (facts §13.3).
@@ -488,6 +514,11 @@ def test_server_down_compiles_once_and_records_a_miss(
     monkeypatch.setenv("NEFFCACHE_RUN_MANIFEST", str(run_log))
     hlo = tmp_path / "model.MODULE_42+e30acd3a.hlo_module.pb"
     hlo.write_bytes(HLO_FIXTURE.read_bytes())
+    sdk_entry = (
+        tmp_path / "l1" / f"neuronxcc-{VERSION}/MODULE_42+e30acd3a"
+    )  # the SDK's entry vouches for the address
+    sdk_entry.mkdir(parents=True)
+    (sdk_entry / "model.hlo_module.pb").write_bytes(HLO_FIXTURE.read_bytes())
     output = tmp_path / "model.neff"
     argv = ["compile", "--framework=XLA", str(hlo), "--output", str(output), "--target=trn1"]
     assert main(["neuronx-cc", *argv]) == 0
@@ -501,6 +532,38 @@ def test_server_down_compiles_once_and_records_a_miss(
     # Kept in L1 for the next rank on this host, though the server was down.
     keys = list((tmp_path / "l1" / ".neffcache" / "keys").rglob("*.json"))
     assert len(keys) == 2  # by canonical and by direct key
+
+
+def test_the_sdks_compiler_version_names_the_address_and_a_mismatch_warns_once(
+    fake: Fake, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """libneuronxla names entries with its interpreter's neuronxcc (the hook hands it
+    down); the compiler on PATH may be another environment's."""
+    with_url(monkeypatch, fake)
+    sdk = "2.21.18209.0+043b1bf7"
+    monkeypatch.setenv("FAKE_VERSION", VERSION)
+    monkeypatch.setenv("FAKE_WRITE", "NEFF-BYTES")
+    monkeypatch.setenv("NEFFCACHE_SDK_COMPILER_VERSION", sdk)
+    run_log = tmp_path / "run.jsonl"
+    monkeypatch.setenv("NEFFCACHE_RUN_MANIFEST", str(run_log))
+    hlo = tmp_path / "model.MODULE_42+e30acd3a.hlo_module.pb"
+    hlo.write_bytes(HLO_FIXTURE.read_bytes())
+    sdk_entry = (
+        tmp_path / "l1" / f"neuronxcc-{sdk}/MODULE_42+e30acd3a"
+    )  # the SDK's entry vouches for the address
+    sdk_entry.mkdir(parents=True)
+    (sdk_entry / "model.hlo_module.pb").write_bytes(HLO_FIXTURE.read_bytes())
+    argv = ["compile", "--framework=XLA", str(hlo), "--output", str(tmp_path / "o.neff")]
+    argv += ["--target=trn1"]
+    assert main(["neuronx-cc", *argv]) == 0
+    assert main(["neuronx-cc", *argv]) == 0  # an L1 hit
+    lines = [json.loads(x) for x in run_log.read_text().splitlines()]
+    assert [line["neuron_address"] for line in lines] == [f"neuronxcc-{sdk}/MODULE_42+e30acd3a"] * 2
+    assert {line["compiler_version"] for line in lines} == {VERSION}  # keys: what ran
+    warnings = [r.message for r in caplog.records if "names its cache entries" in r.message]
+    assert len(warnings) == 1, warnings  # once per host, not once per graph
+    assert sdk in warnings[0]
+    assert VERSION in warnings[0]
 
 
 def test_a_failed_compile_keeps_its_exit_code(

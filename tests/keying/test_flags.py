@@ -6,13 +6,20 @@ import pytest
 
 from neffcache.keying import (
     OUTPUT_NEUTRAL_FLAGS,
+    STOCK_FLAGS,
+    STOCK_FLAGS_TXT,
     WRAPPER_ONLY_FLAGS,
     KeyingError,
+    StockEra,
+    abbreviates,
+    flags_target,
     neuron_cache_flags,
     neuron_flags_hash,
     normalize_flags,
     option_arity,
     option_name,
+    read_stock_flags,
+    stock_era_of,
 )
 
 # Wrapper-only flags that take no value (facts §2: --no_cache, --retry_failed_compilation).
@@ -357,9 +364,28 @@ def test_identical_repeats_collapse_into_the_last() -> None:
         "--model-type=transformer",
     ]
     # --a --b --a: the compiler sees --a last either way.
-    assert normalize_flags("--enable-x --disable-x --enable-x") == ["--disable-x", "--enable-x"]
+    assert normalize_flags("-O1 --enable-saturate-infinity -O1") == [
+        "--enable-saturate-infinity",
+        "--optlevel=1",
+    ]
     # Not identical: kept, in order (which wins is the compiler's business).
     assert normalize_flags("-O1 -O2") == ["--optlevel=1", "--optlevel=2"]
+
+
+@pytest.mark.parametrize(
+    "repeated",
+    ["--internal-backend-options=--enable-verifier", "--enable-x", "--tensorizer-options=-x"],
+)
+def test_options_that_may_accumulate_keep_every_repeat(repeated: str) -> None:
+    assert normalize_flags([repeated, repeated]) != normalize_flags([repeated])
+
+
+def test_abbreviations_of_documented_options() -> None:
+    assert abbreviates("--out") == "--output"
+    assert abbreviates("--targ") == "--target"
+    assert abbreviates("--output") is None
+    assert abbreviates("--no-such-option") is None
+    assert abbreviates("-O") is None
 
 
 def test_repeated_verbose_and_targets_of_the_same_value_key_alike() -> None:
@@ -380,8 +406,132 @@ def test_repeated_verbose_and_targets_of_the_same_value_key_alike() -> None:
         ("--no_cache", "--no_cache", None, "none"),
         ("--cache_dir", "--cache_dir", None, "value"),
         ("--some-new-option", "--some-new-option", None, "unknown"),
+        ("--internal-backend-options", "--internal-backend-options", None, "value"),
     ],
 )
 def test_option_names_and_arities(token: str, name: str, value: str | None, arity: str) -> None:
     assert option_name(token) == (name, value)
     assert option_arity(name) == arity
+
+
+# --- the three eras of the stock layout (facts §19) -----------------------------------
+# Each value was recomputed with hashlib.md5 before it was pinned here.
+
+TNX = ["--model-type=transformer", "--auto-cast=none"]
+TNX_REPEAT = [*TNX, "--execute-repetition=1"]
+
+# (era, the flags file's content, its name, <flags8> in the public folder name)
+ERA_GOLDEN = [
+    # PJRT on 2.14.227 through an older libneuronxla: the raw string.
+    (StockEra.RAW, b"--auto-cast none", STOCK_FLAGS_TXT, "00875417"),
+    # PJRT on 2.15.128: no user flags, no --target.
+    (StockEra.JSON, b"[]", STOCK_FLAGS, "d7517139"),
+    # transformers-neuronx on 2.14.227.
+    (StockEra.JSON, b'["--model-type=transformer", "--auto-cast=none"]', STOCK_FLAGS, "d7cde3b5"),
+    # 2.16 on: --target first, on transformers-neuronx too.
+    (
+        StockEra.TARGET,
+        b'["--target=trn1", "--model-type=transformer", "--auto-cast=none", '
+        b'"--execute-repetition=1"]',
+        STOCK_FLAGS,
+        "613edded",
+    ),
+    (
+        StockEra.TARGET,
+        b'["--target=trn2", "--model-type=transformer", "--auto-cast=none", '
+        b'"--execute-repetition=1"]',
+        STOCK_FLAGS,
+        "7ac4dbae",
+    ),
+]
+
+
+@pytest.mark.parametrize(("era", "content", "name", "expected"), ERA_GOLDEN)
+def test_era_golden_flags_files(era: StockEra, content: bytes, name: str, expected: str) -> None:
+    read = read_stock_flags(name, content)
+    assert read.era is era
+    assert read.flags_hash == expected
+    assert era.flags_hash(read.flags) == expected
+    assert era.flags_file == name
+    # Written back, the era's file is the very bytes the SDK wrote.
+    assert era.flags_content(read.flags) == content
+
+
+@pytest.mark.parametrize(
+    ("flags", "target", "era", "expected"),
+    [
+        ("--auto-cast none", "trn1", StockEra.RAW, "00875417"),
+        ("", "trn1", StockEra.JSON, "d7517139"),
+        (TNX, "trn1", StockEra.JSON, "d7cde3b5"),
+        (TNX_REPEAT, "trn1", StockEra.TARGET, "613edded"),
+        (TNX_REPEAT, "trn2", StockEra.TARGET, "7ac4dbae"),
+        (["--target", "trn2", *TNX_REPEAT], "trn2", StockEra.TARGET, None),
+    ],
+)
+def test_era_of_a_compile_from_its_flags8(
+    flags: str | list[str], target: str, era: StockEra, expected: str | None
+) -> None:
+    tokens = flags.split() if isinstance(flags, str) else flags
+    flags8 = expected or era.flags_hash(era.flags_list(tokens, target))
+    assert era.flags_hash(era.flags_list(tokens, target)) == flags8
+    assert stock_era_of(flags8, tokens, target) is era
+    assert stock_era_of("0" * 8, tokens, target) is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        # The nine of facts §4.3, each in the era its context names.
+        ("", "d41d8cd9"),
+        ("--model-type=transformer", "abb26765"),
+        ("--model-type=transformer --auto-cast=none", "2c2d707e"),
+        ("--model-type transformer --distribution-strategy=llm-training", "5d2d81ce"),
+    ],
+)
+def test_raw_era_reads_the_section_4_3_raw_strings(flags: str, expected: str) -> None:
+    read = read_stock_flags(STOCK_FLAGS_TXT, flags.encode())
+    assert read.era is StockEra.RAW
+    assert read.flags_hash == expected == StockEra.RAW.flags_hash(flags)
+    assert StockEra.RAW.flags_hash(read.flags) == expected
+
+
+def test_eras_tell_the_file_and_the_done_marker() -> None:
+    assert [e.flags_file for e in StockEra] == [STOCK_FLAGS_TXT, STOCK_FLAGS, STOCK_FLAGS]
+    assert [e.marks_done for e in StockEra] == [False, True, True]
+    assert StockEra("raw") is StockEra.RAW  # the manifest's stock_era names it so
+
+
+def test_era_flags_lists_add_target_only_in_the_newest_era() -> None:
+    flags = "--model-type=transformer --cache_dir=/fsx/cache"
+    assert StockEra.RAW.flags_list(flags, "trn1") == ["--model-type=transformer"]
+    assert StockEra.JSON.flags_list(flags, "trn1") == ["--model-type=transformer"]
+    assert StockEra.TARGET.flags_list(flags, "trn1") == [
+        "--target=trn1",
+        "--model-type=transformer",
+    ]
+    assert StockEra.TARGET.flags_hash(StockEra.TARGET.flags_list(flags, "trn1")) == "3cc9a3cb"
+
+
+def test_nxdi_two_word_target_is_the_target_era() -> None:
+    content = b'["--target", "trn2", "--model-type=transformer"]'
+    read = read_stock_flags(STOCK_FLAGS, content)
+    assert read.era is StockEra.TARGET
+    assert read.target == "trn2"
+    assert flags_target(["--target=trn1"]) == "trn1"
+    assert flags_target(["--model-type=transformer"]) is None
+    assert flags_target(["--target"]) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        (STOCK_FLAGS, b"--model-type=transformer"),
+        (STOCK_FLAGS, b'{"flags": []}'),
+        (STOCK_FLAGS, b'["--a", 3]'),
+        (STOCK_FLAGS_TXT, b"\xff"),
+        ("compile_flags.yaml", b"[]"),
+    ],
+)
+def test_unreadable_flags_files_are_keying_errors(name: str, content: bytes) -> None:
+    with pytest.raises(KeyingError):
+        read_stock_flags(name, content)

@@ -2,7 +2,11 @@
 
 ``neuronx-cc --version`` starts a Python program (about a second for the real one);
 asked once per graph it would cost more than a cache hit. The answer is remembered on
-disk per (path, inode, size, mtime), so a reinstalled compiler is asked again.
+disk per (path, inode, size, mtime) of the script and of the interpreter its ``#!``
+line names, and per the variables that decide which Python packages that interpreter
+loads (``RESOLUTION_ENV``): the same ``neuronx-cc`` script can run another compiler
+under another ``PYTHONPATH`` or virtual environment, and a version remembered from the
+other one would key its NEFFs as the wrong compiler's.
 """
 
 from __future__ import annotations
@@ -12,10 +16,21 @@ import json
 import os
 from pathlib import Path
 
-from neffcache.client.local import atomic_write
-
 SHIM_MARK = "neffcache-shim: runs the neffcache compiler wrapper"
 _VERSION_TIMEOUT = 120.0
+# What decides which compiler a script runs, beside the script itself: where a
+# ``#!/usr/bin/env python3`` finds its interpreter, and where that finds its packages.
+RESOLUTION_ENV = (
+    "PATH",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONUSERBASE",
+    "PYTHONNOUSERSITE",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "LD_LIBRARY_PATH",
+    "LD_PRELOAD",
+)
 
 
 def is_shim(path: str) -> bool:
@@ -51,7 +66,8 @@ def compiler_version(compiler: str, memo_dir: Path) -> str | None:
         st = os.stat(real)
     except OSError:
         return None
-    stamp = [st.st_ino, st.st_size, st.st_mtime_ns]
+    stamp: list[object] = [st.st_ino, st.st_size, st.st_mtime_ns, *_interpreter(real)]
+    stamp.append([os.environ.get(name) for name in RESOLUTION_ENV])
     memo = memo_dir / "compiler-versions.json"
     try:
         known = json.loads(memo.read_bytes())
@@ -65,10 +81,33 @@ def compiler_version(compiler: str, memo_dir: Path) -> str | None:
         return version if isinstance(version, str) else None
     version = _ask(compiler)
     if version is not None:
+        from neffcache.client.local import atomic_write  # blake3: not before it is needed
+
         known[real] = {"stamp": stamp, "version": version}
         with contextlib.suppress(OSError):  # asked again next time: slower, never wrong
             atomic_write(memo, json.dumps(known, sort_keys=True).encode())
     return version
+
+
+def _interpreter(script: str) -> list[object]:
+    """The stamp of the interpreter a ``#!`` line names (a binary has none): a Python
+    upgraded in place under the same script runs other packages."""
+    try:
+        with open(script, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return []
+    if not head.startswith(b"#!"):
+        return []
+    words = head[2:].split(b"\n", 1)[0].split()
+    if not words:
+        return []
+    try:
+        path = os.path.realpath(os.fsdecode(words[0]))
+        st = os.stat(path)
+    except OSError:
+        return [os.fsdecode(words[0])]
+    return [path, st.st_ino, st.st_size, st.st_mtime_ns]
 
 
 def _ask(compiler: str) -> str | None:

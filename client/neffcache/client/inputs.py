@@ -37,6 +37,8 @@ from neffcache.keying import CacheKey, CompileContext, KeyingError
 MAX_DIRECTORY_FILES = 100_000
 # The file of a trace folder that holds the graph (docs/client.md).
 TRACE_GRAPH = "graph.hlo"
+# Its map of the weights (file names relative to the folder, for torch_neuronx.trace).
+TRACE_METADATA = "metadata.json"
 
 
 class Unkeyable(Exception):
@@ -132,6 +134,8 @@ class DirectoryInput(GraphInput):
         self.raw: list[tuple[str, str]] = []
         self.graph: bytes | None = None
         for relative, path in _files(root):
+            if relative == TRACE_METADATA:
+                _check_metadata(path)
             if relative == TRACE_GRAPH:
                 self.graph = path.read_bytes()
                 self.raw.append((relative, "blake3:" + _digest_bytes(self.graph)))
@@ -180,6 +184,35 @@ def _files(root: Path) -> list[tuple[str, Path]]:
             if len(found) > MAX_DIRECTORY_FILES:
                 raise Unkeyable(f"{root} holds over {MAX_DIRECTORY_FILES} files")
     return found
+
+
+def _check_metadata(path: Path) -> None:
+    """Unkeyable when the trace's metadata names a file outside its folder (an absolute
+    path, ``../shared/0.npy``, ``~/w.npy``): the compiler would read it, and only the
+    folder's files are in the key. Names inside the folder are, as files."""
+    import json
+
+    try:
+        value = json.loads(path.read_bytes())
+    except ValueError:
+        return  # not JSON: the compiler reads no paths out of it either
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str) and _outside(item):
+            raise Unkeyable(f"{path} names {item[:200]!r}, outside the folder")
+
+
+def _outside(text: str) -> bool:
+    import posixpath
+
+    if text.startswith(("/", "~")):
+        return True
+    return posixpath.normpath(text).split("/")[0] == ".."
 
 
 def _raise(error: OSError) -> None:

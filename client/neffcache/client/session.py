@@ -23,23 +23,25 @@ from typing import TYPE_CHECKING, Any
 
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
+from neffcache.client.keys import SDK_VERSION_VARIABLE
+from neffcache.client.l1limit import grew
 from neffcache.client.manifests import Manifest
 from neffcache.client.stats import STATS
 from neffcache.client.wrapper import (
-    FLAGS,
     HLO,
     NEFF,
     CompileCall,
-    flags_json,
-    neuron_address_of,
+    flags_file,
     run_plain,
     run_teeing,
+    stock_address_of,
 )
 
 if TYPE_CHECKING:
+    from neffcache.client.inputs import GraphInput
     from neffcache.client.lease import Leases
     from neffcache.client.reasons import Explanation
-    from neffcache.keying import CacheKey
+    from neffcache.keying import CacheKey, CompileContext
 
 
 class Session:
@@ -53,6 +55,11 @@ class Session:
         self.local = LocalStore(config.local_dir)
         self.remote = Remote(config)
         self.outcome: int | None = None  # set once the compiler ran or --output is written
+        from neffcache.keying import StockEra
+
+        # The stock layout's era its flags file follows: the SDK's, when the input is
+        # an SDK entry's (libneuronxla decides it), else the current one.
+        self._era = StockEra.TARGET
         self._leases: Leases | None = None  # set while this call holds a compile lease
         self._explanation: Explanation | None = None  # asked for as a miss starts compiling
         self._components: dict[str, Any] | None = None  # the missed key's, for its event
@@ -69,33 +76,97 @@ class Session:
         from neffcache.client.inputs import Unkeyable, read_input
         from neffcache.client.keys import context
 
+        missing = self._missing_directory()
+        if missing is not None:  # the compiler fails on it: nothing to serve or record
+            return self._uncached(f"{missing} is not a directory")
         version = compiler_version(self.real, self.local.root)
         if version is None:
             return self._uncached("no compiler version")
         self.report["compiler_version"] = version
-        self.report["neuron_address"] = neuron_address_of(self.call, version)
+        sdk = os.environ.get(SDK_VERSION_VARIABLE) or version
+        if sdk != version:
+            self._warn_versions(sdk, version)
         try:
             graph = read_input(self.call.input)
             ctx = context(version, self.call.target, self.call.flags, os.environ)
             direct = graph.direct(ctx)
         except (OSError, ValueError, Unkeyable) as exc:
             return self._uncached(f"cannot key: {exc}")
+        self.report["neuron_address"] = self._address(sdk, graph)
         self.report["direct_key"] = direct.key
         if self._hit(direct.key, alias=True):
             return self._done(0)
+        unkeyable = None
         try:
             canonical = graph.canonical(ctx)
         except (ValueError, Unkeyable) as exc:  # not a graph keying can read
-            return self._uncached(f"cannot key: {exc}")
+            unkeyable = f"cannot key: {exc}"
+        if unkeyable is not None:  # outside the handler: its traceback holds the bytes
+            del graph
+            return self._uncached(unkeyable)
         alias: CacheKey | None = direct
         if canonical is None:  # no canonical form: the raw-bytes key is the entry's key
             canonical, alias = direct, None
         self.report["key"] = canonical.key
-        return self._resolve(graph.module, canonical, alias)
+        del graph  # a large module is not held while it compiles: read again after
+        return self._resolve(canonical, alias, ctx, direct)
 
-    def _resolve(self, module: bytes | None, canonical: CacheKey, direct: CacheKey | None) -> int:
+    def _missing_directory(self) -> Path | None:
+        """The directory of --output or --logfile when it does not exist: the compiler
+        would fail, so a hit must not succeed (and a failure must not be recorded)."""
+        for path in (self.call.output, self.call.logfile):
+            if path is not None and not path.absolute().parent.is_dir():
+                return path.absolute().parent
+        return None
+
+    def _address(self, sdk_version: str, graph: GraphInput) -> str | None:
+        """The stock address the input's SDK-style name claims, when libneuronxla's
+        entry at that address in L1 holds these very bytes: a name alone proves
+        nothing, and a wrong address would serve this NEFF to the hook's lookups of
+        another graph. Where the SDK's cache is not L1 nothing can vouch for it."""
+        found = stock_address_of(self.call, sdk_version)
+        data = getattr(graph, "data", None)
+        if found is None or not isinstance(data, bytes):
+            return None
+        entry = Path(self.config.local_dir) / found.address
+        for name in (HLO, "model.hlo.pb"):
+            with contextlib.suppress(OSError):
+                path = entry / name
+                if path.stat().st_size == len(data) and path.read_bytes() == data:
+                    self._era = found.era  # the entry is written back in its era
+                    return found.address
+        STATS.count("address_unverified")
+        return None
+
+    def _warn_versions(self, sdk: str, real: str) -> None:
+        """Once per host and pair (the shim is a process per graph): libneuronxla names
+        its entries with its interpreter's neuronxcc, while the compiler that runs is
+        another. Stock addresses follow the SDK; keys, the compiler that ran."""
+        import blake3
+
+        mark = self.local.root / "warned" / blake3.blake3(f"{sdk} {real}".encode()).hexdigest()[:16]
+        try:
+            mark.parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except FileExistsError:
+            return
+        except OSError:
+            pass  # an L1 we cannot write: warn every time rather than never
+        log.warning(
+            "neffcache: libneuronxla names its cache entries neuronxcc-%s, but the compiler "
+            "on PATH (%s) is %s: two Python environments? Keys follow the compiler that "
+            "runs; make the training interpreter's neuronx-cc the one on PATH",
+            sdk,
+            self.real,
+            real,
+        )
+
+    def _resolve(
+        self, canonical: CacheKey, direct: CacheKey | None, ctx: CompileContext, raw: CacheKey
+    ) -> int:
         """Serve, wait for or compile the graph whose entry key is ``canonical`` (and
-        whose direct key, when it has another, is ``direct``)."""
+        whose direct key, when it has another, is ``direct``; ``raw`` is the direct
+        key the input had when it was read, in context ``ctx``)."""
         also = None if direct is None else direct.key
         waited_from = time.time()
         code = 1
@@ -113,10 +184,11 @@ class Session:
                 served = self._fleet(canonical.key, also, waited_from)
                 if served is not None:
                     return self._done(served)
-                self._explain(module, canonical, direct)
+                self._explain(canonical, direct, ctx)
                 code, seconds = self._compile(canonical, direct)
                 compiled = True
-                kept = code == 0 and self._keep(module, canonical, direct, seconds)
+                module = self._reread(ctx, raw, canonical) if code == 0 else None
+                kept = module is not None and self._keep(module.module, canonical, direct, seconds)
             if kept:
                 published = self._publish()
         finally:
@@ -156,6 +228,7 @@ class Session:
             if manifest is None or source is None:
                 return False
             self.local.put_manifest(key, manifest)
+            grew(self.config)  # a download into L1
         assert manifest is not None
         if also is not None:
             self.local.put_manifest(also, manifest)
@@ -231,13 +304,35 @@ class Session:
 
     # -- misses -----------------------------------------------------------------------
 
+    def _reread(self, ctx: CompileContext, raw: CacheKey, canonical: CacheKey) -> GraphInput | None:
+        """The input read again once the compiler has run: its keys as they were, else
+        None. Another writer (two jobs in one work directory) may have replaced it
+        while it compiled; the NEFF is then of other bytes than the key says."""
+        from neffcache.client.inputs import Unkeyable, read_input
+
+        try:
+            graph = read_input(self.call.input)
+            same = graph.direct(ctx) == raw
+            same = same and graph.canonical(ctx) in (canonical, None)
+        except (OSError, ValueError, Unkeyable):
+            same = False
+        if same:
+            return graph
+        STATS.count("inputs_changed")
+        log.warning("neffcache: %s changed while it compiled; not cached", self.call.input)
+        return None
+
     def _compile(self, canonical: CacheKey, direct: CacheKey | None) -> tuple[int, float]:
         t0 = time.monotonic()
+        before = _stamp(self.call.output)
         code, log_tail = run_teeing(self.real, self.call.compiler_argv)
         self.outcome = code
         seconds = time.monotonic() - t0
         self.report["exit_code"] = code
-        if code != 0 or not self.call.output.is_file():
+        # Only a file this compile wrote: a stale --output from an earlier run (the
+        # compiler wrote elsewhere) must never be kept.
+        written = self.call.output.is_file() and _stamp(self.call.output) != before
+        if code != 0 or not written:
             STATS.count("compile_failures")
             self._record("miss", "compiler", 0.0, seconds, None, outcome="failed")
             self._remember_failure(canonical.key, code, log_tail)
@@ -267,8 +362,9 @@ class Session:
         try:
             self._staged = tempfile.TemporaryDirectory(dir=self.local.root)
             staged = Path(self._staged.name)
-            atomic_write(staged / FLAGS, flags_json(self.call))
-            files = {NEFF: self.call.output, FLAGS: staged / FLAGS}
+            flags_name, flags = flags_file(self.call, self._era)
+            atomic_write(staged / flags_name, flags)
+            files = {NEFF: self.call.output, flags_name: staged / flags_name}
             if module is not None:
                 atomic_write(staged / HLO, module)
                 files[HLO] = staged / HLO
@@ -276,6 +372,7 @@ class Session:
             self._manifest, self._paths = make_manifest(
                 canonical, direct, address, files, seconds, self.config.model
             )
+            self._manifest["stock_era"] = self._era.value
             digest = self._manifest["files"][NEFF]["digest"]
             # One copy, into L1; the upload reads that copy, which only we write, not
             # --output, which is the caller's once we return.
@@ -296,6 +393,7 @@ class Session:
             return publish(self.remote, self._manifest, self._paths)
         finally:
             self._staged.cleanup()
+            grew(self.config)  # the compile kept; after the per-key lock, so no rank waits
 
     # -- failures seen by ranks that waited ---------------------------------------------
 
@@ -303,6 +401,8 @@ class Session:
         return self.local.root / "failures" / f"{key}.json"
 
     def _remember_failure(self, key: str, code: int, log_tail: str) -> None:
+        if not replayable(code):  # this host's trouble (a signal, no --output): not the graph's
+            return
         from neffcache.client.local import atomic_write
 
         record = {"exit_code": code, "log": log_tail[-8192:], "time": time.time()}
@@ -317,6 +417,8 @@ class Session:
         except (OSError, ValueError, KeyError, TypeError):
             return None
         if not isinstance(code, int) or not isinstance(when, (int, float)) or when < waited_from:
+            return None
+        if not replayable(code):
             return None
         if isinstance(text, str):
             sys.stderr.write(text)
@@ -390,13 +492,14 @@ class Session:
             self.local.note_wrapped(fields["neuron_address"])  # for the hook, if it called
         graph(self.config, components, **fields)
 
-    def _explain(self, module: bytes | None, canonical: CacheKey, direct: CacheKey | None) -> None:
+    def _explain(self, canonical: CacheKey, direct: CacheKey | None, ctx: CompileContext) -> None:
         """Ask the server why this graph missed, in the background (reasons.py)."""
         from neffcache.client.reasons import Explanation, Prepared, summarize
 
         self._components = canonical.as_json()
 
         def prepare() -> Prepared:
+            module = _module_of(self.call.input, ctx)
             summary = None if module is None else summarize(module)
             components = canonical.as_json()
             if summary is not None:
@@ -426,6 +529,27 @@ class Session:
         if self._explanation is None:
             return UNKNOWN, None
         return self._explanation.result()
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    return status.st_ino, status.st_size, status.st_mtime_ns
+
+
+def _module_of(path: Path, ctx: CompileContext) -> bytes | None:
+    """The HloModuleProto the input holds, read again (for an explanation's summary);
+    None when it holds none or cannot be read."""
+    from neffcache.client.inputs import Unkeyable, read_input
+
+    try:
+        graph = read_input(path)
+        graph.canonical(ctx)
+    except (OSError, ValueError, Unkeyable):
+        return None
+    return graph.module
 
 
 def replayable(code: int) -> bool:

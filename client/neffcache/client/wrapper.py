@@ -22,17 +22,22 @@ that a failure's last 64 KiB can be recorded on the server.
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO, NamedTuple, NoReturn
+from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple, NoReturn
 
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig, ConfigError
 from neffcache.client.stats import STATS
+
+if TYPE_CHECKING:
+    import subprocess
+
+    from neffcache.keying import StockEra
 
 NEFF = "model.neff"
 HLO = "model.hlo_module.pb"
@@ -78,9 +83,11 @@ def parse(
     if scan is None:
         return None
     values, command, inputs, logfile = scan
-    if command is None or len(inputs) != 1:
+    if command is None or len(inputs) != 1 or not args[inputs[0]]:
         return None
-    if values.get("--framework", "XLA") != "XLA" or not {"--output", "--target"} <= set(values):
+    # --framework too: every caller passes it, and a compiler that requires it would
+    # refuse a command a hit served.
+    if values.get("--framework") != "XLA" or not {"--output", "--target"} <= set(values):
         return None
     return CompileCall(
         argv=args,
@@ -100,7 +107,7 @@ def _scan(
 ) -> tuple[dict[str, str], int | None, list[int], str | None] | None:
     """(the last value of each option, where ``compile`` is, where the bare words
     are, the --logfile), or None for a command the wrapper must not touch."""
-    from neffcache.keying import WRAPPER_ONLY_FLAGS, option_arity, option_name
+    from neffcache.keying import WRAPPER_ONLY_FLAGS, abbreviates, option_arity, option_name
 
     values: dict[str, str] = {}
     seen: dict[str, str | None] = {}
@@ -118,19 +125,25 @@ def _scan(
             else:
                 inputs.append(i - 1)
             continue
-        if token in _HELP or token == "--enable-internal-neff-wrapper":
-            return None  # help, or outputs beside --output the cache does not keep
+        if token in _HELP or token in ("--", "--enable-internal-neff-wrapper"):
+            return None  # help; positionals only; outputs beside --output
         name, value = option_name(token)
         arity = option_arity(name)
+        if arity == "unknown" and abbreviates(name):
+            return None  # --out is --output to a parser that takes prefixes
         if value is None and arity == "value":
-            if i >= len(args):
-                return None
+            if i >= len(args) or not _is_word(args[i]):
+                return None  # a value that reads as an option: the compiler's call
             value, i = args[i], i + 1
         elif value is None and arity == "words":
             start = i
             while i < len(args) and not args[i].startswith("-"):
                 i += 1
+            if any(not word or word.split() != [word] for word in args[start:i]):
+                return None  # a word with spaces would key as two words
             value = " ".join(args[start:i])
+        elif arity == "words" and value is not None and value.split() != [value]:
+            return None
         elif value is None and arity == "unknown" and i < len(args) and _is_word(args[i]):
             value, i = args[i], i + 1
         unknown = arity == "unknown" and name not in WRAPPER_ONLY_FLAGS
@@ -199,25 +212,34 @@ def main(argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return 127
-    call = parse(args)
+    try:
+        call = parse(args)
+        plain = without_wrapper_options(args) if "compile" in args else args
+    except Exception as exc:  # keying cannot load (a broken blake3): compile, uncached
+        log.warning("neffcache: cannot read the command (%r); compiling without the cache", exc)
+        return run_plain(real, args)
     if config is None or call is None or os.environ.get("NEFFCACHE_IN_WRAPPER"):
         # A compile the cache does not serve still must not fail on libneuronxla's own
         # options, which the compiler never took (without_wrapper_options).
-        return run_plain(real, without_wrapper_options(args) if "compile" in args else args)
-    from neffcache.client.session import Session
-
-    if config.telemetry:
-        from neffcache.client import telemetry
-
-        # One process per graph: no thread. The events go as the process ends: from a
-        # child (exit_fast), or at interpreter exit for a caller that runs this inline.
-        telemetry.sender(threaded=False)
-    session = Session(config, real, call)
+        return run_plain(real, plain)
+    session = None
     try:
+        # Imported here: a broken dependency (a blake3 on PYTHONPATH that does not
+        # load) is the cache's trouble, and the compile still runs.
+        from neffcache.client.session import Session
+
+        if config.telemetry:
+            from neffcache.client import telemetry
+
+            # One process per graph: no thread. The events go as the process ends: from
+            # a child (exit_fast), or at interpreter exit for a caller that runs this
+            # inline.
+            telemetry.sender(threaded=False)
+        session = Session(config, real, call)
         return session.run()
     except Exception:  # the cache's own bug: never the job's problem
         STATS.count("wrapper_errors")
-        if session.outcome is not None:  # compiled, or the NEFF is in place: that stands
+        if session is not None and session.outcome is not None:  # compiled, or served
             log.exception("neffcache: the wrapper failed after its outcome was final")
             return session.outcome
         log.exception("neffcache: the wrapper failed; running the compiler without the cache")
@@ -256,41 +278,120 @@ def exit_fast(code: int) -> NoReturn:
 
 
 def run_plain(real: str, args: list[str]) -> int:
-    import subprocess
-
-    env = dict(os.environ, NEFFCACHE_IN_WRAPPER="1")
     try:
-        return subprocess.run([real, *args], env=env, check=False).returncode
+        proc = spawn(real, args)
     except OSError as exc:
         print(f"neffcache wrap: cannot run {real}: {exc}", file=sys.stderr)
         return 127
+    with forwarding(proc):
+        code: int = proc.wait()
+    return code
+
+
+def spawn(real: str, args: list[str], **options: Any) -> subprocess.Popen[bytes]:
+    """The real compiler as this process's child, tied to it: if the wrapper dies (a
+    SIGKILL), the kernel sends the compiler SIGTERM (``PR_SET_PDEATHSIG``), so no
+    compile outlives the job that asked for it, holding its output streams and writing
+    its ``--output`` after the caller gave up."""
+    import subprocess
+
+    env = dict(os.environ, NEFFCACHE_IN_WRAPPER="1")
+    return subprocess.Popen([real, *args], env=env, preexec_fn=_death_signal(), **options)
+
+
+def _death_signal() -> Callable[[], None] | None:
+    try:
+        import ctypes
+        import signal
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: the compiler may outlive us
+        return None
+    parent = os.getpid()
+
+    def in_child() -> None:  # after fork: no imports, no locks
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the wrapper died before the line above
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return in_child
+
+
+@contextlib.contextmanager
+def forwarding(proc: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Pass SIGTERM, SIGINT and SIGHUP on to the compiler while it runs: the wrapper
+    then waits for it and ends as it did (exit_fast), as if the signal had been the
+    compiler's alone. Only the main thread can set handlers; elsewhere, nothing."""
+    import signal
+
+    def forward(signum: int, frame: object) -> None:
+        with contextlib.suppress(OSError):
+            proc.send_signal(signum)
+
+    kept: dict[signal.Signals, Any] = {}
+    try:
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            kept[signum] = signal.signal(signum, forward)
+    except ValueError:  # not the main thread
+        pass
+    try:
+        yield
+    finally:
+        for signum, handler in kept.items():
+            signal.signal(signum, handler)
 
 
 _SDK_INPUT = re.compile(r"model\.(MODULE_[0-9A-Za-z]{1,128}\+([0-9a-f]{8}))\.hlo(?:_module)?\.pb")
 
 
+class StockAddress(NamedTuple):
+    """The stock address a call compiles for, and the era of the SDK that named it."""
+
+    address: str
+    era: StockEra
+
+
 def neuron_address_of(call: CompileCall, version: str) -> str | None:
+    """``stock_address_of``'s address, or None."""
+    found = stock_address_of(call, version)
+    return None if found is None else found.address
+
+
+def stock_address_of(call: CompileCall, version: str) -> StockAddress | None:
     """The stock address when the input follows the SDK's work-dir naming
     (``model.MODULE_<key>+<flags8>.hlo_module.pb``, facts §5) and the ``<flags8>``
-    is the hash of this call's own flags, so an entry compiled through the wrapper is
-    also found by the persistent-cache hook; else None. Without the hash check, a
-    hand-run compile with other flags on an SDK-named file would claim the address."""
+    is the hash of this call's own flags in one of the three eras of the layout
+    (facts §19), so an entry compiled through the wrapper is also found by the
+    persistent-cache hook; else None. Without the hash check, a hand-run compile
+    with other flags on an SDK-named file would claim the address."""
     match = _SDK_INPUT.fullmatch(call.input.name)
     if match is None:
         return None
-    from neffcache.keying import neuron_flags_hash
+    from neffcache.keying import stock_era_of
 
-    if neuron_flags_hash(json.loads(flags_json(call))) != match[2]:
+    era = stock_era_of(match[2], user_flags(call), call.target)
+    if era is None:
         STATS.count("address_flags_mismatch")
         return None
-    return f"neuronxcc-{version}/{match[1]}"
+    return StockAddress(f"neuronxcc-{version}/{match[1]}", era)
 
 
 def flags_json(call: CompileCall) -> bytes:
     """``compile_flags.json`` as the SDK writes it (facts §3.1, §4.3): the user's flags,
     spelled as given, after ``--target``; not the options the SDK adds per call."""
-    from neffcache.keying import neuron_cache_flags
+    from neffcache.keying import StockEra
 
+    return flags_file(call, StockEra.TARGET)[1]
+
+
+def flags_file(call: CompileCall, era: StockEra) -> tuple[str, bytes]:
+    """The flags file (name, content) the SDK of ``era`` writes for this call."""
+    return era.flags_file, era.flags_content(era.flags_list(user_flags(call), call.target))
+
+
+def user_flags(call: CompileCall) -> list[str]:
+    """The call's flags as the SDK got them, spelled as given: without the command
+    word, the input, and the options the SDK adds per call (``_SDK_ADDED``)."""
     user: list[str] = []
     skip = False
     for j, token in enumerate(call.argv):
@@ -304,7 +405,7 @@ def flags_json(call: CompileCall) -> bytes:
             skip = not eq
             continue
         user.append(token)
-    return json.dumps(neuron_cache_flags(user, call.target)).encode()
+    return user
 
 
 def run_teeing(real: str, args: list[str]) -> tuple[int, str]:
@@ -313,9 +414,8 @@ def run_teeing(real: str, args: list[str]) -> tuple[int, str]:
     import subprocess
     import threading
 
-    env = dict(os.environ, NEFFCACHE_IN_WRAPPER="1")
     try:
-        proc = subprocess.Popen([real, *args], env=env, stderr=subprocess.PIPE)
+        proc = spawn(real, args, stderr=subprocess.PIPE)
     except OSError as exc:
         print(f"neffcache wrap: cannot run {real}: {exc}", file=sys.stderr)
         return 127, str(exc)
@@ -336,7 +436,8 @@ def run_teeing(real: str, args: list[str]) -> tuple[int, str]:
 
     thread = threading.Thread(target=pump, daemon=True)
     thread.start()
-    code = proc.wait()
+    with forwarding(proc):
+        code = proc.wait()
     # A helper the compiler left running may hold the pipe open for as long as it
     # lives: its output is not the compiler's, and it must not hold the job.
     thread.join(timeout=1.0)

@@ -27,6 +27,8 @@ from ._errors import KeyingError
 from ._flags import (
     OUTPUT_NEUTRAL_FLAGS,
     WRAPPER_ONLY_FLAGS,
+    abbreviates,
+    flags_target,
     neuron_cache_flags,
     neuron_flags_hash,
     normalize_flags,
@@ -38,11 +40,17 @@ from ._key import CacheKey, compute_key, digest_key, direct_key
 from ._layout import (
     STOCK_DONE,
     STOCK_FLAGS,
+    STOCK_FLAGS_NAMES,
+    STOCK_FLAGS_TXT,
     STOCK_HLO_NAMES,
     STOCK_LOCK_SUFFIX,
     STOCK_LOG,
     STOCK_NEFF,
+    StockEra,
+    StockFlags,
     is_stock_artifact,
+    read_stock_flags,
+    stock_era_of,
 )
 from ._neuron import NeuronAddress, neuron_address, parse_neuron_address
 from ._tree import tree_digest
@@ -85,6 +93,8 @@ __all__ = [
     "OUTPUT_NEUTRAL_FLAGS",
     "STOCK_DONE",
     "STOCK_FLAGS",
+    "STOCK_FLAGS_NAMES",
+    "STOCK_FLAGS_TXT",
     "STOCK_HLO_NAMES",
     "STOCK_LOCK_SUFFIX",
     "STOCK_LOG",
@@ -97,6 +107,9 @@ __all__ = [
     "KeyInputs",
     "KeyingError",
     "NeuronAddress",
+    "StockEra",
+    "StockFlags",
+    "abbreviates",
     "ask_compiler_version",
     "canonical_hlo",
     "check_compiler_version",
@@ -107,6 +120,7 @@ __all__ = [
     "direct_key",
     "fingerprint_hlo",
     "fingerprint_mlir",
+    "flags_target",
     "graph_summary",
     "is_mlir_bytecode",
     "is_mlir_text",
@@ -118,5 +132,7 @@ __all__ = [
     "option_arity",
     "option_name",
     "parse_neuron_address",
+    "read_stock_flags",
+    "stock_era_of",
     "tree_digest",
 ]

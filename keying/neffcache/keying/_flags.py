@@ -15,10 +15,10 @@ Normalization (``normalize_flags``) answers "would the compiler produce the same
   ``--disable-x``, or an abbreviation and its full name. neffcache cannot tell which
   flags compete, so ``--a --b`` and ``--b --a`` are different keys (a miss, never a
   wrong NEFF);
-* an identical repeat collapses into its last occurrence (NxD and libneuronxla each
-  append the same options): ``--a --b --a`` is ``--b --a``, which is what the compiler
-  sees whether the options compete (the last ``--a`` wins either way) or accumulate
-  (the same value twice says nothing more).
+* an identical repeat of a documented single-valued option collapses into its last
+  occurrence (NxD and libneuronxla each append the same options): ``--a --b --a`` is
+  ``--b --a``, since the last ``--a`` wins either way. Options that may accumulate
+  (``--...-options``, undocumented ones) keep every repeat.
 
 The stock hash (``neuron_flags_hash``) is the opposite: it reproduces the SDK's
 formula byte for byte, spelling and order included, so addresses interoperate.
@@ -108,6 +108,10 @@ _ALIASES: Mapping[str, str] = {
 _NUMBER = re.compile(r"-[0-9]+(\.[0-9]+)?")
 
 _DROPPED = frozenset(WRAPPER_ONLY_FLAGS) | frozenset(OUTPUT_NEUTRAL_FLAGS)
+# Documented options that hold one value or one state, so that a repeat replaces
+# (last wins) and an identical repeat adds nothing. An option that may accumulate
+# (``--internal-backend-options`` given twice, an undocumented one) keeps every repeat.
+_SINGLE_VALUED = (_VALUE_FLAGS | _BOOLEAN_FLAGS | set(_ALIASES.values())) - {"--tensorizer-options"}
 _KNOWN_FLAGS = (
     _DROPPED | _VALUE_FLAGS | _BOOLEAN_FLAGS | _MULTI_VALUE_FLAGS | set(_ALIASES.values())
 )
@@ -142,7 +146,11 @@ def normalize_flags(flags: str | Sequence[str]) -> list[str]:
     options = _parse_options(split_flags(flags))
     kept = [(name, value) for name, value in options if name not in _DROPPED]
     last = {option: i for i, option in enumerate(kept)}
-    kept = [option for i, option in enumerate(kept) if last[option] == i]
+    kept = [
+        option
+        for i, option in enumerate(kept)
+        if last[option] == i or option[0] not in _SINGLE_VALUED
+    ]
     return [name if value is None else f"{name}={value}" for name, value in kept]
 
 
@@ -151,6 +159,15 @@ def option_name(token: str) -> tuple[str, str | None]:
     ``-O2`` is (``--optlevel``, ``2``), ``--lnc`` is (``--logical-nc-config``, None),
     ``--target=trn2`` is (``--target``, ``trn2``)."""
     return _split_token(token)
+
+
+def abbreviates(name: str) -> str | None:
+    """The documented option ``name`` abbreviates, if any: a parser that takes unique
+    prefixes (argparse's default) reads ``--out`` as ``--output``."""
+    if not name.startswith("--") or name in _KNOWN_FLAGS:
+        return None
+    found = sorted(known for known in _KNOWN_FLAGS if known.startswith(name))
+    return found[0] if found else None
 
 
 def option_arity(name: str) -> str:
@@ -162,7 +179,7 @@ def option_arity(name: str) -> str:
         return "none"
     if name in _MULTI_VALUE_FLAGS:
         return "words"
-    if name in _VALUE_FLAGS or name in _ALIASES.values():
+    if name in _VALUE_FLAGS or name in _ALIASES.values() or name.endswith("-options"):
         return "value"
     return "unknown"
 
@@ -239,6 +256,22 @@ def neuron_cache_flags(flags: str | Sequence[str], target: str | None) -> list[s
     if target is not None and not has_target:
         kept.insert(0, f"--target={target}")
     return kept
+
+
+def flags_target(flags: Sequence[str]) -> str | None:
+    """The value of the last ``--target`` among flag tokens, as ``--target=trn2`` or as
+    the two words ``--target trn2`` (NxDI writes its compile_flags.json so); None
+    when there is none."""
+    found: str | None = None
+    for i, token in enumerate(flags):
+        name, sep, value = token.partition("=")
+        if name != "--target":
+            continue
+        if sep:
+            found = value or None
+        elif i + 1 < len(flags) and not flags[i + 1].startswith("-"):
+            found = flags[i + 1]
+    return found
 
 
 def neuron_flags_hash(flags: Sequence[str], *, legacy: bool = False) -> str:
