@@ -260,7 +260,16 @@ def test_import_manifest_has_the_client_shape(tmp_path: Path) -> None:
         progress=Progress("", io.StringIO()),
     )
     (manifest,) = sent
-    assert sorted(manifest) == ["components", "direct_key", "files", "key", "neuron_address"]
+    # stock_era: the layout the entry came from, so an export writes it back alike.
+    assert sorted(manifest) == [
+        "components",
+        "direct_key",
+        "files",
+        "key",
+        "neuron_address",
+        "stock_era",
+    ]
+    assert manifest["stock_era"] == "target"
     assert manifest["neuron_address"] == placed.address
     assert sorted(manifest["files"]) == sorted(placed.artifacts)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -103,13 +104,15 @@ def run_child(script: str, cwd: Path, *args: str) -> dict[str, Any]:
         if not k.startswith(("NEFFCACHE_", "NEURON_")) and k != "PYTHONPATH"
     }
     roots = [str(STANDINS)] + [str(REPO / d) for d in ("keying", "client", "server")]
-    env["PYTHONPATH"] = os.pathsep.join(roots)
+    # -S below: the installed neffcache_hook.pth arms every interpreter now, and these
+    # tests arm the hook themselves; the site directories come back through PYTHONPATH.
+    env["PYTHONPATH"] = os.pathsep.join([*roots, *site.getsitepackages()])
     env["PATH"] = os.pathsep.join([str(STANDINS), env.get("PATH", "")])  # the stand-in compiler
     env["NEFFCACHE_LOCAL_DIR"] = str(cwd.parent / "l1")
     env["NEFFCACHE_BACKOFF"] = "60"
     cwd.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
-        [sys.executable, "-c", script, *args],
+        [sys.executable, "-S", "-c", script, *args],
         cwd=cwd,
         env=env,
         capture_output=True,

@@ -546,3 +546,140 @@ def test_a_manifest_cannot_plant_a_lock_or_marker_in_an_l1_entry(name: str, tmp_
     assert (entry / "model.neff").read_bytes() == b"bytes of a file"
     assert not (entry / name).exists()
     assert marked == [entry / "model.done"]
+
+
+# --- the three eras of the stock layout (facts §19) -----------------------------------
+
+
+def _asked_direct_key(tmp_path: Path, flags_file: str, content: str) -> str | None:
+    """The direct key the hook asks for when the address misses, for an entry whose
+    flags file is ``flags_file`` holding ``content``; None when it asks for none."""
+    route, _ = _entry_route({"model.neff": b"NEFF"}, alias="0" * 64)
+    with fake_server(route) as server:
+        core, _, entry = make_core(tmp_path, server.url)
+        (entry / "model.hlo_module.pb").write_bytes(HLO_FIXTURE.read_bytes())
+        (entry / flags_file).write_text(content)
+        assert core.exists(str(entry / "model.done")) is False
+    asked = [path for method, path, _ in server.requests if "/aliases/" in path]
+    assert asked[0] == f"/v1/ns/team-a/aliases/{ADDRESS}"
+    return asked[1].rsplit("/", 1)[1] if len(asked) > 1 else None
+
+
+def test_an_nxdi_two_word_target_keys_as_the_one_word_form(tmp_path: Path) -> None:
+    module = HLO_FIXTURE.read_bytes()
+    flags = ["--target=trn2", "--model-type=transformer"]
+    expected = direct_key(module, context(VERSION, "trn2", flags, os.environ)).key
+    two_words = json.dumps(["--target", "trn2", "--model-type=transformer"])
+    assert _asked_direct_key(tmp_path, "compile_flags.json", two_words) == expected
+
+
+def test_a_raw_era_compile_flags_txt_entry_is_keyed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The oldest era wrote the raw string and no --target (facts §19): the platform's
+    # target comes from the environment, as for a JSON-era entry.
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    module = HLO_FIXTURE.read_bytes()
+    flags = ["--model-type", "transformer", "--auto-cast=none"]
+    expected = direct_key(module, context(VERSION, "trn1", flags, os.environ)).key
+    raw = "--model-type transformer --auto-cast=none"
+    assert _asked_direct_key(tmp_path, "compile_flags.txt", raw) == expected
+
+
+def test_an_entry_without_a_target_anywhere_is_not_keyed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NEURON_PLATFORM_TARGET_OVERRIDE", raising=False)
+    assert _asked_direct_key(tmp_path, "compile_flags.json", '["--auto-cast=none"]') is None
+
+
+@pytest.mark.parametrize(
+    ("flags_file", "content", "era"),
+    [
+        ("compile_flags.txt", "--auto-cast none", "raw"),
+        ("compile_flags.json", "[]", "json"),
+        ("compile_flags.json", '["--target=trn1", "--model-type=transformer"]', "target"),
+        ("compile_flags.json", '["--target", "trn2"]', "target"),
+    ],
+)
+def test_a_published_entry_records_its_era(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags_file: str, content: str, era: str
+) -> None:
+    def route(method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        if path == "/v1/blobs/missing":
+            return 200, json.dumps({"missing": json.loads(body)["digests"]}).encode()
+        return 201, b"{}"
+
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    with fake_server(route) as server:
+        core, _, entry = make_core(tmp_path, server.url)
+        (entry / "model.hlo_module.pb").write_bytes(HLO_FIXTURE.read_bytes())
+        (entry / flags_file).write_text(content)
+        core.uploaded(str(entry / flags_file))
+        (entry / "model.neff").write_bytes(b"NEFF" * 50)
+        (entry / "model.done").write_text("")
+        core.uploaded(str(entry / "model.done"))
+        assert _publisher(core.config).flush(timeout=10)
+    puts = [b for m, p, b in server.requests if m == "PUT" and "/entries/" in p]
+    manifest = json.loads(puts[0])
+    assert manifest["stock_era"] == era
+    assert set(manifest["files"]) == {"model.neff", "model.hlo_module.pb", flags_file}
+
+
+# --- the shim's stock address in each era (wrapper.stock_address_of) ------------------
+
+
+@pytest.mark.parametrize(
+    ("flags8", "user", "target", "era", "flags_file"),
+    [
+        ("00875417", ["--auto-cast", "none"], "trn1", "raw", b"--auto-cast none"),
+        ("d7517139", [], "trn1", "json", b"[]"),
+        (
+            "d7cde3b5",
+            ["--model-type=transformer", "--auto-cast=none"],
+            "trn1",
+            "json",
+            b'["--model-type=transformer", "--auto-cast=none"]',
+        ),
+        (
+            "613edded",
+            ["--model-type=transformer", "--auto-cast=none", "--execute-repetition=1"],
+            "trn1",
+            "target",
+            b'["--target=trn1", "--model-type=transformer", "--auto-cast=none", '
+            b'"--execute-repetition=1"]',
+        ),
+        (
+            "7ac4dbae",
+            ["--model-type=transformer", "--auto-cast=none", "--execute-repetition=1"],
+            "trn2",
+            "target",
+            b'["--target=trn2", "--model-type=transformer", "--auto-cast=none", '
+            b'"--execute-repetition=1"]',
+        ),
+    ],
+)
+def test_the_shim_claims_a_stock_address_of_every_era(
+    flags8: str, user: list[str], target: str, era: str, flags_file: bytes
+) -> None:
+    from neffcache.client.wrapper import flags_file as flags_file_of
+    from neffcache.client.wrapper import neuron_address_of, parse, stock_address_of
+
+    name = f"/w/model.MODULE_1+{flags8}.hlo_module.pb"
+    argv = ["compile", "--framework=XLA", name, "--output", "o.neff", "--target", target]
+    call = parse([*argv, *user, "--verbose=35"])
+    assert call is not None
+    found = stock_address_of(call, VERSION)
+    assert found is not None
+    assert (
+        found.address
+        == f"neuronxcc-{VERSION}/MODULE_1+{flags8}"
+        == neuron_address_of(call, VERSION)
+    )
+    assert found.era.value == era
+    file_name = "compile_flags.txt" if era == "raw" else "compile_flags.json"
+    assert flags_file_of(call, found.era) == (file_name, flags_file)
+    # Another call's flags on the same file name claim nothing.
+    other = parse([*argv, *user, "--optlevel=1"])
+    assert other is not None
+    assert stock_address_of(other, VERSION) is None

@@ -113,6 +113,8 @@ TABLE: list[Case] = [
          {200, 201}, json=MANIFEST),
     case("GET", "/v1/ns/{namespace}/entries/{key}", f"{NS}/entries/{KEY}", READS_A, {200}),
     case("GET", "/v1/ns/{namespace}/entries", f"{NS}/entries?limit=10", READS_A, {200}),
+    case("GET", "/v1/ns/{namespace}/entries/{key}/aliases", f"{NS}/entries/{KEY}/aliases",
+         READS_A, {200}),
     case("GET", "/v1/ns/{namespace}/aliases/{alias:path}", f"{NS}/aliases/{ADDRESS}",
          READS_A, {200}),
     case("PUT", "/v1/ns/{namespace}/aliases/{alias:path}", f"{NS}/aliases/{'e' * 64}",

@@ -110,6 +110,7 @@ OPERATIONS = (
     "POST /v1/blobs/missing",
     "PUT /v1/ns/{namespace}/entries/{key}",
     "GET /v1/ns/{namespace}/entries/{key}",
+    "GET /v1/ns/{namespace}/entries/{key}/aliases",
     "GET /v1/ns/{namespace}/aliases/{alias}",
     "PUT /v1/ns/{namespace}/aliases/{alias}",
     "GET /v1/ns/{namespace}/entries",

@@ -22,11 +22,17 @@ def test_compile_env_picks_only_allowlisted_names() -> None:
         "NEURON_RT_VISIBLE_CORES": "0-31",
         "NEURON_LOGICAL_NC_CONFIG": "2",
         "NEURON_FALL_BACK_TO_NULL_NEFF": "1",
+        "NEURON_EXTRACT_GRAPHS_ONLY": "1",
     }
-    assert compile_env(environ) == {
-        "NEURON_FALL_BACK_TO_NULL_NEFF": "1",
-        "NEURON_LOGICAL_NC_CONFIG": "2",
-    }
+    assert compile_env(environ) == {"NEURON_LOGICAL_NC_CONFIG": "2"}
+
+
+def test_placeholder_switches_are_not_in_the_key() -> None:
+    """neuron_parallel_compile's pool inherits NEURON_EXTRACT_GRAPHS_ONLY=1 and compiles
+    for real: keyed, the training run (without it) would never hit what it published."""
+    pool = {"NEURON_EXTRACT_GRAPHS_ONLY": "1", "NEURON_FALL_BACK_TO_NULL_NEFF": "1"}
+    assert compile_env(pool) == compile_env({}) == {}
+    assert not set(pool) & set(ENV_ALLOWLIST)
 
 
 def test_compile_env_takes_every_allowlisted_name() -> None:
@@ -45,8 +51,8 @@ def test_compile_env_of_empty_environment() -> None:
 
 
 def test_compile_env_drops_empty_values() -> None:
-    environ = {"NEURON_LOGICAL_NC_CONFIG": "", "NEURON_EXTRACT_GRAPHS_ONLY": "1"}
-    assert compile_env(environ) == {"NEURON_EXTRACT_GRAPHS_ONLY": "1"}
+    environ = {"NEURON_LOGICAL_NC_CONFIG": "", "XLA_FLAGS": "--xla_cpu_fast_math"}
+    assert compile_env(environ) == {"XLA_FLAGS": "--xla_cpu_fast_math"}
 
 
 def test_xla_dump_flags_removed() -> None:

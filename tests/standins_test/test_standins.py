@@ -66,6 +66,7 @@ _CLEARED_ENV = (
     "NEFFCACHE_STANDIN_LOCK_TIMEOUT",
     "NEFFCACHE_STANDIN_HLO_FIRST",
     "NEFFCACHE_STANDIN_HASH_TARGET",
+    "NEFFCACHE_STANDIN_PATH_LOG",
     "NEURON_CC_FLAGS",
     "NEURON_COMPILE_CACHE_URL",
     "NEURON_EXTRACT_GRAPHS_ONLY",
@@ -345,7 +346,7 @@ def test_setup_args_strips_wrapper_flags(monkeypatch: pytest.MonkeyPatch) -> Non
         "--model-type=transformer --cache_dir='/a dir' --no_cache --retry_failed_compilation "
         "--log_level INFO --dump=/d --compile_workdir /w --optlevel 1",
     )
-    args = libncc.setup_args()
+    args, compiler_flags, parsed = libncc.setup_args()  # section 19: a 3-tuple
     assert args.cache_dir == "/a dir"
     assert args.no_cache is True
     assert args.retry_failed_compilation is True
@@ -353,7 +354,9 @@ def test_setup_args_strips_wrapper_flags(monkeypatch: pytest.MonkeyPatch) -> Non
     assert args.dump == "/d"
     assert args.compile_workdir == "/w"
     assert args.compiler_flags == ["--model-type=transformer", "--optlevel", "1"]
-    empty = libncc.setup_args("")
+    assert compiler_flags == args.compiler_flags
+    assert parsed == os.environ["NEURON_CC_FLAGS"]
+    empty, _, _ = libncc.setup_args("")
     assert (empty.cache_dir, empty.no_cache, empty.compiler_flags) == (None, False, [])
 
 
@@ -1075,6 +1078,76 @@ def test_compile_cache_entry(
     assert (tmp_path / "out.neff").read_bytes() == libneuronxla.neuron_xla_compile(
         b"graph", ["--optlevel=2"], platform_target="trn2", use_cache=False
     )
+
+
+# Section 19: a trial run that sets the cache URL itself (NxD), and records what the
+# tool put in its environment.
+_TRIAL_RUN = """
+import json, os, sys
+with open(sys.argv[1], "w") as f:
+    json.dump({name: os.environ.get(name) for name in
+               ("NEURON_EXTRACT_GRAPHS_ONLY", "NEURON_PARALLEL_COMPILE_CACHE_PATH_LOG")}, f)
+os.environ["NEURON_COMPILE_CACHE_URL"] = sys.argv[2]
+import libneuronxla
+for module in (b"graph one", b"graph two"):
+    libneuronxla.neuron_xla_compile(module, ["--model-type=transformer"])
+"""
+
+
+@pytest.mark.parametrize("path_log", ["url", "cache_path"])
+def test_parallel_compile_hands_the_logged_path_to_its_pool(
+    cache_root: Path, counter: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path_log: str
+) -> None:
+    """Sections 8 and 19: the trial run inherits NEURON_EXTRACT_GRAPHS_ONLY=1 and the
+    path-log variable from the tool's own environment; the pool compiles in the cache
+    the log names, not in the one the tool's environment names."""
+    decoy = tmp_path / "decoy"
+    monkeypatch.setenv("NEURON_COMPILE_CACHE_URL", str(decoy))
+    monkeypatch.setenv("NEFFCACHE_STANDIN_PATH_LOG", path_log)
+    monkeypatch.setenv("PYTHONPATH", str(STANDINS))
+    seen, workdir = tmp_path / "trial-env.json", tmp_path / "pc"
+    trial = [sys.executable, "-c", _TRIAL_RUN, str(seen), str(cache_root)]
+    run = subprocess.run(
+        [sys.executable, str(PARALLEL_COMPILE), "--workdir", str(workdir), "--", *trial],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    trial_env = json.loads(seen.read_text())
+    assert trial_env["NEURON_EXTRACT_GRAPHS_ONLY"] == "1"
+    assert re.fullmatch(
+        re.escape(str(workdir)) + r"/cache_path_pid[0-9]+_log\.txt",
+        trial_env["NEURON_PARALLEL_COMPILE_CACHE_PATH_LOG"],
+    )
+    summary = json.loads(run.stdout)
+    assert len(summary) == 2
+    assert all(result["status"] for result in summary.values())
+    assert compile_runs(counter) == 2
+    assert all((entry / "model.done").exists() for entry in entry_dirs(cache_root))
+    assert not decoy.exists()
+
+
+def test_parallel_compile_leaves_extraction_on_for_its_pool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Section 19: the trial run's variables are set in the tool's own environment and
+    stay there, so the pool it forks afterwards inherits them."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("standin_npc", PARALLEL_COMPILE)
+    assert spec is not None
+    assert spec.loader is not None
+    npc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(npc)
+    for name in ("NEURON_EXTRACT_GRAPHS_ONLY", "NEURON_PARALLEL_COMPILE_CACHE_PATH_LOG"):
+        monkeypatch.setenv(name, "")  # restored (unset) after the test
+    code, logged = npc.run_train_script([sys.executable, "-c", "pass"], str(tmp_path))
+    assert (code, logged) == (0, None)  # nothing compiled: no path logged
+    assert os.environ["NEURON_EXTRACT_GRAPHS_ONLY"] == "1"
+    assert os.environ["NEURON_PARALLEL_COMPILE_CACHE_PATH_LOG"].startswith(str(tmp_path))
+    assert npc.ProcessPoolExecutor.__module__ == "concurrent.futures.process"
 
 
 # --------------------------------------------------------------------------- section 18

@@ -6,8 +6,9 @@ The URL lives where a Neuron user already puts a cache URL, with the SDK's prece
 ``neffcache+http(s)://HOST:PORT/NAMESPACE`` URL turns neffcache on: anything else (a
 directory, ``s3://``) leaves the stock cache alone.
 
-This module is imported by the ``.pth`` hook in every Python process of a training
-image, so it imports nothing beyond the standard library's cheapest modules.
+This module is imported by the persistent-cache hook in every Python process that
+imports libneuronxla, so it imports nothing beyond the standard library's cheapest
+modules.
 """
 
 from __future__ import annotations
@@ -45,6 +46,36 @@ def cache_url(environ: Mapping[str, str]) -> str | None:
     return environ.get("NEURON_COMPILE_CACHE_URL") or None
 
 
+def sdk_urls(environ: Mapping[str, str]) -> list[str]:
+    """Every cache location the SDK's own settings name, whatever their precedence:
+    ``--cache_dir`` in ``NEURON_CC_FLAGS``, ``NEURON_COMPILE_CACHE_URL`` and the
+    default. Callers resolve these themselves and disagree on the order (facts §2:
+    optimum-neuron passes the default as ``cache_dir`` while the variable is set)."""
+    sdk_env = {k: v for k, v in environ.items() if k != "NEFFCACHE_URL"}
+    found = [cache_url(sdk_env), environ.get("NEURON_COMPILE_CACHE_URL"), DEFAULT_LOCAL_DIR]
+    return [url for url in dict.fromkeys(found) if url]
+
+
+def location(url: str) -> str:
+    """``url`` in a form to compare: ``file://`` dropped, ``~`` expanded, absolute,
+    no trailing slash; an ``s3://`` URL only loses its trailing slash. The SDK's
+    handling of these spellings is not documented (facts §2), so each counts as one
+    location."""
+    if url.startswith("s3://"):
+        return url.rstrip("/")
+    path = url.removeprefix("file://")
+    return os.path.abspath(os.path.expanduser(path)) if path else path
+
+
+def overridden(url: str, environ: Mapping[str, str]) -> bool:
+    """Whether ``NEFFCACHE_URL`` takes over a cache the SDK is asked for at ``url``: it
+    is set, and ``url`` is one of the locations of :func:`sdk_urls`. A directory some
+    code names for itself (a sync tool's ``CacheUrl("/path")``) stays that directory."""
+    if not environ.get("NEFFCACHE_URL") or not url:
+        return False
+    return location(url) in {location(sdk) for sdk in sdk_urls(environ)}
+
+
 def wants_neffcache(environ: Mapping[str, str]) -> bool:
     """Cheap test for the .pth hook: is any neffcache URL configured?"""
     url = cache_url(environ)
@@ -69,6 +100,9 @@ class ClientConfig(NamedTuple):
     telemetry: bool = True  # NEFFCACHE_TELEMETRY=0: send no events (explanations stay on)
     job_id: str | None = None  # NEFFCACHE_JOB_ID, else the scheduler's (see ``job_id``)
     instance_type: str | None = None  # NEFFCACHE_INSTANCE_TYPE (else telemetry reads the DMI)
+    # NEFFCACHE_LOCAL_MAX_SIZE in bytes: None for the default (l1limit.default_limit,
+    # which needs the filesystem, so not read here), 0 for no limit.
+    local_max_size: int | None = None
 
     @property
     def url(self) -> str:
@@ -103,6 +137,7 @@ class ClientConfig(NamedTuple):
             telemetry=not _off(env, "NEFFCACHE_TELEMETRY"),
             job_id=job_id(env),
             instance_type=_name(env.get("NEFFCACHE_INSTANCE_TYPE")),
+            local_max_size=_size(env, "NEFFCACHE_LOCAL_MAX_SIZE"),
         )
 
 
@@ -136,6 +171,28 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     if not value >= 0 or value == float("inf"):
         raise ConfigError(f"{name}={raw!r} must be a finite number of seconds >= 0")
     return value
+
+
+# The admin commands' spelling of sizes (``500M``, ``2G``, ``1.5TiB``: powers of 1024).
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgtp]?)(?:i?b)?\s*")
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+
+
+def _size(env: Mapping[str, str], name: str) -> int | None:
+    """Bytes from ``50G`` / ``500M`` / ``1073741824``; ``0`` (or ``none``) for no limit;
+    None when unset (the caller's default)."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    if raw.lower() == "none":
+        return 0
+    found = _SIZE.fullmatch(raw.lower())
+    if not found:
+        raise ConfigError(
+            f"{name}={raw!r} is not a size: use bytes or a number with K, M, G or T "
+            "(powers of 1024) such as 50G, or 0 for no limit"
+        )
+    return int(float(found[1]) * _SIZE_UNITS[found[2]])
 
 
 def _off(env: Mapping[str, str], name: str) -> bool:

@@ -6,11 +6,18 @@ optimum-neuron patches it, facts §9), by one that returns a server-backed cache
 ``install()`` puts a finder on ``sys.meta_path`` that lets every ``libneuronxla``
 module load normally and then patches it: modules that libneuronxla imports later,
 with their own ``from ... import create_compile_cache``, are patched as they load.
-Nothing else is touched, and nothing happens without a ``neffcache+`` URL.
+The SDK's cache classes are guarded too: code that builds ``CompileCacheFs(url)``
+itself (optimum-neuron's sessions replace ``create_compile_cache`` by such a function,
+facts §19) gets a stock cache on the L1 directory for a ``neffcache+`` URL.
 
-Every Python process of a configured image imports this module at start-up (through
-the ``.pth`` file), so it imports almost nothing: the finder and loader are duck-typed
-(``importlib.abc`` alone costs milliseconds), and the rest loads when libneuronxla does.
+Which URL is in force is read each time libneuronxla asks for a cache, from the
+environment as it is then (scripts and NxD Training set the URL after start-up,
+facts §19) and from the URL the SDK hands over.
+
+Every process that imports libneuronxla imports this module (one started with a
+``neffcache+`` URL in its environment, at start-up), so it imports almost nothing: the
+finder and loader are duck-typed (``importlib.abc`` alone costs milliseconds), and the
+rest loads when libneuronxla asks for a cache.
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ class _PatchingLoader:
         self.loader.exec_module(module)
         try:
             patch_loaded()
+            guard_constructors()
         except Exception as exc:  # never break the SDK's import
             print(f"neffcache: cannot patch libneuronxla: {exc}", file=sys.stderr)
 
@@ -75,6 +83,14 @@ def install() -> None:
         sys.meta_path.insert(0, _FINDER)
     if PACKAGE in sys.modules:
         patch_loaded()
+        guard_constructors()
+
+
+def find_spec(fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
+    """Arm the hook, then find ``fullname`` as the armed hook does: for a finder that
+    meets libneuronxla's import before the hook's own finder was on ``sys.meta_path``."""
+    install()
+    return _FINDER.find_spec(fullname, path, target)
 
 
 def patch_loaded() -> int:
@@ -117,29 +133,23 @@ def _replacement(original: Any) -> Any:
         return existing
 
     def create_compile_cache(cache_url: Any, *args: Any, **kwargs: Any) -> Any:
-
-        from neffcache.client.config import ClientConfig, ConfigError
-        from neffcache.client.stats import STATS
-
-        try:
-            config = ClientConfig.from_env()
-        except ConfigError as exc:
-            STATS.count("config_errors")
-            log.warning("neffcache: %s; using the stock cache", exc)
-            config = None
         url = str(getattr(cache_url, "url", ""))
         if not _served_by_neffcache(url):
             return original(cache_url, *args, **kwargs)
+        config = _config_for(url)
         if config is None:
             # A neffcache URL we cannot use (malformed, or NEFFCACHE_DISABLE) must not
             # become a directory named "neffcache+http:": L1 serves, as a stock cache.
-            return original(_local_url(os.environ.get("NEFFCACHE_LOCAL_DIR")), *args, **kwargs)
+            return original(_local_url(_usable_l1(_configured_l1())), *args, **kwargs)
         try:
             config = _writable_l1(config)
             stock = original(_local_url(config.local_dir), *args, **kwargs)
             cls = _proxy_class(stock)
+            _flush_at_worker_exit()
             return cls(stock, config, url)
         except Exception:
+            from neffcache.client.stats import STATS
+
             STATS.count("hook_errors")
             log.exception("neffcache: cannot set up the cache; using the local directory")
             return original(_local_url(config.local_dir), *args, **kwargs)
@@ -151,33 +161,139 @@ def _replacement(original: Any) -> Any:
 
 
 def _served_by_neffcache(url: str) -> bool:
-    """A neffcache URL, or, when ``NEFFCACHE_URL`` overrides the SDK's own URL, the
-    URL the SDK resolves from its variables. A directory some code names explicitly
-    (a sync tool's ``CacheUrl("/path")``) stays that directory."""
-    from neffcache.client.config import DEFAULT_LOCAL_DIR, SCHEME_PREFIX, cache_url
+    """A neffcache URL (anywhere in ``url``: an SDK may have made it absolute); L1's
+    own directory while neffcache is configured (``neuron_parallel_compile`` hands
+    the pool the path its trial run logged, facts §19); or a location of the SDK's
+    own settings that ``NEFFCACHE_URL`` overrides."""
+    from neffcache.client.config import SCHEME_PREFIX, location, overridden, wants_neffcache
 
-    if url.startswith(SCHEME_PREFIX):
+    if SCHEME_PREFIX in url:
         return True
-    if not os.environ.get("NEFFCACHE_URL"):
-        return False
-    environ = {k: v for k, v in os.environ.items() if k != "NEFFCACHE_URL"}
-    sdk_url = cache_url(environ) or DEFAULT_LOCAL_DIR
-    return url in (sdk_url, sdk_url.removeprefix("file://"))
+    if url and wants_neffcache(os.environ) and location(url) == location(_configured_l1()):
+        return True
+    return overridden(url, os.environ)
+
+
+def _config_for(url: str) -> Any:
+    """The configuration for a cache the SDK asks for at ``url``, from the environment
+    as it is now; when that names no neffcache URL, from ``url`` itself, which is then
+    exported as ``NEFFCACHE_URL``. None: disabled or malformed (the reason is logged).
+
+    ``neuron_parallel_compile`` hands its pool the URL its trial run resolved when
+    only the training script set it (NxD Training, facts §19): exported, it reaches
+    the pool it forks next and the compiler shim under it, which vouches for the
+    pool's NEFFs (the pool inherits ``NEURON_EXTRACT_GRAPHS_ONLY``)."""
+    from neffcache.client.config import SCHEME_PREFIX, ClientConfig, ConfigError, wants_neffcache
+
+    handed = None
+    if SCHEME_PREFIX in url and not wants_neffcache(os.environ):
+        handed = url[url.index(SCHEME_PREFIX) :]
+    try:
+        config = ClientConfig.from_env({**os.environ, "NEFFCACHE_URL": handed} if handed else None)
+    except ConfigError as exc:
+        from neffcache.client.stats import STATS
+
+        STATS.count("config_errors")
+        log.warning("neffcache: %s; using the stock cache", exc)
+        return None
+    if handed and config is not None:
+        os.environ["NEFFCACHE_URL"] = handed
+    return config
+
+
+def guard_constructors() -> int:
+    """Make the SDK's cache classes build a ``neffcache+`` URL's cache on L1 (as a stock
+    cache: no server) wherever they are constructed; returns how many were guarded
+    now. Idempotent."""
+    module = sys.modules.get(f"{PACKAGE}.neuron_cc_cache")
+    base = getattr(module, "CompileCache", None)
+    if module is None or not isinstance(base, type):
+        return 0
+    count = 0
+    for value in list(vars(module).values()):
+        init = vars(value).get("__init__") if isinstance(value, type) else None
+        if init is None or not issubclass(value, base) or getattr(init, _PATCHED_MARK, False):
+            continue
+        value.__init__ = _guarded_init(init)
+        count += 1
+    return count
+
+
+def _guarded_init(init: Any) -> Any:
+    def guarded(self: Any, cache_url: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, _off_neffcache(cache_url), *args, **kwargs)
+
+    setattr(guarded, _PATCHED_MARK, True)
+    guarded.__wrapped__ = init  # type: ignore[attr-defined]
+    guarded.__name__, guarded.__qualname__ = init.__name__, init.__qualname__
+    guarded.__doc__ = init.__doc__
+    return guarded
+
+
+def _off_neffcache(cache_url: Any) -> Any:
+    """``cache_url``, or the L1 directory's when it names a neffcache URL."""
+    from neffcache.client.config import SCHEME_PREFIX
+
+    try:
+        if SCHEME_PREFIX not in str(getattr(cache_url, "url", "")):
+            return cache_url
+        from neffcache.client.stats import STATS
+
+        STATS.count("stock_caches_on_l1")
+        log.info("neffcache: a stock cache was asked for %s; it is built on L1", cache_url.url)
+        return _local_url(_usable_l1(_configured_l1()))
+    except Exception:  # defensive: the SDK's constructor must still run
+        log.exception("neffcache: cannot move a stock cache to L1")
+        return cache_url
+
+
+_worker_flushes: set[int] = set()  # processes whose multiprocessing exit flushes
+
+
+def _flush_at_worker_exit() -> None:
+    """In a multiprocessing worker (``neuron_parallel_compile``'s pool, facts §8.3),
+    have its exit wait for the background publishes: a worker ends in ``os._exit``
+    after multiprocessing's finalizers, so the ``atexit`` flush never runs there and
+    the graphs it compiled last would never reach the server. Once per process: the
+    finalizers are per process too (a fork starts with none)."""
+    multiprocessing = sys.modules.get("multiprocessing")
+    if multiprocessing is None or multiprocessing.parent_process() is None:
+        return
+    if os.getpid() in _worker_flushes:
+        return
+    from multiprocessing.util import Finalize
+
+    from neffcache.client.proxy import _flush_publishes
+
+    _worker_flushes.add(os.getpid())
+    Finalize(None, _flush_publishes, exitpriority=10)
+
+
+def _configured_l1() -> str:
+    from neffcache.client.config import DEFAULT_LOCAL_DIR
+
+    return os.environ.get("NEFFCACHE_LOCAL_DIR") or DEFAULT_LOCAL_DIR
 
 
 _l1_dirs: dict[str, str] = {}  # configured L1 -> the directory used, once per process
 
 
 def _writable_l1(config: Any) -> Any:
-    """``config``, or a copy whose L1 is a private temporary directory when the
-    configured one cannot be written (a read-only mount): the SDK's filesystem cache
-    takes a lock file even to read (facts §6.1) and would fail the job. Decided once
-    per process: the SDK asks for a cache per graph, and every graph of a run must
-    find the ones before it in the same directory."""
-    chosen = _l1_dirs.get(config.local_dir)
-    if chosen is None:
-        chosen = _l1_dirs[config.local_dir] = _probe_l1(config.local_dir)
+    """``config``, with its L1 replaced as :func:`_usable_l1` says."""
+    chosen = _usable_l1(config.local_dir)
     return config if chosen == config.local_dir else config._replace(local_dir=chosen)
+
+
+def _usable_l1(local_dir: str) -> str:
+    """``local_dir``, or a private temporary directory when it cannot be written (a
+    read-only mount): the SDK's filesystem cache takes a lock file even to read
+    (facts §6.1) and would fail the job. Decided once per process: the SDK asks for a
+    cache per graph, and every graph of a run must find the ones before it in the same
+    directory."""
+    chosen = _l1_dirs.get(local_dir)
+    if chosen is None:
+        chosen = _l1_dirs[local_dir] = _probe_l1(local_dir)
+    return chosen
 
 
 def _probe_l1(local_dir: str) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 import blake3
 
 from neffcache.client._log import log
+from neffcache.client.l1limit import used
 from neffcache.client.manifests import checked, is_digest
 from neffcache.client.stats import STATS
 
@@ -115,6 +116,7 @@ class LocalStore:
         if not is_digest(digest):
             return False
         path = self.blob_path(digest)
+        used(path)  # first: l1limit's handshake with an eviction under way
         try:
             status = path.stat()
             if not stat.S_ISREG(status.st_mode):
@@ -135,6 +137,7 @@ class LocalStore:
     def add_blob(self, src: Path, digest: str) -> Path:
         """Copy a verified file in (no-op when present); returns the stored path."""
         dest = self.blob_path(digest)
+        used(dest)  # present: it is about to be published from
         if not dest.exists():
             copy_atomic(src, dest)
         return dest

@@ -63,6 +63,7 @@ from typing import Any, NamedTuple, TextIO
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
 from neffcache.client.http import Connection
+from neffcache.client.l1limit import grew
 from neffcache.client.local import LocalStore, atomic_write
 from neffcache.client.manifests import BadManifest, Manifest, check, is_digest
 from neffcache.client.proxy import DONE, NEFF, entry_lock_name, same_environment, write_entry
@@ -545,6 +546,7 @@ def prewarm(
         raise
     finally:
         bar.close()  # an interrupt, too, leaves the terminal's line clean
+    grew(config)  # after the downloads: young files are never evicted, older ones may be
     return Summary(
         lines=run.lines,
         malformed=run.malformed,

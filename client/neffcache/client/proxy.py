@@ -24,7 +24,6 @@ is why both interception points are meant to be enabled together.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import threading
 import time
@@ -34,12 +33,14 @@ from typing import TYPE_CHECKING, Any
 
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
+from neffcache.client.l1limit import grew as _grew
+from neffcache.client.l1limit import used as _used
 from neffcache.client.reasons import UNKNOWN
 from neffcache.client.runlog import saved_seconds
 from neffcache.client.stats import STATS
 from neffcache.keying import (
     STOCK_DONE,
-    STOCK_FLAGS,
+    STOCK_FLAGS_NAMES,
     STOCK_HLO_NAMES,
     STOCK_LOG,
     STOCK_NEFF,
@@ -51,11 +52,13 @@ if TYPE_CHECKING:
     from neffcache.client.local import LocalStore
     from neffcache.client.reasons import Explanation, Prepared
     from neffcache.client.remote import Remote
+    from neffcache.keying import StockFlags
 
 DONE = STOCK_DONE
 NEFF = STOCK_NEFF
 LOG = STOCK_LOG
-FLAGS = STOCK_FLAGS
+# compile_flags.json, or the oldest era's compile_flags.txt (facts §19).
+FLAGS_NAMES = STOCK_FLAGS_NAMES
 HLO_NAMES = STOCK_HLO_NAMES
 
 
@@ -259,6 +262,8 @@ class Core:
         name = os.path.basename(path)
         if name == LOG and not self.config.stock_failures:
             return self._failed_while_waiting(path)
+        if name in (DONE, NEFF):
+            _used(path)  # before the probe: l1limit's handshake with an eviction under way
         if self.stock.exists(path):
             if name == DONE:
                 entry = _dir_of(path)
@@ -306,7 +311,7 @@ class Core:
         try:
             name = os.path.basename(cache_path)
             entry = _dir_of(cache_path)
-            if name in HLO_NAMES or name == FLAGS:
+            if name in HLO_NAMES or name in FLAGS_NAMES:
                 if name in HLO_NAMES:
                     self._hlo_seen.setdefault(entry, time.monotonic())
                 if entry in self._locked_entries:  # the SDK writes its inputs, then compiles
@@ -427,7 +432,7 @@ class Core:
         spelled = _spelled(entry)
         if spelled in _explanations or (entry / DONE).exists():
             return
-        if not (entry / FLAGS).is_file() or not any((entry / n).is_file() for n in HLO_NAMES):
+        if _flags_path(entry) is None or not any((entry / n).is_file() for n in HLO_NAMES):
             return
         address = self._address(entry)
         if address is None:
@@ -470,9 +475,16 @@ class Core:
         from neffcache.keying import KeyingError, parse_neuron_address
 
         try:
-            return str(parse_neuron_address("/".join(parts)))
+            address = str(parse_neuron_address("/".join(parts)))
         except KeyingError:
             return None
+        # The version libneuronxla names its entries with is this interpreter's
+        # neuronxcc; the compiler it runs is the first neuronx-cc on PATH, which can
+        # be another's. The shim, which the SDK runs, inherits it from here and checks.
+        from neffcache.client.keys import SDK_VERSION_VARIABLE
+
+        os.environ[SDK_VERSION_VARIABLE] = address.split("/")[0][len("neuronxcc-") :]
+        return address
 
     def _fetch(self, entry: Path) -> bool:
         """Find the entry on the server and write it into L1; True when it is there."""
@@ -556,23 +568,23 @@ class Core:
         self, entry: Path, address: str, environ: dict[str, str] | None = None
     ) -> tuple[bytes, Any] | None:
         """The entry's HLO bytes and compile context, or None when they cannot be had
-        (no HLO or flags in L1, no ``--target`` among the flags)."""
+        (no HLO or flags in L1, no target: neither ``--target`` among the flags, as
+        ``--target=trn2`` or NxDI's two words, nor NEURON_PLATFORM_TARGET_OVERRIDE).
+        The flags come from whichever era's file the entry has (facts §19)."""
         hlo = next((entry / n for n in HLO_NAMES if (entry / n).is_file()), None)
-        if hlo is None or not (entry / FLAGS).is_file():
+        read = None if hlo is None else stock_flags(entry)
+        if hlo is None or read is None:
             return None
         from neffcache.client.keys import context
 
+        target = read.target or os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE") or None
+        if target is None:
+            return None
         try:
-            flags = json.loads((entry / FLAGS).read_text())
-            if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
-                return None
-            target = _target(flags)
-            if target is None:
-                return None
             ctx = context(
                 _version_of(address) or "",
                 target,
-                flags,
+                read.flags,
                 os.environ if environ is None else environ,
             )
             module = hlo.read_bytes()
@@ -583,6 +595,7 @@ class Core:
     def _materialize(self, entry: Path, manifest: dict[str, Any]) -> bool:
         def mark_done(done: Path) -> None:
             self.stock.upload_string_to_file(str(done), "")
+            _grew(self.config, background=True)  # L1 holds one more entry
 
         return write_entry(self.local, self.remote, entry, manifest, mark_done)
 
@@ -602,6 +615,7 @@ class Core:
             # This Core's connection on the publisher's thread: the SDK makes a new
             # cache object (and Core) per compile, so none would be used again.
             self.remote.close()
+            _grew(self.config)  # the SDK's new entry; on the publisher's thread, not the SDK's
 
     def _publish_entry(self, entry: Path, seconds: float | None, environ: dict[str, str]) -> bool:
         """True when the server holds the entry under this entry's address."""
@@ -609,6 +623,10 @@ class Core:
 
         address = self._address(entry)
         if address is None or not (entry / NEFF).is_file():
+            return False
+        if placeholder_mode(environ) and not self._resolved_by_shim(entry, address):
+            STATS.count("placeholders_kept_back")
+            log.info("neffcache: %s not published: the SDK may return placeholders", address)
             return False
         keys = self._keys(entry, address, environ)
         if keys is None:
@@ -619,7 +637,21 @@ class Core:
         manifest, paths = make_manifest(
             canonical(), direct, address, files, seconds, self.config.model
         )
+        read = stock_flags(entry)
+        if read is not None:
+            # An export writes the entry back as this SDK wrote it (bridge exporter).
+            manifest["stock_era"] = read.era.value
         return publish(self.remote, manifest, paths)
+
+    def _resolved_by_shim(self, entry: Path, address: str) -> bool:
+        """Whether the compiler shim compiled or served this entry's graph since the SDK
+        wrote its HLO: then its NEFF is a real compiler's, whatever the SDK's mode."""
+        hlo = next((entry / n for n in HLO_NAMES if (entry / n).is_file()), None)
+        try:
+            since = os.stat(hlo).st_mtime if hlo is not None else time.time()
+        except OSError:
+            return False
+        return self.local.wrapped_since(address, since - 1.0)
 
     def _report(
         self,
@@ -649,6 +681,17 @@ class Core:
         STATS.count("compile_failures")
         record = failure_record(key, direct, address, None, seconds, text)
         self.remote.put_failure(key.key, record)
+
+
+def placeholder_mode(environ: dict[str, str]) -> bool:
+    """Whether libneuronxla may hand back placeholder outputs instead of compiling
+    (``neuron_parallel_compile``'s trial run, whose environment its compile pool
+    inherits; Ray's workers). Such a process's entries are published only when the
+    shim vouches for them: these variables are not in the key (keying's _env.py)."""
+    return any(
+        environ.get(name, "") not in ("", "0")
+        for name in ("NEURON_EXTRACT_GRAPHS_ONLY", "NEURON_FALL_BACK_TO_NULL_NEFF")
+    )
 
 
 def write_entry(
@@ -727,15 +770,35 @@ def same_environment(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
     if theirs != compile_env(os.environ):
         STATS.count("address_env_mismatches")
         return None
+    # The NKI version likewise, when the entry was keyed by neffcache (an imported
+    # stock entry never recorded one: served as the stock cache would serve it).
+    if isinstance(components, dict) and "frameworks" in components:
+        from neffcache.client.keys import framework_versions
+
+        if components["frameworks"] != framework_versions():
+            STATS.count("address_env_mismatches")
+            return None
     return manifest
 
 
-def _target(flags: list[str]) -> str | None:
-    for flag in flags:
-        name, _, value = flag.partition("=")
-        if name == "--target" and value:
-            return value
-    return os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE") or None
+def _flags_path(entry: Path) -> Path | None:
+    """The entry's flags file: ``compile_flags.json``, else the oldest era's
+    ``compile_flags.txt``; None when it has neither."""
+    return next((entry / n for n in FLAGS_NAMES if (entry / n).is_file()), None)
+
+
+def stock_flags(entry: Path) -> StockFlags | None:
+    """The entry's flags file as read (its era, its tokens), or None when it has none
+    or one keying cannot read."""
+    from neffcache.keying import KeyingError, read_stock_flags
+
+    path = _flags_path(entry)
+    if path is None:
+        return None
+    try:
+        return read_stock_flags(path.name, path.read_bytes())
+    except (OSError, KeyingError):
+        return None
 
 
 def entry_lock_name(address: str) -> str:

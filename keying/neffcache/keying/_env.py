@@ -14,6 +14,14 @@ Deliberately left out, with the reason:
   metadata to the HLO, which the fingerprint ignores (facts §13.2).
 * ``NEURON_COMPILE_CACHE_URL``, ``NEURON_RT_*``: where the cache is, and run-time
   settings that the compiler never reads.
+* ``NEURON_EXTRACT_GRAPHS_ONLY``, ``NEURON_FALL_BACK_TO_NULL_NEFF``: libneuronxla's
+  (not the compiler's) switches to return placeholder outputs instead of compiling.
+  ``neuron_parallel_compile`` sets the first in its own process for the trial run and
+  its compile pool inherits it while it compiles for real (Ray's worker does the same
+  with both): keyed, every graph the pool compiled would be published under keys the
+  training run never has. A placeholder is kept out of the cache where it could enter
+  instead: the shim publishes only what the real compiler it ran wrote, and the hook,
+  while either variable is set, only an entry the shim resolved (docs/keying.md).
 """
 
 from __future__ import annotations
@@ -24,11 +32,6 @@ from collections.abc import Mapping
 from ._errors import KeyingError
 
 ENV_ALLOWLIST: Mapping[str, str] = {
-    "NEURON_FALL_BACK_TO_NULL_NEFF": "the wrapper returns a placeholder NEFF instead of "
-    "compiling (neuron_parallel_compile trial runs, facts §8): such output must never "
-    "be served to a real run",
-    "NEURON_EXTRACT_GRAPHS_ONLY": "graph extraction mode: nothing is compiled and the "
-    "outputs are fake (facts §8)",
     "NEURON_LOGICAL_NC_CONFIG": "logical NeuronCore size; the compiler's --lnc default "
     "follows it on trn2 [guess: keyed so a guess costs a miss, never a wrong NEFF]",
     "XLA_FLAGS": "neuronx-cc runs XLA's HLO passes, which read XLA_FLAGS; the dump "

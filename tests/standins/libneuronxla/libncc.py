@@ -6,7 +6,8 @@ wrapper keeps for itself) and section 15 (the list of wrapper-only flags is open
 ``setup_args()`` parses ``NEURON_CC_FLAGS`` with ``shlex`` into a :class:`NeuronCCArgs`:
 the wrapper-only flags become attributes and everything else stays in
 ``compiler_flags``, in order, exactly as written (section 4.3 item 8: tokens are hashed
-as they are).
+as they are). Section 19: it returns a 3-tuple, whose first item is that object
+(``ncc_args, _, _ = setup_args()`` in ``neuron_parallel_compile``).
 """
 
 from __future__ import annotations
@@ -57,8 +58,14 @@ def split_wrapper_flags(tokens: list[str]) -> NeuronCCArgs:
     return args
 
 
-def setup_args(flags: str | None = None) -> NeuronCCArgs:
-    """Parse ``flags``, by default the ``NEURON_CC_FLAGS`` environment variable."""
+def setup_args(flags: str | None = None) -> tuple[NeuronCCArgs, list[str], str]:
+    """Parse ``flags``, by default the ``NEURON_CC_FLAGS`` environment variable.
+
+    [GUESS] Only the first item's role is known (section 19); this stand-in returns
+    the compiler flags (a copy of ``compiler_flags``) and the string parsed as the
+    other two, so a caller that unpacks three items works and one that uses the
+    tuple as the object fails, as it would with the real SDK."""
     if flags is None:
         flags = os.environ.get("NEURON_CC_FLAGS", "")
-    return split_wrapper_flags(shlex.split(flags))
+    args = split_wrapper_flags(shlex.split(flags))
+    return args, list(args.compiler_flags), flags

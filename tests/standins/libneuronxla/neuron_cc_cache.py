@@ -134,7 +134,7 @@ class CacheUrl:
         ``NEURON_CC_FLAGS``, then ``NEURON_COMPILE_CACHE_URL``, then the default."""
         url = (
             cache_dir
-            or libncc.setup_args().cache_dir
+            or libncc.setup_args()[0].cache_dir
             or os.environ.get("NEURON_COMPILE_CACHE_URL")
             or DEFAULT_CACHE_URL
         )

@@ -28,6 +28,10 @@ Stand-in environment variables (not real SDK variables):
   and ``compile_flags.json`` only on a miss, under the entry lock. ``1``: write
   ``model.hlo_module.pb`` and ``compile_flags.json`` into the entry on every call, BEFORE
   the ``model.done`` probe (hits included).
+* ``NEFFCACHE_STANDIN_PATH_LOG``: what the trial run writes to
+  ``NEURON_PARALLEL_COMPILE_CACHE_PATH_LOG`` (not public): ``url`` (default) the
+  resolved cache URL, ``cache_path`` the ``cache_path`` of the cache object
+  ``create_compile_cache`` returned.
 * ``NEFFCACHE_STANDIN_HASH_TARGET``: ``1`` (default) hashes ``['--target=<t>',
   *user_flags]`` (section 4.3 item 5, the PJRT path A form). ``0`` hashes the user flags
   alone, the form section 4.3 item 6 shows for transformers-neuronx (path B), whose
@@ -222,6 +226,19 @@ def _failed_neff_message(neff_path: str) -> str:
     )
 
 
+def _log_cache_path(cache_url: CacheUrl, cache: CompileCache) -> None:
+    """Section 8.1/19: the trial run writes "the actual cache path" to
+    ``NEURON_PARALLEL_COMPILE_CACHE_PATH_LOG`` for the parent to read back. [GUESS]
+    Whether that is the URL or the cache object's path is not known:
+    ``NEFFCACHE_STANDIN_PATH_LOG=cache_path`` writes the latter."""
+    path_log = os.environ.get("NEURON_PARALLEL_COMPILE_CACHE_PATH_LOG")
+    if not path_log:
+        return
+    which = os.environ.get("NEFFCACHE_STANDIN_PATH_LOG", "url")
+    with open(path_log, "w") as f:
+        f.write(cache.cache_path if which == "cache_path" else cache_url.url)
+
+
 def neuron_xla_compile_impl(
     input_file: str,
     compiler_flags: list[str],
@@ -249,12 +266,9 @@ def neuron_xla_compile_impl(
 
     cache_url = CacheUrl.get_cache_url(cache_dir)
     logger.info("||NEURON_CACHE||: Compile cache path: %s", cache_url.url)
-    path_log = os.environ.get("NEURON_PARALLEL_COMPILE_CACHE_PATH_LOG")
-    if path_log:
-        with open(path_log, "w") as f:
-            f.write(cache_url.url)
     # Through this module's own binding, looked up now (see the module docstring).
     cache = create_compile_cache(cache_url)
+    _log_cache_path(cache_url, cache)
     flags_list = hashed_flags(platform_target, compiler_flags)
     entry_dir, _ = cache.get_cache_dir(cache_key, flags_list)
     hlo_path = os.path.join(entry_dir, HLO_FILENAME)
@@ -341,7 +355,7 @@ def neuron_xla_compile(
     """
     if input_format != "hlo":
         raise NotImplementedError(f"stand-in: input_format={input_format!r} is not supported")
-    env_args = libncc.setup_args()
+    env_args, _, _ = libncc.setup_args()
     # [GUESS] Wrapper-only flags in the caller's list are handled like NEURON_CC_FLAGS';
     # the caller's compiler flags come first, then NEURON_CC_FLAGS'.
     caller_args = libncc.split_wrapper_flags(_normalize_flags(compiler_flags))
@@ -397,7 +411,8 @@ def compile_cache_entry(
     The NEFF is also copied to ``output_neff_path``.
     """
     cache = cache_entry.cache
-    wd, remove_wd = _make_work_dir(work_dir, True, libncc.setup_args().compile_workdir)
+    ncc_args, _, _ = libncc.setup_args()
+    wd, remove_wd = _make_work_dir(work_dir, True, ncc_args.compile_workdir)
     try:
         stem = os.path.join(wd, f"model.{cache_entry.key}")
         input_file = stem + ".hlo_module.pb"

@@ -185,6 +185,35 @@ async def answer_entry(backends: Backends, caller: Caller, namespace: str, key: 
     return await backends.run(_entry_response, backends, namespace, key)
 
 
+_ALIAS_LIST = obj({"aliases": array({"type": "string"})})
+
+
+@router.get(
+    "/v1/ns/{namespace}/entries/{key}/aliases",
+    response_class=Response,
+    responses={
+        **json_answer(200, _ALIAS_LIST, "every alias naming the entry, sorted"),
+        **errors(*TOKEN),
+        **missed("no such entry in the namespace"),
+    },
+)
+async def list_aliases(
+    namespace: Namespace, key: Key, caller: CallerDep, backends: BackendsDep
+) -> Response:
+    """The direct keys and Neuron addresses that name an entry: an export writes a
+    stock folder for each address (another trace of the same program had its own)."""
+    caller.require("read", namespace)
+    return await backends.run(_aliases_response, backends, namespace, key)
+
+
+def _aliases_response(backends: Backends, namespace: str, key: str) -> Response:
+    # This namespace only, as the listing: not the namespaces it reads through.
+    if backends.index.get_entry(namespace, key) is None:
+        return absent(f"no entry {key} in namespace {namespace}")
+    body = json.dumps({"aliases": backends.index.aliases_of(namespace, key)})
+    return Response(body.encode(), media_type="application/json")
+
+
 @router.get("/v1/ns/{namespace}/aliases/{alias:path}", response_class=Response, responses=_LOOKUP)
 async def get_alias(
     namespace: Namespace, alias: str, caller: CallerDep, backends: BackendsDep

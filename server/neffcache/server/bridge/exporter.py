@@ -2,12 +2,23 @@
 
 Each entry with a Neuron address becomes ``DEST/<address>/`` holding every file of its
 manifest, each verified against its BLAKE3 digest, and an empty ``model.done`` written
-last (facts §3.1, §3.3): the unmodified SDK reads it as a cache hit. An entry is
-written into a hidden folder beside its place and renamed into it, so an interrupted
-export leaves no half entry (only a hidden ``.MODULE_…partial`` folder, which the SDK
-never looks at, and an interrupted process removes even that). A complete entry
-already in DEST is left alone. An entry without ``model.neff`` is an error: written
-out, the SDK would take it for a hit and fail to load it.
+last (facts §3.1, §3.3): the unmodified SDK reads it as a cache hit. An entry from the
+oldest era of the layout (``stock_era`` ``raw``, or a ``compile_flags.txt`` among its
+files; facts §19) gets no ``model.done``, as its SDK wrote none.
+
+Every Neuron address that is an alias of the entry (another trace of the same program,
+found by ``neffcache import`` or by a client) gets its own folder too, the same files
+hard-linked to the entry's first folder written in this run where the filesystem
+allows, else copied: an SDK pointed at the export hits every graph the source cache
+held. An entry is written into a hidden folder beside its place and renamed into it,
+so an interrupted export leaves no half entry (only a hidden ``.MODULE_…partial``
+folder, which the SDK never looks at, and an interrupted process removes even that).
+A complete entry already in DEST is left alone. An entry without ``model.neff`` is an
+error: written out, the SDK would take it for a hit and fail to load it.
+
+Beside the outcomes (one per entry) the report counts ``folders_written`` (every
+folder, aliases included), ``alias_folders`` (those of aliases) and ``hard_links``
+(files linked rather than downloaded or copied).
 
 DEST also gets the cache-wide ``lock`` (empty, mode 0666): the SDK opens it for
 writing even to look up (facts §6.1), so a user who cannot create files in DEST can
@@ -37,8 +48,10 @@ from typing import Any
 
 from neffcache.keying import (
     STOCK_DONE,
+    STOCK_FLAGS_TXT,
     STOCK_NEFF,
     KeyingError,
+    StockEra,
     is_stock_artifact,
     parse_neuron_address,
 )
@@ -50,6 +63,19 @@ DONE_OUTCOMES = ("exported", "present")
 SKIPPED = ("filtered", "no_address", "env", "occupied")
 # The SDK's cache-wide lock file (facts §6.1).
 LOCK = "lock"
+# Counted beside the outcomes.
+FOLDERS = "folders_written"
+ALIAS_FOLDERS = "alias_folders"
+LINKS = "hard_links"
+
+
+@dataclass
+class Written:
+    """What exporting entries wrote: folders, those of aliases, files hard-linked."""
+
+    folders: int = 0
+    alias_folders: int = 0
+    links: int = 0
 
 
 @dataclass(frozen=True)
@@ -93,49 +119,133 @@ def parse_since(text: str) -> float:
 def export_cache(remote: Remote, dest: Path, *, filters: Filters, progress: Progress) -> Report:
     """Export every entry the filters keep; per-entry trouble is counted, while an
     unusable server raises ``Unusable`` and an unwritable DEST ``OSError``."""
-    report = Report("export", DONE_OUTCOMES, SKIPPED)
+    report = Report("export", DONE_OUTCOMES, SKIPPED, tallies=(FOLDERS, ALIAS_FOLDERS, LINKS))
     dest.mkdir(parents=True, exist_ok=True)
     write_lock(dest)
     for page in remote.pages():
         for manifest in page:
             address = str(manifest.get("neuron_address") or manifest.get("key"))
-            outcome, reason = export_entry(remote, dest, manifest, filters)
+            written = Written()
+            outcome, reason = export_entry(remote, dest, manifest, filters, written)
             report.add(outcome, address, reason)
+            report.tally(FOLDERS, written.folders)
+            report.tally(ALIAS_FOLDERS, written.alias_folders)
+            report.tally(LINKS, written.links)
             progress.advance(f"{outcome} {address}")
     return report
 
 
 def export_entry(
-    remote: Remote, dest: Path, manifest: dict[str, Any], filters: Filters
+    remote: Remote,
+    dest: Path,
+    manifest: dict[str, Any],
+    filters: Filters,
+    written: Written | None = None,
 ) -> tuple[str, str | None]:
-    """The outcome of exporting one entry, and why when it is noteworthy."""
+    """The outcome of exporting one entry (every folder of it), and why when it is
+    noteworthy; what it wrote is added to ``written``."""
     try:
         if not filters.keep(manifest):
             return "filtered", None
-        address = manifest.get("neuron_address")
-        if not isinstance(address, str):
+        addresses = stock_addresses(remote, manifest)
+        if not addresses:
             return "no_address", None
         components = manifest.get("components")
         if isinstance(components, dict) and components.get("env"):
             return "env", None
-        place = dest / str(parse_neuron_address(address))
         files = stock_files(manifest)
+        era = stock_era(manifest, files)
     except (KeyingError, ValueError) as exc:
         return "error", f"the server sent an entry that cannot be exported: {exc}"
+    except Refused as exc:
+        return "error", str(exc)
     if STOCK_NEFF not in files:
         return "error", f"no {STOCK_NEFF}: the SDK would take the folder for a hit it cannot load"
-    if (place / STOCK_DONE).exists():
+    return export_folders(remote, [dest / a for a in addresses], files, era, written or Written())
+
+
+def export_folders(
+    remote: Remote,
+    places: list[Path],
+    files: dict[str, tuple[str, int]],
+    era: StockEra,
+    written: Written,
+) -> tuple[str, str | None]:
+    """Write one entry's folder at each of ``places`` (its own address first): the
+    first written downloads the files, the others link to it. The entry's outcome is
+    its first folder's, ``exported`` when any folder was, ``error`` when any failed."""
+    outcomes: list[tuple[str, str | None]] = []
+    source: Path | None = None
+    for i, place in enumerate(places):
+        outcome = export_folder(remote, place, files, era, source, written)
+        if outcome[0] == "exported":
+            written.folders += 1
+            if i > 0:
+                written.alias_folders += 1
+            source = source or place
+        outcomes.append(outcome)
+    failed = [o for o in outcomes if o[0] == "error"]
+    if failed:
+        return failed[0]
+    if any(o[0] == "exported" for o in outcomes):
+        return "exported", None
+    return outcomes[0]
+
+
+def export_folder(
+    remote: Remote,
+    place: Path,
+    files: dict[str, tuple[str, int]],
+    era: StockEra,
+    source: Path | None,
+    written: Written,
+) -> tuple[str, str | None]:
+    """The outcome of writing one folder, from the server or linked to ``source``."""
+    if complete(place, era):
         return "present", None
     if place.exists():
         # Not ours to replace: a stock entry of another state, or a compile running.
         return "occupied", None
     try:
-        write_entry(remote, place, files)
+        written.links += write_entry(remote, place, files, era=era, source=source)
     except Refused as exc:
         return "error", str(exc)
     except FileExistsError:
         return "present", None  # another export wrote it meanwhile
     return "exported", None
+
+
+def stock_addresses(remote: Remote, manifest: dict[str, Any]) -> list[str]:
+    """The entry's own Neuron address, then every other alias of it that is one, in
+    the server's order. KeyingError for an own address that is not one; an alias
+    that is not is skipped (no SDK could look it up)."""
+    own = manifest.get("neuron_address")
+    found = [str(parse_neuron_address(own))] if isinstance(own, str) else []
+    key = manifest.get("key")
+    if not isinstance(key, str) or not re.fullmatch(HEX64, key):
+        return found
+    for alias in remote.aliases(key):
+        with contextlib.suppress(KeyingError):
+            address = str(parse_neuron_address(alias))
+            if address not in found:
+                found.append(address)
+    return found
+
+
+def stock_era(manifest: dict[str, Any], files: dict[str, tuple[str, int]]) -> StockEra:
+    """The layout the entry came from: its ``stock_era``, else what its files say (a
+    ``compile_flags.txt`` is the oldest era's). ValueError for an unknown era."""
+    named = manifest.get("stock_era")
+    if named is not None:
+        if not isinstance(named, str):
+            raise ValueError(f"stock_era {str(named)[:40]!r}")
+        return StockEra(named)
+    return StockEra.RAW if STOCK_FLAGS_TXT in files else StockEra.TARGET
+
+
+def complete(place: Path, era: StockEra) -> bool:
+    """Whether ``place`` holds an entry the SDK of ``era`` takes for a hit."""
+    return (place / (STOCK_DONE if era.marks_done else STOCK_NEFF)).exists()
 
 
 def stock_files(manifest: dict[str, Any]) -> dict[str, tuple[str, int]]:
@@ -171,16 +281,31 @@ def write_lock(dest: Path) -> None:
         os.close(fd)
 
 
-def write_entry(remote: Remote, place: Path, files: dict[str, tuple[str, int]]) -> None:
-    """Write the files into a hidden folder beside ``place``, ``model.done`` last, then
-    rename it to ``place``. Nothing is left behind on failure."""
+def write_entry(
+    remote: Remote,
+    place: Path,
+    files: dict[str, tuple[str, int]],
+    *,
+    era: StockEra = StockEra.TARGET,
+    source: Path | None = None,
+) -> int:
+    """Write the files into a hidden folder beside ``place``, ``model.done`` last
+    (when ``era`` has one), then rename it to ``place``. The files come from the
+    server, or from the folder ``source`` this export wrote: hard-linked where the
+    filesystem allows, else copied. Nothing is left behind on failure. How many files
+    were linked."""
     place.parent.mkdir(parents=True, exist_ok=True)
     staging = place.parent / f".{place.name}.{secrets.token_hex(4)}.partial"
     staging.mkdir()  # with the umask's permissions, as the SDK's own folders
+    links = 0
     try:
         for name, (digest, size) in sorted(files.items()):
-            remote.fetch_blob(digest, size, staging / name)
-        (staging / STOCK_DONE).touch()
+            if source is None:
+                remote.fetch_blob(digest, size, staging / name)
+            else:
+                links += link_or_copy(source / name, staging / name)
+        if era.marks_done:
+            (staging / STOCK_DONE).touch()
         try:
             os.rename(staging, place)
         except OSError as exc:
@@ -190,3 +315,16 @@ def write_entry(remote: Remote, place: Path, files: dict[str, tuple[str, int]]) 
     finally:
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(staging)
+    return links
+
+
+def link_or_copy(src: Path, dst: Path) -> bool:
+    """A hard link at ``dst`` to ``src``, or a copy where links fail (another
+    filesystem, one without links, the link limit); True when linked. The folders
+    sharing a file are complete entries: no SDK rewrites their files in place."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+        return False
+    return True

@@ -2,9 +2,12 @@
 
 An entry is keyed as the client keys what the SDK compiles (client ``proxy.py``): the
 canonical key of its HLO under the compiler version of its folder, the target of the
-``--target=`` flag in ``compile_flags.json`` (else the one given to the command) and
-those flags, with no environment (a stock cache records none). Its Neuron address and
-direct key become aliases.
+``--target`` flag in its flags file (else the one given to the command) and those
+flags, with no environment (a stock cache records none). Its Neuron address and
+direct key become aliases. The flags file is that of any of the three eras of the
+layout (facts §19: ``compile_flags.txt`` holding the raw string, or
+``compile_flags.json``); the manifest's ``stock_era`` names it, so an export writes
+the entry back the same way.
 
 Nothing is half-imported: the blobs the server lacks go first, then the manifest,
 which the server publishes atomically only when every blob is there. An entry the
@@ -15,7 +18,6 @@ aliases of that entry (another trace of the same program has its own address).
 
 from __future__ import annotations
 
-import json
 import re
 import tempfile
 from collections.abc import Callable
@@ -26,17 +28,19 @@ from typing import Any, BinaryIO, NamedTuple
 import blake3
 
 from neffcache.keying import (
-    STOCK_FLAGS,
+    STOCK_FLAGS_NAMES,
     STOCK_HLO_NAMES,
     CacheKey,
     CompileContext,
     KeyingError,
     KeyInputs,
+    StockEra,
+    StockFlags,
     compute_key,
     direct_key,
     fingerprint_hlo,
-    normalize_flags,
     parse_neuron_address,
+    read_stock_flags,
 )
 from neffcache.server.bridge.remote import Refused, Remote
 from neffcache.server.bridge.report import Progress, Report
@@ -64,6 +68,7 @@ class Keyed:
     address: str
     canonical: CacheKey
     direct: CacheKey
+    era: StockEra
 
 
 class Outcome(NamedTuple):
@@ -132,40 +137,40 @@ def key_entry(source: StockSource, entry: StockEntry, target: str | None, scratc
     bad = [name for name in entry.artifacts() if not re.fullmatch(FILE_NAME, name)]
     if bad:
         raise Unkeyable(f"file name {bad[0]!r} cannot be stored (letters, digits, ._+- only)")
-    if STOCK_FLAGS not in entry.sizes:
-        raise Unkeyable(f"no {STOCK_FLAGS}")
+    flags_name = next((name for name in STOCK_FLAGS_NAMES if name in entry.sizes), None)
+    if flags_name is None:
+        raise Unkeyable(f"no {' or '.join(STOCK_FLAGS_NAMES)}")
     hlo = next((name for name in STOCK_HLO_NAMES if name in entry.sizes), None)
     if hlo is None:
         raise Unkeyable(f"no {' or '.join(STOCK_HLO_NAMES)}")
-    with source.open_file(entry, STOCK_FLAGS, scratch) as f:
-        flags = read_flags(f.read())
+    with source.open_file(entry, flags_name, scratch) as f:
+        flags = read_flags(flags_name, f.read())
     with source.open_file(entry, hlo, scratch) as f:
         module = f.read()
     version = address.split("/")[0].removeprefix("neuronxcc-")
-    return Keyed(address, *keys(module, version, flags, target))
+    return Keyed(address, *keys(module, version, flags, target), flags.era)
 
 
-def read_flags(raw: bytes) -> list[str]:
-    """``compile_flags.json``: a JSON list of strings (facts §3.1, §4.3)."""
+def read_flags(name: str, raw: bytes) -> StockFlags:
+    """The flags file ``name`` of any era (facts §19); Unkeyable if unreadable."""
     try:
-        flags = json.loads(raw)
-    except ValueError:
-        raise Unkeyable(f"{STOCK_FLAGS} is not JSON") from None
-    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
-        raise Unkeyable(f"{STOCK_FLAGS} is not a JSON list of strings")
-    return flags
+        return read_stock_flags(name, raw)
+    except KeyingError as exc:
+        raise Unkeyable(str(exc)) from None
 
 
 def keys(
-    module: bytes, version: str, flags: list[str], target: str | None
+    module: bytes, version: str, flags: StockFlags, target: str | None
 ) -> tuple[CacheKey, CacheKey]:
-    """The canonical and direct keys; the flags' own ``--target`` wins over ``target``."""
+    """The canonical and direct keys; the flags' own ``--target`` (``--target=trn2``
+    or NxDI's two words) wins over ``target``."""
     try:
-        named = [f.partition("=")[2] for f in normalize_flags(flags) if f.startswith("--target=")]
-        chosen = named[-1] if named else target
+        chosen = flags.target or target
         if not chosen:
-            raise Unkeyable(f"no --target in {STOCK_FLAGS}; pass --target to say which")
-        ctx = CompileContext.create(compiler_version=version, target=chosen, flags=flags, env={})
+            raise Unkeyable(f"no --target in {flags.era.flags_file}; pass --target to say which")
+        ctx = CompileContext.create(
+            compiler_version=version, target=chosen, flags=flags.flags, env={}
+        )
         return compute_key(KeyInputs(fingerprint_hlo(module), ctx)), direct_key(module, ctx)
     except KeyingError as exc:
         raise Unkeyable(str(exc)) from None
@@ -190,6 +195,7 @@ def make_manifest(keyed: Keyed, files: dict[str, tuple[str, int]]) -> dict[str, 
         "direct_key": keyed.direct.key,
         "neuron_address": keyed.address,
         "components": keyed.canonical.as_json(),
+        "stock_era": keyed.era.value,
         "files": {
             name: {"digest": digest, "size": size} for name, (digest, size) in sorted(files.items())
         },

@@ -103,6 +103,23 @@ class Remote:
         self._ok(response, f"alias {alias}")
         return response.status_code == 201
 
+    def aliases(self, key: str) -> list[str]:
+        """Every alias naming the entry ``key`` (direct keys and Neuron addresses);
+        ``[]`` when the entry is gone. A server without the route is Unusable."""
+        response = self._send("GET", f"/v1/ns/{self.namespace}/entries/{key}/aliases")
+        if response.status_code == 404 and _absent(response):
+            return []
+        if response.status_code in (404, 405):
+            raise Unusable(
+                f"{self.server} cannot list an entry's aliases (HTTP {response.status_code}); "
+                "it may predate GET /v1/ns/{ns}/entries/{key}/aliases: upgrade it"
+            )
+        found = self._json(self._ok(response, f"the aliases of {key}"))
+        names = found.get("aliases") if isinstance(found, dict) else None
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise Refused(f"{self.server} answered the aliases of {key} with something else")
+        return names
+
     def pages(self, limit: int = 1000) -> Iterator[list[dict[str, Any]]]:
         """Every entry of the namespace, a page at a time, in key order. A server
         without the listing route, or whose answer is not a page that moves on, is
@@ -234,3 +251,12 @@ class Remote:
             return response.json()
         except ValueError:
             raise Refused(f"{self.server} answered something that is not JSON") from None
+
+
+def _absent(response: httpx.Response) -> bool:
+    """A 404 of the server's own (no such entry), not of a route it lacks."""
+    try:
+        body = response.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("reason") == "absent"

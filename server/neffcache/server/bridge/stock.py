@@ -6,7 +6,9 @@ entries (not optimum-neuron's ``0_REGISTRY``, facts §10.3). Each entry is class
 as optimum-neuron's cleanup does (facts §3.2):
 
 ============  =====================================================
-success       ``model.neff`` and ``model.done``
+success       ``model.neff`` and ``model.done``; in the oldest era
+              (``compile_flags.txt``, facts §19), which wrote no
+              ``model.done``, ``model.neff`` and no lock
 locked        a ``*.lock`` file and no success (compiling, or a stale lock)
 failed        ``model.log`` and no success (the SDK would replay the failure)
 incomplete    ``model.neff`` or ``model.done`` alone (an interrupted write)
@@ -41,6 +43,7 @@ from urllib.parse import urlsplit
 
 from neffcache.keying import (
     STOCK_DONE,
+    STOCK_FLAGS_TXT,
     STOCK_LOCK_SUFFIX,
     STOCK_LOG,
     STOCK_NEFF,
@@ -73,6 +76,9 @@ def classify(names: Collection[str]) -> State:
         return State.SUCCESS
     if any(name.endswith(STOCK_LOCK_SUFFIX) for name in names):
         return State.LOCKED
+    if STOCK_NEFF in names and STOCK_FLAGS_TXT in names:
+        # The oldest era's SDK wrote no model.done and took model.neff for a hit.
+        return State.SUCCESS
     if STOCK_LOG in names:
         return State.FAILED
     if STOCK_NEFF in names or STOCK_DONE in names:

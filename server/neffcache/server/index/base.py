@@ -234,6 +234,9 @@ class Index(Protocol):
     def resolve_alias(self, namespace: str, alias: str) -> str | None:
         """The key an alias names in a namespace, or None."""
 
+    def aliases_of(self, namespace: str, key: str) -> list[str]:
+        """Every alias naming ``key`` in a namespace, sorted; ``[]`` when none."""
+
     def add_alias(self, namespace: str, alias: str, key: str) -> PutResult | None:
         """Atomically: make ``alias`` name ``key`` if the entry (namespace, key) exists
         and the alias names nothing yet, or names a key with no entry (CREATED); SAME

@@ -86,6 +86,10 @@ class MemoryIndex:
         with self._lock:
             return self._aliases.get((namespace, alias))
 
+    def aliases_of(self, namespace: str, key: str) -> list[str]:
+        with self._lock:
+            return sorted(a for (ns, a), k in self._aliases.items() if ns == namespace and k == key)
+
     def add_alias(self, namespace: str, alias: str, key: str) -> PutResult | None:
         with self._lock:
             if (namespace, key) not in self._entries:

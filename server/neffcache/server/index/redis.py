@@ -620,6 +620,16 @@ class RedisIndex:
         with self._mapped():
             return _opt_str(self._redis.get(_alias_key(namespace, alias)))
 
+    def aliases_of(self, namespace: str, key: str) -> list[str]:
+        with self._mapped():
+            members = sorted(
+                _str(a) for a in self._redis.smembers(_entry_aliases_key(namespace, key))
+            )
+            named = self._redis.mget([_alias_key(namespace, a) for a in members]) if members else []
+        # Checked against each alias itself: the set is delete_entry's bookkeeping,
+        # the alias's own key is what a lookup follows.
+        return [a for a, k in zip(members, named, strict=True) if _opt_str(k) == key]
+
     def add_alias(self, namespace: str, alias: str, key: str) -> PutResult | None:
         keys = [_entry_key(namespace, key), _alias_key(namespace, alias)]
         args = [key, alias, _entry_key(namespace, ""), _entry_aliases_key(namespace, "")]

@@ -396,6 +396,13 @@ class SqliteIndex:
         )
         return str(rows[0][0]) if rows else None
 
+    def aliases_of(self, namespace: str, key: str) -> list[str]:
+        rows = self._read(  # aliases_by_key serves it
+            "SELECT alias FROM aliases WHERE namespace = ? AND key = ? ORDER BY alias",
+            (namespace, key),
+        )
+        return [str(row[0]) for row in rows]
+
     def add_alias(self, namespace: str, alias: str, key: str) -> PutResult | None:
         with self._write() as conn:
             found = conn.execute(
