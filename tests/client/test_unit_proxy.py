@@ -683,3 +683,74 @@ def test_the_shim_claims_a_stock_address_of_every_era(
     other = parse([*argv, *user, "--optlevel=1"])
     assert other is not None
     assert stock_address_of(other, VERSION) is None
+
+
+# --- reads that do not go through exists() -----------------------------------------------
+
+
+class ReadingStock(LockingStock):
+    """The SDK's readers of an entry: what they find in L1 when they run."""
+
+    def download_folder(self, folder_path: str, dst_path: str) -> bool:
+        if not os.path.exists(os.path.join(folder_path, "model.done")):
+            return False
+        for name in os.listdir(folder_path):
+            Path(dst_path, name).write_bytes(Path(folder_path, name).read_bytes())
+        return True
+
+    def download_file(self, path: str, dst_path: str) -> None:
+        Path(dst_path).write_bytes(Path(path).read_bytes())
+
+    def download_file_to_string(self, path: str, limit: int | None = None) -> str:
+        return Path(path).read_text()
+
+    def download_artifacts(self, parent_dir: str, dst: str) -> None:
+        self.download_folder(parent_dir, dst)
+
+
+@pytest.mark.parametrize(
+    "read", ["download_folder", "download_file", "download_artifacts", "exists-folder"]
+)
+def test_reads_of_a_whole_entry_are_served_from_the_server(tmp_path: Path, read: str) -> None:
+    """optimum's Hub proxy and NxD Inference read entries with download_folder,
+    download_file and exists() on the folder; transformers-neuronx with
+    download_artifacts. With L1 empty, each must find the server's entry."""
+    neff = os.urandom(3000)
+    route, _ = _entry_route({"model.neff": neff})
+    with fake_server(route) as server:
+        core, _, entry = make_core(tmp_path, server.url)
+        stock = ReadingStock(Path(core.stock.cache_path))
+        proxy = make_proxy_class(SdkBase)(stock, core.config, "neffcache+http://x/team-a")
+        _CORES.append(proxy._core)
+        dst = tmp_path / "dst"
+        dst.mkdir()
+        if read == "download_folder":
+            assert proxy.download_folder(str(entry), str(dst)) is True
+        elif read == "download_file":
+            proxy.download_file(str(entry / "model.neff"), str(dst / "model.neff"))
+        elif read == "download_artifacts":
+            proxy.download_artifacts(str(entry), str(dst))
+        else:  # a fresh host: not even the folder is in L1
+            entry.rmdir()
+            assert proxy.exists(str(entry)) is True
+            stock.download_folder(str(entry), str(dst))
+    assert (dst / "model.neff").read_bytes() == neff
+    assert (entry / "model.done").exists()
+
+
+def test_reads_outside_an_entry_ask_nothing(tmp_path: Path) -> None:
+    asked: list[str] = []
+
+    def route(method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        asked.append(path)
+        return 404, b"{}"
+
+    with fake_server(route) as server:
+        core, _, entry = make_core(tmp_path, server.url)
+        registry = Path(core.stock.cache_path) / "neuronxcc-2.20.9961.0+0acef03a" / "0_REGISTRY"
+        registry.mkdir(parents=True)
+        (registry / "x.json").write_text("{}")
+        core.before_read(str(registry / "x.json"))
+        core.before_read(str(tmp_path / "elsewhere"))
+        assert core.exists(str(entry / "model.hlo_module.pb")) is False
+    assert asked == []

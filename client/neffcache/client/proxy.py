@@ -109,6 +109,26 @@ def make_proxy_class(base: type) -> type:
         def get_hlos(self, *args: Any, **kwargs: Any) -> Any:
             return self._core.get_hlos(*args, **kwargs)
 
+        # Reads that do not go through exists() (optimum's Hub proxy and NxD Inference
+        # fetch whole entries, transformers-neuronx calls download_artifacts): the
+        # entry comes from the server into L1 first when L1 lacks it.
+
+        def download_file(self, path: str, *args: Any, **kwargs: Any) -> Any:
+            self._core.before_read(path)
+            return self._stock.download_file(path, *args, **kwargs)
+
+        def download_file_to_string(self, path: str, *args: Any, **kwargs: Any) -> Any:
+            self._core.before_read(path)
+            return self._stock.download_file_to_string(path, *args, **kwargs)
+
+        def download_folder(self, folder_path: str, *args: Any, **kwargs: Any) -> Any:
+            self._core.before_read(folder_path)
+            return self._stock.download_folder(folder_path, *args, **kwargs)
+
+        def download_artifacts(self, parent_dir: str, *args: Any, **kwargs: Any) -> Any:
+            self._core.before_read(parent_dir)
+            return self._stock.download_artifacts(parent_dir, *args, **kwargs)
+
         def try_lookup_for_compile(self, hlo_path: str) -> Any:
             entry = self._stock.try_lookup_for_compile(hlo_path)
             if entry is not None and hasattr(entry, "cache"):
@@ -131,10 +151,6 @@ def make_proxy_class(base: type) -> type:
 _DELEGATED = (
     "get_cache_dir",
     "get_cache_dir_with_cache_key",
-    "download_file",
-    "download_file_to_string",
-    "download_folder",
-    "download_artifacts",
     "upload_folder",
     "remove",
     "clean",
@@ -272,14 +288,39 @@ class Core:
                 else:
                     self._record(Path(path).parent, "hit", "l1", None)
             return True
-        if name not in (DONE, NEFF):
-            return False
+        folder = self._entry_of(path)
+        if folder is None or name not in (DONE, NEFF, folder.name):
+            return False  # an entry's other files, or no entry: nothing to ask for
         try:
-            return self._fetch(Path(path).parent) and self.stock.exists(path)
+            return self._fetch(folder) and self.stock.exists(path)
         except Exception:  # the cache's trouble is never the job's
             STATS.count("hook_errors")
             log.exception("neffcache: lookup of %s failed; compiling", path)
             return False
+
+    def before_read(self, path: str) -> None:
+        """Before the SDK reads ``path`` (a file of an entry, or the entry's folder)
+        other than through ``exists``: fetch the entry from the server into L1 when L1
+        has no complete one. Never raises: a read the server cannot serve is the SDK's
+        own miss."""
+        entry = self._entry_of(path)
+        if entry is None or (entry / DONE).exists():
+            return
+        try:
+            self._fetch(entry)
+        except Exception:  # the cache's trouble is never the job's
+            STATS.count("hook_errors")
+            log.exception("neffcache: fetching %s failed", entry)
+
+    def _entry_of(self, path: str) -> Path | None:
+        """The entry folder ``path`` is or lies in (``<root>/neuronxcc-*/MODULE_*``)."""
+        try:
+            parts = Path(os.path.abspath(path)).relative_to(os.path.abspath(self.root)).parts
+        except ValueError:
+            return None
+        if len(parts) not in (2, 3) or not parts[1].startswith("MODULE_"):
+            return None
+        return self.root / parts[0] / parts[1]
 
     def _failed_while_waiting(self, log_path: str) -> bool:
         """A failure is recorded, never replayed to a later run; but a rank that was
