@@ -53,6 +53,10 @@ def sandbox(tmp_path: Path, namespace: str) -> Iterator[Sandbox]:
     box.root.mkdir()
     yield box
     box.kill_all()
+    # Whatever the flow, the SDK must never have made a stock cache named after a
+    # neffcache+ URL (a URL that reached a stock cache constructor).
+    junk = [str(p) for p in box.root.rglob("*neffcache+*")]
+    assert junk == [], f"directories named after a neffcache+ URL: {junk}"
 
 
 @pytest.fixture

@@ -49,6 +49,7 @@ CLIENT_COUNTERS = frozenset(
         "publishes_unflushed",
         "server_errors",
         "server_skipped",
+        "stock_caches_on_l1",
         "stale_locks_removed",
         "telemetry_dropped",
         "telemetry_errors",
