@@ -129,7 +129,9 @@ class Session:
         if found is None or not isinstance(data, bytes):
             return None
         entry = Path(self.config.local_dir) / found.address
-        for name in (HLO, "model.hlo.pb"):
+        from neffcache.keying import STOCK_HLO_NAMES
+
+        for name in STOCK_HLO_NAMES:
             with contextlib.suppress(OSError):
                 path = entry / name
                 if path.stat().st_size == len(data) and path.read_bytes() == data:
