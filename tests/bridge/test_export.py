@@ -307,3 +307,26 @@ def test_a_lock_symlinked_out_of_dest_is_not_followed(
     assert (code, out) == (2, "")
     assert f"cannot write {dest}" in err
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
+
+
+def test_a_compiler_version_folder_symlinked_out_of_dest_is_not_written_through(
+    tmp_path: Path, server: Server, namespace: str, neffcache: Run
+) -> None:
+    cache = imported(tmp_path, server, namespace, neffcache)
+    versions = {p.name for p in cache.root.iterdir() if p.is_dir()}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    dest = tmp_path / "export"
+    dest.mkdir()
+    planted = sorted(versions)[0]
+    (dest / planted).symlink_to(elsewhere)
+    code, out, _ = neffcache(
+        "export", str(dest), "--server", server.url, "--namespace", namespace, "--json"
+    )
+    assert code == 1
+    assert list(elsewhere.iterdir()) == []
+    reasons = [d["reason"] for d in json.loads(out)["details"]]
+    assert reasons and all("is a symbolic link" in r for r in reasons)
+    assert all(d["address"].startswith(planted + "/") for d in json.loads(out)["details"])
+    others = versions - {planted}
+    assert others and all((dest / v).is_dir() and not (dest / v).is_symlink() for v in others)

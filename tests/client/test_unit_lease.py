@@ -96,6 +96,31 @@ def test_a_waiter_does_not_spin_when_the_server_answers_at_once(tmp_path: Path) 
     assert remote.calls < 50, f"{remote.calls} lease requests in 2 s: a busy loop"
 
 
+class Squatter:
+    """A holder that claims a month-long compile and renews for ever: the server tells
+    every waiter the claim (an older server does, or one with a high maximum)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def lease(self, name: str, wait: float, holder: str, **_: Any) -> LeaseAnswer:
+        self.calls += 1
+        return LeaseAnswer("held", "", 0.25, "squatter pid 1", 0.0, 30 * 86400.0, None)
+
+
+def test_a_holders_claim_never_lengthens_the_waiters_own_bound(tmp_path: Path) -> None:
+    made = config("http://127.0.0.1:9", tmp_path)._replace(lease_wait=0.5)
+    # Each answer says the holder has held it 0 s: the bound is all the waiter has.
+    done: list[str] = []
+    waiter = threading.Thread(
+        target=lambda: done.append(Leases(Squatter(), made).acquire_or_wait(KEY).state),  # type: ignore[arg-type]
+        daemon=True,
+    )
+    waiter.start()
+    waiter.join(timeout=120)  # the bound is 2 * 1 s + 0.5 s; a month with the claim
+    assert done == ["compile"]
+
+
 class HeldThenDone:
     """A long-polling server: ``held`` to the first question (asked without waiting),
     then the entry to the next, which waits."""

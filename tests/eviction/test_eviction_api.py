@@ -32,6 +32,7 @@ from neffcache.server.app import create_app
 from neffcache.server.blobs import BlobStore, open_blob_store
 from neffcache.server.blobs.memory import MemoryBlobStore
 from neffcache.server.deps import Backends
+from neffcache.server.eviction import evictor as evictor_module
 from neffcache.server.index import Index, open_index
 from neffcache.server.index.memory import MemoryIndex
 from neffcache.server.settings import ServerSettings
@@ -1072,6 +1073,42 @@ def test_unreferenced_blobs_wait_out_their_grace(make_cache: MakeCache) -> None:
     assert second["blob_bytes_collected"] == 5000
     assert not cache.has_blob(referenced)
     assert not cache.has_blob(orphan)
+
+
+def test_asking_about_an_unpublished_upload_does_not_keep_it(make_cache: MakeCache) -> None:
+    """Staged bytes no entry references escape every quota: asking whether the server
+    has them must not renew their grace, or a write token could keep them forever."""
+    cache = make_cache(blob_grace_seconds=1.0)
+    staged = neff("uploaded, never published", 2000)
+    cache.put_blob(staged)
+    assert cache.run_pass()["blobs_in_grace"] == 1
+    time.sleep(1.2)
+    asked = cache.request("POST", "/v1/blobs/missing", {"digests": [digest(staged)]})
+    assert asked.json() == {"missing": []}
+    assert cache.run_pass()["blobs_collected"] == 1
+    assert not cache.has_blob(staged)
+
+
+def test_reading_an_unreferenced_blob_keeps_it_only_while_it_is_read(
+    make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(evictor_module, "IN_USE_S", 0.3)
+    cache = make_cache(blob_grace_seconds=1.0)
+    staged = neff("uploaded, never published, read by digest", 2000)
+    cache.put_blob(staged)
+    assert cache.run_pass()["blobs_in_grace"] == 1
+    time.sleep(1.2)
+    assert cache.request("GET", f"/v1/blobs/{digest(staged)}").content == staged
+    assert cache.run_pass()["blobs_in_grace"] == 1  # just read: a download may be under way
+    time.sleep(0.4)
+    assert cache.run_pass()["blobs_collected"] == 1
+
+
+def test_asking_for_absent_blobs_remembers_nothing(cache: Cache) -> None:
+    absent = [hashlib.sha256(str(n).encode()).hexdigest() for n in range(50)]
+    for name in absent:
+        assert cache.request("GET", f"/v1/blobs/{name}").status_code == 404
+    assert not any(cache.backends.blob_use.used_within(name, 3600) for name in absent)
 
 
 class HookedBlobStore(MemoryBlobStore):

@@ -857,3 +857,10 @@ def test_put_alias_needs_a_write_token_for_the_namespace(client: TestClient) -> 
     for token, status in [(None, 401), (reader, 403), (writer_b, 403), (writer_a, 201)]:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         assert client.put(url, json={"key": key}, headers=headers).status_code == status
+
+
+def test_a_trailing_slash_is_404_never_a_redirect(client: TestClient) -> None:
+    for path in ("/v1/ns/team-a/entries/", "/healthz/", "/v1/admin/namespaces/"):
+        answer = client.get(path, headers={"Host": "evil.example"}, follow_redirects=False)
+        assert answer.status_code == 404, path
+        assert "location" not in answer.headers

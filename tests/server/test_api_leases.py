@@ -221,6 +221,25 @@ def test_expected_seconds_come_from_the_graphs_failure_history(client: TestClien
     assert ask(client)["expected_seconds"] == 321.5
 
 
+def test_a_holders_claim_is_told_no_further_than_the_server_allows(
+    index: Index, tmp_path: Path
+) -> None:
+    with make_client(index, tmp_path, lease_expected_max_seconds=900) as client:
+        ask(client, holder="squatter pid 1", expected_seconds=30 * 86400)
+        assert ask(client)["expected_seconds"] == 900
+
+
+def test_a_holders_claim_is_told_no_further_than_the_graphs_history(
+    client: TestClient,
+) -> None:
+    report = {"compiler_version": "2.20.9961.0+0acef03a", "log": "boom", "compile_seconds": 100}
+    assert client.put(f"/v1/ns/team-a/failures/{KEY}", json=report).status_code == 201
+    ask(client, holder="squatter pid 1", expected_seconds=30 * 86400)
+    assert ask(client)["expected_seconds"] == 200
+    held = ask(client)
+    assert held["holder"] == "squatter pid 1"
+
+
 def test_the_wait_is_capped_by_the_server(index: Index, tmp_path: Path) -> None:
     with make_client(index, tmp_path, lease_wait_max_seconds=0.5) as client:
         ask(client)

@@ -127,3 +127,37 @@ def test_namespace_labels_are_bounded(monkeypatch: pytest.MonkeyPatch, client: T
     }
     assert labelled == {"ns-0", "ns-1", "ns-2", "_other"}
     assert found[("neffcache_lookups_total", (("namespace", "_other"), ("result", "miss")))] == 3
+
+
+def test_metrics_can_require_a_token_for_every_namespace() -> None:
+    blobs = MemoryBlobStore()
+    settings = ServerSettings(eviction_interval_seconds=0, metrics_require_token=True)
+    with TestClient(create_app(settings, blob_store=blobs, index=MemoryIndex())) as client:
+
+        def token(scope: str, namespaces: list[str], by: str | None = None) -> str:
+            headers = {"Authorization": f"Bearer {by}"} if by else {}
+            body = {"scope": scope, "namespaces": namespaces}
+            made = client.post("/v1/admin/tokens", json=body, headers=headers)
+            assert made.status_code == 201, made.text
+            secret: str = made.json()["token"]
+            return secret
+
+        admin = token("admin", ["*"])
+        scraper, team = token("read", ["*"], admin), token("admin", ["team-a"], admin)
+        client.post(
+            "/v1/admin/namespaces/team-secret", headers={"Authorization": f"Bearer {admin}"}
+        )
+        assert client.get("/metrics").status_code == 401
+        refused = client.get("/metrics", headers={"Authorization": f"Bearer {team}"})
+        assert refused.status_code == 403
+        assert "'*'" in refused.json()["detail"]
+        shown = client.get("/metrics", headers={"Authorization": f"Bearer {scraper}"})
+        assert shown.status_code == 200
+        assert "neffcache_lookups_total" in shown.text
+    blobs.close()
+
+
+def test_metrics_need_no_token_by_default(client: TestClient) -> None:
+    made = client.post("/v1/admin/tokens", json={"scope": "admin", "namespaces": ["*"]})
+    assert made.status_code == 201
+    assert client.get("/metrics").status_code == 200

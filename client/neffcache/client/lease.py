@@ -8,9 +8,11 @@ holder's lease runs out and this waiter may take over).
 
 A lease is an optimisation, never a way to hang a job: no answer from the server
 means compiling now, and a waiter compiles itself once the holder has held the lease
-for longer than ``2 * expected + 2 * TTL`` (the expected compile time when the server
-knows one, else ``NEFFCACHE_LEASE_WAIT``). Waiting through a chain of holders that die
-is capped at twice the first bound.
+for longer than ``2 * TTL`` plus ``NEFFCACHE_LEASE_WAIT``, or plus ``2 * expected``
+when that is shorter (the expected compile time, when the server tells one). So what
+a holder claims can shorten a wait, never lengthen it past the waiter's own setting
+(the server also caps what it tells: ``lease_expected_max_seconds``). Waiting through
+a chain of holders that die is capped at twice the first bound.
 """
 
 from __future__ import annotations
@@ -270,6 +272,10 @@ def _on_this_host(holder: str) -> bool | None:
     return True
 
 
-def _bound(answer: LeaseAnswer, default: float) -> float:
+def _bound(answer: LeaseAnswer, most: float) -> float:
+    """How long the holder may hold the lease before this waiter compiles itself: a
+    holder (any write token) may claim any compile time and renew for ever, so the
+    claim only ever shortens the waiter's own ``NEFFCACHE_LEASE_WAIT``."""
     expected = answer.expected_seconds
-    return 2 * max(answer.ttl, 1.0) + (2 * expected if expected is not None else default)
+    wait = most if expected is None else min(2 * expected, most)
+    return 2 * max(answer.ttl, 1.0) + wait

@@ -94,6 +94,10 @@ def create_app(
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
+        # A path with a trailing slash too many is a 404, never Starlette's 307, whose
+        # Location is built from the request's Host header: a redirect anyone who can
+        # send a Host header would choose. No route of this API ends with a slash.
+        redirect_slashes=False,
     )
     app.state.backends = Backends(
         settings,

@@ -103,6 +103,14 @@ class ServerSettings(BaseSettings):
         description="how often a waiting request reads the index with no wake-up "
         "(a publish through another replica wakes no one here)",
     )
+    lease_expected_max_seconds: float = Field(
+        7200.0,
+        ge=1,
+        le=30 * 86400,
+        allow_inf_nan=False,
+        description="the longest compile time a lease holder may announce to waiters: a "
+        "claim beyond it is told as this (a waiter's bound never rests on a claim alone)",
+    )
     default_ttl_seconds: float | None = Field(
         30 * 86400.0,
         ge=60,
@@ -162,6 +170,11 @@ class ServerSettings(BaseSettings):
     )
     bootstrap_admin_token: SecretStr | None = Field(
         None, description="an admin token the server creates at start-up if absent"
+    )
+    metrics_require_token: bool = Field(
+        False,
+        description="/metrics answers only a token for every namespace (*): it names "
+        "them all, with their sizes",
     )
     config_file: Path | None = Field(None, description="TOML file with these settings")
     access_log: bool = Field(False, description="log every request (costs throughput)")

@@ -228,11 +228,13 @@ def _blob_response(backends: Backends, digest: str, range_header: str | None) ->
     blobs = backends.blobs
     memo = backends.verified
     seen_at = time.time()
-    backends.blob_use.touch((digest,))  # the evictor leaves a blob in use alone
     stamped = blobs.stamp(digest)
     size = blobs.size(digest)
     if size is None:
         raise NotFound(f"no blob {digest}")
+    # The evictor leaves a blob in use alone. Only one that exists is remembered: a
+    # GET of absent digests must cost no memory.
+    backends.blob_use.touch((digest,))
     span = _parse_range(range_header, size)
     if span is None:
         redirect = _redirect(backends, digest, size)
@@ -478,11 +480,11 @@ async def missing_blobs(
     for digest in body.digests:
         if not re.fullmatch(HEX64, digest):
             raise BadRequest(f"{digest!r} is not a 64-hex digest")
+    # Asking renews nothing: an upload no entry references lives out its grace from
+    # its upload, however often anyone asks about it (else a write token could keep
+    # unpublished bytes forever, outside every quota). A publisher that loses that race
+    # is told which blobs its manifest misses, and uploads them (api/entries.py).
     missing = await backends.run(_missing, backends.blobs, body.digests)
-    # Those present are about to be referenced by the asker's manifest: in use. (Only
-    # those: the memory of uses stays as small as the store.)
-    absent = set(missing)
-    backends.blob_use.touch(d for d in body.digests if d not in absent)
     return {"missing": missing}
 
 

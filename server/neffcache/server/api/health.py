@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
-from neffcache.server.api.answers import json_answer, obj
-from neffcache.server.deps import BackendsDep
-from neffcache.server.errors import StoreError
+from neffcache.server.api.answers import errors, json_answer, obj
+from neffcache.server.deps import BackendsDep, authenticate_request
+from neffcache.server.errors import Forbidden, StoreError
 
 router = APIRouter()
 
@@ -25,7 +27,9 @@ _UNAVAILABLE = obj(
 
 
 @router.get("/healthz")
-def healthz() -> dict[str, str]:
+async def healthz() -> dict[str, str]:
+    # On the event loop, never a worker thread: the process is up when its loop is,
+    # whatever keeps the thread pool busy.
     return {"status": "ok"}
 
 
@@ -48,9 +52,20 @@ def readyz(backends: BackendsDep) -> JSONResponse:
     return JSONResponse({"status": "ready"})
 
 
-@router.get("/metrics", response_class=PlainTextResponse)
-async def metrics(backends: BackendsDep) -> Response:
-    """Prometheus text format, without a token (as scrapers expect): counts and
-    namespace names only, never keys, digests or tokens."""
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses=errors(401, 403),
+)
+async def metrics(
+    backends: BackendsDep, authorization: Annotated[str | None, Header()] = None
+) -> Response:
+    """Prometheus text format: counts and namespace names only, never keys, digests or
+    tokens. Without a token (as scrapers expect), unless ``metrics_require_token``:
+    then only a token for every namespace, since the names of all of them show."""
+    if backends.settings.metrics_require_token:
+        caller = await authenticate_request(backends, authorization)
+        if not caller.covers("*"):
+            raise Forbidden("/metrics names every namespace: it needs a token for '*'")
     body = await run_in_threadpool(backends.metrics.exposition)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

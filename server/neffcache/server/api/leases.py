@@ -48,6 +48,7 @@ from neffcache.server.errors import BadRequest, Conflict
 from neffcache.server.index import Failure, Lease
 from neffcache.server.lookup import find_name
 from neffcache.server.manifest import HEX64, load_json, validated
+from neffcache.server.settings import ServerSettings
 
 router = APIRouter()
 
@@ -238,9 +239,9 @@ async def _respond(backends: Backends, namespace: str, name: str, answer: _Answe
         "holder": lease.holder,
         "held_for": round(max(0.0, now - lease.acquired_at), 3),
         "expires_in": round(max(0.0, lease.expires_at - now), 3),
-        "expected_seconds": lease.expected_seconds
-        if lease.expected_seconds is not None
-        else _history(failures),
+        "expected_seconds": _expected(
+            lease.expected_seconds, _history(failures), backends.settings
+        ),
         "ttl": ttl,
     }
     if answer.state == "failed":
@@ -249,6 +250,15 @@ async def _respond(backends: Backends, namespace: str, name: str, answer: _Answe
         mine = [f for f in failures if f.created_at >= lease.acquired_at]
         fields["failure"] = json.loads(mine[0].record) if mine else None
     return JSONResponse(fields, status_code=202 if answer.state == "held" else 200)
+
+
+def _expected(claim: float | None, known: float | None, settings: ServerSettings) -> float | None:
+    """The compile time told to waiters. The holder's claim is any write token's word
+    (a squatter claims a month and renews): it is believed no further than twice what
+    this graph's own history says, when there is one, nor past the server's maximum.
+    The waiter bounds it again by its own setting (client/lease.py)."""
+    told = known if claim is None else claim if known is None else min(claim, 2 * known)
+    return None if told is None else min(told, settings.lease_expected_max_seconds)
 
 
 def _history(failures: list[Failure]) -> float | None:

@@ -41,6 +41,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -201,6 +202,10 @@ def export_folder(
     written: Written,
 ) -> tuple[str, str | None]:
     """The outcome of writing one folder, from the server or linked to ``source``."""
+    try:
+        _refuse_a_link(place.parent)
+    except Refused as exc:
+        return "error", str(exc)
     if complete(place, era):
         return "present", None
     if place.exists():
@@ -213,6 +218,24 @@ def export_folder(
     except FileExistsError:
         return "present", None  # another export wrote it meanwhile
     return "exported", None
+
+
+def _refuse_a_link(folder: Path) -> None:
+    """Refused when the compiler-version folder in DEST is a symbolic link (or not a
+    folder): DEST may sit in a directory others can write (the SDK's default is under
+    /var/tmp), and a planted link would have this export write wherever it points.
+    Replacing it is not ours to do: it may be the user's own arrangement."""
+    try:
+        found = folder.lstat()
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(found.st_mode):
+        raise Refused(
+            f"{folder} is a symbolic link (to {os.readlink(folder)}): refusing to write "
+            "through it; remove it, or export to a DEST that holds the folder itself"
+        )
+    if not stat.S_ISDIR(found.st_mode):
+        raise Refused(f"{folder} is not a folder")
 
 
 def stock_addresses(remote: Remote, manifest: dict[str, Any]) -> list[str]:
@@ -299,6 +322,7 @@ def write_entry(
     staging.mkdir()  # with the umask's permissions, as the SDK's own folders
     links = 0
     try:
+        _refuse_a_link(place.parent)  # again: a link planted since the first look
         for name, (digest, size) in sorted(files.items()):
             if source is None:
                 remote.fetch_blob(digest, size, staging / name)

@@ -3,9 +3,12 @@ compiler versions on request, and collect blobs no entry references.
 
 Blobs are shared by every namespace and outlive their last entry by at least
 ``blob_grace_seconds``: a blob is removed only once it was found unreferenced by two
-collections that far apart, and was neither stored, nor read or probed on this
-replica (``BlobUse``), within that time. So an upload whose manifest is not yet
-published survives, and a download that began before its entry was evicted completes.
+collections that far apart, and was not stored within that time. So an upload whose
+manifest is not yet published survives its grace. A read on this replica (``BlobUse``:
+a download touches its blob with every chunk) keeps it a while longer, but only while
+it is read (``IN_USE_S``, or the grace when shorter), so a download that began before
+its entry was evicted completes, and reading a blob nobody publishes cannot keep it
+forever. Asking ``/v1/blobs/missing`` about a blob renews nothing (api/blobs.py).
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ CONDEMNED = "condemned"
 # batch before its marks reach this age, with a margin for replicas' clock skew.
 MARK_TTL_S = 600.0
 _MARK_MARGIN_S = 120.0
+# How long after its last read on this replica an unreferenced blob is still in use:
+# far longer than any pause between a download's chunks, or between a redirect and
+# the client's request to the store it names.
+IN_USE_S = 600.0
 
 
 def condemned(index: Index, digest: str, now: float | None = None) -> bool:
@@ -207,7 +214,7 @@ class Evictor:
             if (
                 now - first < grace
                 or now - blob.modified < grace
-                or self.blob_use.used_within(blob.digest, grace)
+                or self._in_use(blob.digest)
             ):
                 collected.waiting += 1
             else:
@@ -216,6 +223,9 @@ class Evictor:
         if due:
             self._remove(due, collected, leading)
         return collected
+
+    def _in_use(self, digest: str) -> bool:
+        return self.blob_use.used_within(digest, min(self.settings.blob_grace_seconds, IN_USE_S))
 
     def _sweep_marks(self, now: float) -> None:
         for mark in self.index.records(CONDEMNED):
@@ -246,7 +256,6 @@ class Evictor:
         """
         marked_at = self.clock()
         marked: set[str] = set()
-        grace = self.settings.blob_grace_seconds
         try:
             for blob in due:
                 self.index.put_record(Record(CONDEMNED, "", blob.digest, repr(marked_at)))
@@ -258,7 +267,7 @@ class Evictor:
                 # interleave their removals and marks.
                 if self.clock() - marked_at > MARK_TTL_S - _MARK_MARGIN_S or not leading():
                     return  # the next pass takes up the rest
-                if blob.digest in referenced or self.blob_use.used_within(blob.digest, grace):
+                if blob.digest in referenced or self._in_use(blob.digest):
                     pass
                 elif self.blobs.delete(blob.digest):
                     collected.blobs += 1
