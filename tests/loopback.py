@@ -1,13 +1,18 @@
-"""A free loopback port, the waits for a server started on it, and uvicorn in a thread,
-for the tests (and benchmarks) that start servers (imported as ``loopback``)."""
+"""A free loopback port, the waits for a server started on it, the Redis the suites run
+against, and uvicorn in a thread, for the tests (and benchmarks) that start servers
+(imported as ``loopback``)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -48,11 +53,39 @@ def terminate(process: subprocess.Popen[bytes], seconds: float = 10.0) -> None:
     process.wait()
 
 
+def real_redis() -> str | None:
+    """The ``redis-server`` binary the Redis suites run against, or None when they run
+    against fakeredis instead: no binary on PATH (or ``NEFFCACHE_TEST_FAKEREDIS=1``)
+    outside CI. Under ``CI`` the real server is required (the caller fails the test)."""
+    if os.environ.get("NEFFCACHE_TEST_FAKEREDIS") == "1" and not os.environ.get("CI"):
+        return None
+    return shutil.which("redis-server")
+
+
+def uses_fakeredis() -> bool:
+    return real_redis() is None and not os.environ.get("CI")
+
+
+def redis_argv(port: int, workdir: Path) -> list[str]:
+    """The command that serves Redis on the loopback ``port``: a real ``redis-server``
+    that persists nothing, else (see ``real_redis``) fakeredis."""
+    exe = real_redis()
+    if exe is not None:
+        argv = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly"]
+        return [*argv, "no", "--dir", str(workdir)]  # --dir: in case anything is written
+    if os.environ.get("CI"):
+        raise RuntimeError(
+            "redis-server is not on PATH; under CI the Redis suites need the real server "
+            "(apt-get install redis-server; .ci/run installs it)"
+        )
+    return [sys.executable, str(Path(__file__).with_name("fake_redis_server.py")), str(port)]
+
+
 def redis_ready(port: int) -> bool:
     """Whether a ``redis-server`` on the loopback ``port`` answers PING."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-            sock.sendall(b"PING\r\n")
+            sock.sendall(b"*1\r\n$4\r\nPING\r\n")  # RESP, as fakeredis reads only that
             return sock.recv(64).startswith(b"+PONG")
     except OSError:
         return False

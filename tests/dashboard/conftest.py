@@ -3,6 +3,7 @@ headless Chromium driven by selenium."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -40,10 +41,13 @@ def browser() -> Iterator[Any]:
     network log kept."""
     missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
     if missing:
-        pytest.skip(
+        why = (
             f"{' and '.join(missing)} not installed (Debian: apt-get install chromium "
             "chromium-driver; .ci/run installs them)"
         )
+        if os.environ.get("CI"):
+            pytest.fail(f"the browser tests must run under CI: {why}")
+        pytest.skip(why)
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 

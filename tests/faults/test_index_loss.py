@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from client.e2e_harness import (
 )
 from faults.proxy import FaultProxy
 from faults.support import Server, running_server_with
-from loopback import free_port, redis_ready
+from loopback import free_port, redis_argv, redis_ready
 from server.conftest import _wait_until_ready
 
 NEFFCACHE = [sys.executable, "-m", "neffcache.client.cli"]
@@ -42,8 +41,9 @@ NAMESPACE = "jobs"
 
 
 class Redis:
-    """A ``redis-server`` on a fixed port that the test can kill and start again,
-    empty each time (``--save ''``, no append-only file: a restart loses everything)."""
+    """A ``redis-server`` (fakeredis without one: loopback.py) on a fixed port that the
+    test can kill and start again, empty each time (``--save ''``, no append-only
+    file: a restart loses everything)."""
 
     def __init__(self, workdir: Path) -> None:
         self.port = free_port()
@@ -52,11 +52,10 @@ class Redis:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        exe = shutil.which("redis-server")
-        if exe is None:
-            pytest.fail("redis-server is not on PATH (apt-get install redis-server)")
-        argv = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
-        argv += ["--appendonly", "no", "--dir", str(self.workdir)]
+        try:
+            argv = redis_argv(self.port, self.workdir)
+        except RuntimeError as exc:
+            pytest.fail(str(exc))
         log = self.workdir / "redis.log"
         with open(log, "ab") as out:
             self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out)

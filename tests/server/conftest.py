@@ -5,7 +5,6 @@ test, and ``redis_server``. ``unused_port`` is a port nothing listens on."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from loopback import free_port, redis_ready
+from loopback import free_port, redis_argv, redis_ready
 
 _START_TIMEOUT = 30.0
 # Fake credentials so that nothing signs with, or sends, a developer's real ones.
@@ -132,18 +131,15 @@ def new_bucket(s3_endpoint: str, name: str) -> str:
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``redis://127.0.0.1:<port>/0`` of a fresh redis-server that persists nothing.
+    """``redis://127.0.0.1:<port>/0`` of a fresh redis-server that persists nothing
+    (fakeredis where there is no redis-server binary, outside CI: loopback.py).
     Shared by the session: tests that need an empty database flush it themselves."""
-    exe = shutil.which("redis-server")
-    if exe is None:
-        pytest.fail(
-            "redis-server is not on PATH; install it (apt-get install redis-server), "
-            "as CI does: the Redis tests need a real server"
-        )
     port = free_port()
     workdir = tmp_path_factory.mktemp("redis")
-    argv = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    argv += ["--dir", str(workdir)]  # in case anything is written anyway
+    try:
+        argv = redis_argv(port, workdir)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
     with _service(argv, lambda: redis_ready(port), workdir / "redis.log"):
         yield f"redis://127.0.0.1:{port}/0"
 
