@@ -45,6 +45,7 @@ from neffcache.server.manifest import canonical_json
 from neffcache.server.recovery import documents as docs
 from neffcache.server.recovery.durable import (
     META,
+    TOMBSTONE,
     DurableIndex,
     check_at_start,
     has_documents,
@@ -673,11 +674,19 @@ def test_other_calls_reach_the_wrapped_index(pair: Pair) -> None:
 
 
 def test_check_at_start_marks_an_empty_pair_complete(pair: Pair) -> None:
-    """Nothing lost: a new cache has nothing to rebuild; collection may run."""
+    """Nothing lost: a new cache has nothing to rebuild; collection may run. Once
+    marked, a start whose documents cannot be listed still starts (the tokens,
+    policies and pins it compares at every start are compared again before the next
+    collection); an unmarked one does not."""
     assert is_complete(pair.index) is False
     assert check_at_start(pair.index, pair.spy, pair.blobs) is True
     assert is_complete(pair.index) is True
     assert check_at_start(pair.index, pair.spy, pair.blobs) is True  # and stays so
+    pair.spy.fail_list = True
+    assert check_at_start(pair.index, pair.spy, pair.blobs) is True
+    assert pair.index.delete_record(META, "", "complete") is True
+    with pytest.raises(StoreError):
+        check_at_start(pair.index, pair.spy, pair.blobs)
 
 
 @pytest.mark.parametrize("with_blobs", [False, True], ids=["no-blobs", "blobs"])
@@ -884,10 +893,10 @@ def put_configuration_documents(store: DocumentStore, *items: Token | Record) ->
             store.put_document(name, docs.record_document(item))
 
 
-def test_restore_configuration_restores_tokens_then_policies_and_pins(pair: Pair) -> None:
+def test_restore_configuration_restores_policies_and_pins_then_tokens(pair: Pair) -> None:
     """Nothing lost: every documented token (revoked ones revoked), policy and pin the
-    index lacks comes back, tokens first (until they are back every client is
-    refused); each is counted once."""
+    index lacks comes back, policies and pins first (a token back before its
+    namespace's trusted-writers rule could publish past it); each is counted once."""
     live = Token("t1", "12" * 32, "write", (NS,), "ci", 1_712_000_000.5, trusted=True)
     revoked = Token("t2", "34" * 32, "read", ("*",), "old", 1_712_000_001.5, revoked=True)
     policy = Record("policy", NS, "", '{"ttl_seconds":60}')
@@ -897,7 +906,7 @@ def test_restore_configuration_restores_tokens_then_policies_and_pins(pair: Pair
     report = ReindexReport()
     restore_configuration(pair.index, pair.spy, report)
     assert (report.tokens, report.records, report.damaged) == (2, 2, [])
-    assert pair.spy.listed == [docs.TOKENS, docs.RECORDS]
+    assert pair.spy.listed == [docs.RECORDS, docs.TOKENS]
     assert sorted(pair.index.tokens(), key=lambda t: t.token_id) == [live, revoked]
     assert pair.index.records("policy") == [policy]
     assert pair.index.records("pin") == [pin]
@@ -1061,6 +1070,70 @@ def test_index_recovery_marks_an_unmarked_index_with_nothing_to_restore(pair: Pa
     recovery = IndexRecovery(pair.durable, pair.blobs)
     assert recovery.complete(lambda: True) is True
     assert is_complete(pair.index) is True
+
+
+@pytest.mark.parametrize("with_blobs", [False, True], ids=["no-blobs", "blobs"])
+def test_index_recovery_restores_the_configuration_of_an_index_wiped_before_any_entry(
+    pair: Pair, with_blobs: bool
+) -> None:
+    """Nothing lost: an index wiped before any entry was published (no entry document;
+    maybe blobs of a publish that never came) gets its tokens, policies and pins back
+    in the evicting replica's tick. Only with nothing else to wait for is it marked;
+    beside blobs it stays unmarked (collection waits), its configuration back anyway."""
+    live = Token("t1", "12" * 32, "write", (NS,), "ci", 1_712_000_000.5)
+    policy = Record("policy", NS, "", '{"trusted_writers_only":true}')
+    pin = Record("pin", NS, "model:llama", '{"by":"admin"}')
+    pair.durable.put_token(live)
+    pair.durable.put_record(policy)
+    pair.durable.put_record(pin)
+    if with_blobs:
+        blob(pair.blobs, b"an upload never published")
+    # The memory pair's wipe keeps tokens and records: a new index loses them all.
+    wiped = MemoryIndex() if pair.kind == "memory" else pair.wipe()
+    recovery = IndexRecovery(DurableIndex(wiped, pair.spy), pair.blobs)
+    assert recovery.complete(lambda: True) is (not with_blobs)
+    assert is_complete(wiped) is (not with_blobs)
+    assert wiped.tokens() == [live]
+    assert wiped.get_record("policy", NS, "") == policy
+    assert wiped.get_record("pin", NS, "model:llama") == pin
+    if wiped is not pair.index:
+        wiped.close()
+
+
+def test_a_record_removed_whose_document_delete_failed_is_not_restored(pair: Pair) -> None:
+    """Nothing resurrected: a pin removed while its document could not be deleted (a
+    tombstone says so) is not put back by the configuration restore that every start
+    and every collection runs: its removal is finished instead (the document and the
+    tombstone deleted)."""
+    mark_complete(pair.index, "test")
+    pin = Record("pin", NS, "model:llama", '{"by":"admin"}')
+    pair.durable.put_record(pin)
+    pair.spy.fail_delete = True
+    with pytest.raises(StoreError):
+        pair.durable.delete_record("pin", NS, "model:llama")
+    pair.spy.fail_delete = False
+    name = docs.record_name("pin", NS, "model:llama")
+    assert pair.document(name) is not None
+
+    report = reconcile(pair.index, pair.blobs, pair.spy)
+    assert (report.records, report.removed) == (0, 1)
+    assert pair.index.get_record("pin", NS, "model:llama") is None
+    assert pair.document(name) is None
+    assert pair.index.records(TOMBSTONE) == []
+
+    # Pinned again after a removal that left a tombstone: the pin is no longer
+    # removed, and a later loss of its row restores it rather than its document going.
+    pair.durable.put_record(pin)
+    pair.spy.fail_delete = True
+    with pytest.raises(StoreError):
+        pair.durable.delete_record("pin", NS, "model:llama")
+    pair.spy.fail_delete = False
+    pair.durable.put_record(pin)
+    assert pair.index.delete_record("pin", NS, "model:llama") is True  # the row lost
+    report = reconcile(pair.index, pair.blobs, pair.spy)
+    assert (report.records, report.removed) == (1, 0)
+    assert pair.index.get_record("pin", NS, "model:llama") == pin
+    assert pair.document(name) == docs.record_document(pin)
 
 
 def test_index_recovery_on_a_store_error_reports_false_and_stays_unmarked(

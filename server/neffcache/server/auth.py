@@ -124,8 +124,11 @@ class TokenPresence:
     def __init__(self, index: Index, ttl: float = 1.0) -> None:
         self._index = index
         self._ttl = ttl
-        self._known: bool | None = None
-        self._checked = 0.0
+        # Asked at once, not at the first anonymous request: a server that started
+        # with tokens never takes a wiped index (no token until the rebuild restores
+        # them from their documents) for protected mode, whatever it was asked before.
+        self._known: bool | None = bool(index.tokens())
+        self._checked = time.monotonic()
 
     def __call__(self) -> bool:
         now = time.monotonic()

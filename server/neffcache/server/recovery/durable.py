@@ -16,7 +16,10 @@ is what ``fsck`` reports as unindexed.
 
 The marker record (``complete``) says the index holds every document's row: set on
 a fresh pair of stores and by ``reindex``, and gone when the index is wiped. Without
-it blob collection stops (a wiped index references nothing) until a reindex.
+it blob collection stops (a wiped index references nothing) until a reindex. Tokens,
+policies and pins never wait for the marker: whoever sets it restores them first, and
+they are restored again at every start and before every collection (a marked index
+put back to an older backup lacks those made since), whatever else the store holds.
 """
 
 from __future__ import annotations
@@ -217,6 +220,9 @@ class DurableIndex:
                     raise
             else:
                 self.store.put_document(doc_name, docs.record_document(record))
+                # A tombstone of an earlier removal of this record is stale now: left,
+                # it would have a restore delete this document if the row were lost.
+                self.inner.delete_record(TOMBSTONE, "", doc_name)
             if self.inner.get_record(kind, namespace, name) == record:
                 return
 
@@ -251,20 +257,39 @@ def looks_lost(index: Index, store: DocumentStore, blobs: BlobStore) -> str | No
 
 
 def check_at_start(index: Index, store: DocumentStore, blobs: BlobStore) -> bool:
-    """At start-up, before the bootstrap token and protected mode: an unmarked index
-    gets its tokens, policies and pins back from their documents at once (a server
-    off loopback refuses to start without tokens, and a revoked bootstrap token must
-    be found revoked before it is made again). Then it is marked complete when
-    nothing can be missing from it (``looks_lost``: a new cache, or one from before
-    documents, which ``fsck --repair`` backs up); else its entries wait for the
-    evicting replica's reindex (eviction/maintenance.py), or ``neffcache admin
-    reindex``. True when it is complete."""
-    if is_complete(index):
-        return True
-    if has_documents(store, docs.TOKENS, docs.RECORDS):
-        from .reindex import ReindexReport, restore_configuration
+    """At start-up, before the bootstrap token and protected mode: the index gets
+    the tokens, policies and pins it lacks back from their documents at once (a
+    server off loopback refuses to start without tokens, and a revoked bootstrap
+    token must be found revoked before it is made again). Marked or not: a marked
+    index put back to a backup lacks those made after it, and the marker says
+    nothing of them. Then an unmarked index is marked complete when nothing can be
+    missing from it (``looks_lost``: a new cache, or one from before documents,
+    which ``fsck --repair`` backs up); else its entries wait for the evicting
+    replica's reindex (eviction/maintenance.py), or ``neffcache admin reindex``.
+    True when it is complete."""
+    from .reindex import ReindexReport, restore_configuration
 
-        restore_configuration(index, store, ReindexReport())
+    complete = is_complete(index)
+    restored = ReindexReport()
+    try:
+        restore_configuration(index, store, restored)
+    except StoreError as exc:
+        if not complete:
+            raise
+        # A marked index lacks at most what a backup missed, not a reason to refuse
+        # to start; the check before the next collection tries again.
+        log.warning(
+            "start-up: cannot compare tokens, policies and pins with their documents: %s", exc
+        )
+    if restored.tokens or restored.records:
+        log.warning(
+            "start-up: %d tokens and %d policies and pins restored from their documents "
+            "(the index had lost them)",
+            restored.tokens,
+            restored.records,
+        )
+    if complete:
+        return True
     why = looks_lost(index, store, blobs)
     if why is not None:
         log.warning(

@@ -7,6 +7,11 @@ to run twice. An entry comes back only if every blob it names is there at its si
 one whose blobs are gone is reported, never restored half (``fsck --repair`` removes
 its document). Rows come back as written, ``created_at`` included, and as last served
 at the restore, with no hits: a restore is not a reason to expire them all.
+
+Tokens, policies and pins come back on every path that restores anything (start-up,
+the evicting replica's tick on an unmarked index, ``reindex``, the check before a
+collection), whatever the store holds beside their documents: an index wiped before
+any entry was published lacks them as much as one wiped later.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from neffcache.server.namespaces import POLICY
 from . import documents as docs
 from .durable import (
     EMPTY_BESIDE_BLOBS,
+    TOMBSTONE,
     DurableIndex,
     finish_removal,
     is_complete,
@@ -53,7 +59,7 @@ class ReindexReport:
     conflicts: list[str] = field(default_factory=list)  # index holds another manifest
     missing_blobs: list[str] = field(default_factory=list)  # entries not restored
     untrusted: list[str] = field(default_factory=list)  # writers the namespace refuses now
-    removed: int = 0  # documents of entries removed on purpose (a tombstone), deleted now
+    removed: int = 0  # documents of rows removed on purpose (a tombstone), deleted now
     aliases: int = 0
     tokens: int = 0
     records: int = 0  # namespace policies and pins
@@ -194,8 +200,22 @@ def put_back(
 
 
 def restore_configuration(index: Index, store: DocumentStore, report: ReindexReport) -> None:
-    """Tokens, then namespace policies and pins, from their documents. A token
-    revoked on either side stays revoked."""
+    """Namespace policies and pins, then tokens, from their documents: whatever the
+    index lacks. Policies first: a restored token must never find its namespace
+    without its rules (an untrusted writer publishing into a namespace that takes
+    only trusted writers while that rule is not back yet). A token revoked on either
+    side stays revoked; a row the index holds stays as it is. A record whose removal
+    could not delete its document (a tombstone says so) is not restored: its
+    removal is finished now, as fsck --repair finishes it."""
+    for name, record in decoded(store, docs.RECORDS, docs.record_from, report.damaged):
+        if index.get_record(record.kind, record.namespace, record.name) is not None:
+            continue
+        if index.get_record(TOMBSTONE, "", name) is not None:
+            store.delete_document(name)
+            index.delete_record(TOMBSTONE, "", name)
+            report.removed += 1
+        elif index.put_record(record, create_only=True):
+            report.records += 1
     for _, token in decoded(store, docs.TOKENS, docs.token_from, report.damaged):
         held = index.token_by_hash(token.secret_hash)
         if held is None:
@@ -204,9 +224,6 @@ def restore_configuration(index: Index, store: DocumentStore, report: ReindexRep
         elif token.revoked and not held.revoked:
             index.revoke_token(held.token_id)
             report.tokens += 1
-    for _, record in decoded(store, docs.RECORDS, docs.record_from, report.damaged):
-        if index.put_record(record, create_only=True):
-            report.records += 1
 
 
 def reindex(
@@ -223,7 +240,8 @@ def reindex(
     early; run it again."""
     started = time.monotonic()
     report = ReindexReport()
-    # Tokens first: replicas answer 401 to every client until their tokens are back.
+    # Configuration first: replicas answer 401 to every client until their tokens are
+    # back, and entries are restored by the rules of the policies and tokens.
     restore_configuration(index, store, report)
     progress(f"tokens {report.tokens}, policies and pins {report.records}")
     # One listing of the blobs instead of a HEAD per blob: on S3, a thousand per request.
@@ -256,11 +274,14 @@ def reindex(
 
 
 def reconcile(index: Index, blobs: BlobStore, store: DocumentStore) -> ReindexReport:
-    """Restore the documented entries a complete-looking index lacks: rows lost with
-    the marker kept (an index restored from a backup, Redis restarted from a snapshot
-    or failed over to a replica that lagged). Costs a listing of the documents' names
-    and of the index's keys, and a read only for what is missing."""
+    """Restore the documented rows a complete-looking index lacks: rows lost with the
+    marker kept (an index restored from a backup, Redis restarted from a snapshot or
+    failed over to a replica that lagged). Tokens, policies and pins first (few: each
+    document read), then entries, which they decide on; for those it costs a listing
+    of the documents' names and of the index's keys, and a read only for what is
+    missing."""
     report = ReindexReport()
+    restore_configuration(index, store, report)
     indexed = {docs.entry_name(e.namespace, e.key) for e in all_entries(index)}
     missing = [name for name in store.documents(docs.ENTRIES) if name not in indexed]
     refused = untrusted(index)
@@ -298,21 +319,27 @@ class IndexRecovery:
             return True
         try:
             why = looks_lost(index.inner, index.store, self.blobs)
-            if why is None:
-                mark_complete(index.inner, "no documents")
-                return True
-            if why == EMPTY_BESIDE_BLOBS:
-                # Nothing to restore yet: the documents may be on their way. An admin
-                # who knows the blobs are orphans says so with `admin reindex`.
-                self._warn(why)
-                return False
-            log.warning("%s: reindexing from the documents", why)
-            report = reindex(index.inner, self.blobs, index.store, leading=leading)
+            if why is not None and why != EMPTY_BESIDE_BLOBS:
+                log.warning("%s: reindexing from the documents", why)
+                report = reindex(index.inner, self.blobs, index.store, leading=leading)
+                log.warning("reindex: %s", report.as_json())
+                return report.complete
+            # No entry to restore, but the wipe took the tokens, policies and pins too
+            # (every client refused): they come back before the marker says complete.
+            report = ReindexReport()
+            restore_configuration(index.inner, index.store, report)
         except StoreError as exc:
             log.warning("cannot reindex now (blob collection waits): %s", exc)
             return False
-        log.warning("reindex: %s", report.as_json())
-        return report.complete
+        if report.tokens or report.records:
+            log.warning("restored the index's configuration: %s", report.as_json())
+        if why is not None:
+            # No entry documents yet beside the blobs: they may be on their way. An
+            # admin who knows the blobs are orphans says so with `admin reindex`.
+            self._warn(why)
+            return False
+        mark_complete(index.inner, "no entry documents")
+        return True
 
     def reconciled(self, leading: Callable[[], bool]) -> bool:
         """Before a blob collection: True when the index is complete and holds every
@@ -328,8 +355,12 @@ class IndexRecovery:
         except StoreError as exc:
             log.warning("cannot compare the index with its documents (collection waits): %s", exc)
             return False
-        if report.restored:
+        if report.restored or report.tokens or report.records:
             log.warning(
-                "restored %d entries the index had lost: %s", report.restored, report.as_json()
+                "restored %d entries, %d tokens and %d policies and pins the index had lost: %s",
+                report.restored,
+                report.tokens,
+                report.records,
+                report.as_json(),
             )
         return True
