@@ -20,9 +20,11 @@ import neffcache.server.api.body as body_module
 from neffcache.server.app import create_app
 from neffcache.server.blobs.memory import MemoryBlobStore
 from neffcache.server.index import Index, open_index
-from neffcache.server.index.base import Event
+from neffcache.server.index.base import Event, event_size
 from neffcache.server.index.memory import MemoryIndex
 from neffcache.server.settings import ServerSettings
+from neffcache.server.telemetry.ingest import stored_events
+from neffcache.server.telemetry.schema import EVENT_MAX_BYTES, parse_events
 
 KEY = "ab" * 32
 DIRECT = "cd" * 32
@@ -315,6 +317,7 @@ BAD_EVENTS: list[tuple[str, Any, str]] = [
     ("kind not a string", graph(kind=1), "kind must be"),
     ("unknown field", graph(colour="red"), "unknown field(s) colour (a graph event has"),
     ("stamp", graph(client_at=1.0), "the server sets client_at"),
+    ("trimmed", graph(trimmed=["components.graph.shapes"]), "the server sets trimmed"),
     ("both", graph(client_at=1.0, zz=1), "unknown field(s) zz"),
     ("no namespace", {"kind": "graph", "result": "hit"}, "namespace: Field required"),
     ("bad namespace", graph(namespace="Team A"), "namespace: String should match"),
@@ -487,6 +490,85 @@ def test_bounds_are_inclusive(client: TestClient, index: Index) -> None:
     many = counters(counts={f"c{i}": 0 for i in range(64)})
     assert post(client, [edge, many]).status_code == 202
     assert len(stored(index)) == 2
+
+
+# --- stored bytes -------------------------------------------------------------------------
+
+
+def largest_miss(job: str) -> dict[str, Any]:
+    """A miss that takes nearly EVENT_MAX_BYTES as stored (the server's clock, which
+    the stored event carries, takes up to 18 characters): the largest a client may
+    make any number of, its flags padded."""
+    event = graph(result="miss", job_id=job, at=time.time(), components=components())
+    (bare,) = stored_events(parse_events(json.dumps({"events": [event]}).encode()), 1e9)
+    pad = EVENT_MAX_BYTES - event_size(bare) - 32
+    event["components"]["flags"] = ["--optlevel", "2", "-" + "x" * pad]
+    return event
+
+
+def test_an_event_too_large_to_store_is_refused_naming_the_limit(
+    any_index: Index, tmp_path: Path
+) -> None:
+    # Within every field's bound (components take 20 KiB of the 64 KiB allowed), but
+    # over the stored size: nothing of the batch is stored.
+    fat = graph(result="miss", components=components(flags=["-O1"] * 5000))
+    with serve(any_index, tmp_path) as client:
+        answer = post(client, [graph(), fat])
+    assert answer.status_code == 413
+    detail = answer.json()["detail"]
+    assert "event 1 takes" in detail
+    assert f"over the {EVENT_MAX_BYTES}-byte limit of a stored event" in detail
+    assert stored(any_index) == []
+    assert any_index.events_bytes("team-a") == 0
+
+
+def test_a_large_graph_s_shapes_are_left_out_to_fit(client: TestClient, index: Index) -> None:
+    # 2048 instructions of real-looking shapes: 51 KiB of components, all allowed.
+    shapes = [f"dot f32[{i % 97},4096]{{1,0}}" for i in range(2048)]
+    summary = {"structure": STRUCTURE, "instructions": 2048, "shapes": shapes}
+    sent = every_field_miss() | {"components": components(graph=summary)}
+    assert post(client, [sent, graph()]).json() == {"accepted": 2}
+    found = stored(index)
+    assert event_size(found[0]) <= EVENT_MAX_BYTES
+    body = json.loads(found[0].body)
+    assert body["trimmed"] == ["components.graph.shapes"]
+    assert body["components"] == components(graph={"structure": STRUCTURE, "instructions": 2048})
+    # Everything else as sent: what reports and explanations read.
+    left = {k: v for k, v in body.items() if k not in ("components", "trimmed")}
+    expected = {k: v for k, v in sent.items() if v is not None and k != "components"}
+    assert left == expected | {"at": found[0].at, "client_at": sent["at"]}
+    assert "trimmed" not in json.loads(found[1].body)
+    assert index.events_for_key("team-a", KEY, 5) == [found[1], found[0]]
+
+
+def test_one_client_cannot_grow_its_namespace_past_its_bytes(
+    any_index: Index, tmp_path: Path
+) -> None:
+    bound = 16 << 20  # the least events_max_bytes
+    per_request = 240  # as many of the largest events as a 4 MiB body holds
+    with serve(any_index, tmp_path, events_max_bytes=bound) as client:
+        assert post(client, [counters(namespace="team-b")]).status_code == 202
+        for r in range(6):  # 23 MiB of events, sent as fast as the server takes them
+            answer = post(client, [largest_miss(f"r{r}")] * per_request)
+            assert answer.json() == {"accepted": per_request}
+            assert any_index.events_bytes("team-a") <= bound
+        ours = [e for e in stored(any_index) if e.namespace == "team-a"]
+        # The running total is what is stored, every event nearly the largest.
+        assert any_index.events_bytes("team-a") == sum(event_size(e) for e in ours)
+        assert all(EVENT_MAX_BYTES - 64 <= event_size(e) <= EVENT_MAX_BYTES for e in ours)
+        # As many as fit: no more, and not one fewer.
+        assert bound - EVENT_MAX_BYTES < any_index.events_bytes("team-a") <= bound
+        # The newest kept, the oldest dropped; no other namespace lost anything.
+        jobs = [json.loads(e.body)["job_id"] for e in ours]
+        assert jobs[-2 * per_request :] == ["r4"] * per_request + ["r5"] * per_request
+        assert "r0" not in jobs
+        assert [e.kind for e in stored(any_index) if e.namespace == "team-b"] == ["counters"]
+        # Reports see the newest events.
+        answer = client.get("/v1/reports/cost", params={"by": "job", "namespace": "team-a"})
+        assert answer.status_code == 200, answer.text
+        lookups = {row["group"]["job"]: row["lookups"] for row in answer.json()["rows"]}
+        assert lookups["r5"] == lookups["r4"] == per_request
+        assert sum(lookups.values()) == len(ours)
 
 
 # --- explanations' notes -----------------------------------------------------------------

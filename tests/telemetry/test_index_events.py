@@ -4,6 +4,7 @@ what only one backend promises."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ import redis
 
 import neffcache.server.index.redis as redis_module
 from neffcache.server.index import Index, open_index
-from neffcache.server.index.base import Event
+from neffcache.server.index.base import Event, event_size
 from neffcache.server.index.memory import MemoryIndex
 from neffcache.server.index.sqlite import SCHEMA_VERSION
 
@@ -284,6 +285,94 @@ def test_namespaces_that_look_alike_stay_apart(index: Index) -> None:
     assert numbers(index.events_for_key("a%3Ab", "c", 10)) == [3]
 
 
+# --- bytes per namespace -----------------------------------------------------------------
+
+
+def padded(at: float, n: int, size: int, namespace: str = "team-a", key: str = KEY) -> Event:
+    """An event whose body takes exactly ``size`` bytes (at least 20) and says which
+    it is (``n``)."""
+    head = f'{{"n":"{n:06d}","p":"'
+    return Event(at, namespace, "graph", key, head + "x" * (size - len(head) - 2) + '"}')
+
+
+def which(events: list[Event]) -> list[int]:
+    return [int(json.loads(e.body)["n"]) for e in events]
+
+
+def stored_bytes(index: Index, namespace: str) -> int:
+    """What a namespace's stored events take, counted from what a read returns."""
+    return sum(event_size(e) for e in read_all(index, 500, [namespace]))
+
+
+def test_events_bytes_is_the_running_total_of_each_namespace(index: Index) -> None:
+    # The bytes of the body in UTF-8: "é" takes two.
+    accented = Event(5.0, "team-b", "graph", KEY, '{"n":"0","raw":"é"}')
+    assert event_size(accented) == len(accented.body) + 1
+    index.append_events(
+        [padded(float(i), i, 100 + i, key=f"{i % 3:064x}") for i in range(20)] + [accented],
+        MANY,
+        NONE_OLD,
+    )
+    assert index.events_bytes("team-a") == sum(100 + i for i in range(20))
+    assert index.events_bytes("team-b") == event_size(accented)
+    assert index.events_bytes("team-c") == 0
+    # Retention and the count take their bytes off too.
+    index.append_events([padded(30.0, 99, 50, "team-c", key="")], 12, 4.0)
+    for namespace in ("team-a", "team-b", "team-c"):
+        assert index.events_bytes(namespace) == stored_bytes(index, namespace)
+    # 4 too old, then 6 too many: 4, 5, the one of team-b (at 5.0, appended later), 6-8.
+    assert index.events_bytes("team-a") == sum(100 + i for i in range(9, 20))
+    assert index.events_bytes("team-b") == 0
+    index.append_events([], MANY, 1e6)  # every event too old
+    assert [index.events_bytes(ns) for ns in ("team-a", "team-b", "team-c")] == [0, 0, 0]
+
+
+def test_a_namespace_over_its_bytes_loses_its_oldest_and_only_it(index: Index) -> None:
+    index.append_events(
+        [padded(10.0 + i, i, 1000, key=f"{i % 2:064x}") for i in range(6)]
+        + [padded(12.5, 50 + i, 1000, "team-b") for i in range(3)],
+        MANY,
+        NONE_OLD,
+    )
+    # team-a's new events: 8 of 1000 bytes against a bound of 4500; team-b is over
+    # the bound too, but has no event in this append: it is not looked at.
+    index.append_events([padded(30.0, 6, 1000), padded(30.0, 7, 1000)], MANY, NONE_OLD, 4500)
+    assert which(read_all(index, 3, ["team-a"])) == [4, 5, 6, 7]  # the newest
+    assert index.events_bytes("team-a") == stored_bytes(index, "team-a") == 4000
+    assert which(read_all(index, 3, ["team-b"])) == [50, 51, 52]
+    assert index.events_bytes("team-b") == 3000
+    # What left the log left its key's events too.
+    assert which(index.events_for_key("team-a", KEY, 10)) == [7, 6]
+    assert which(index.events_for_key("team-a", f"{1:064x}", 10)) == [5]
+    assert which(index.events_for_key("team-a", f"{0:064x}", 10)) == [4]
+
+
+def test_a_batch_bounds_each_of_its_namespaces(index: Index) -> None:
+    batch = [padded(1.0, i, 300, f"team-{'ab'[i % 2]}", key="") for i in range(20)]
+    index.append_events(batch, MANY, NONE_OLD, 1000)
+    # The last three of each, in order of appending (one time for the whole batch).
+    assert which(read_all(index, 7)) == [14, 15, 16, 17, 18, 19]
+    assert index.events_bytes("team-a") == index.events_bytes("team-b") == 900
+    # An event over the bound by itself goes too: nothing of the namespace is over it.
+    index.append_events([padded(2.0, 20, 1500, "team-a", key="")], MANY, NONE_OLD, 1000)
+    assert which(read_all(index, 7, ["team-a"])) == []
+    assert index.events_bytes("team-a") == 0
+
+
+def test_the_byte_bound_and_the_count_bound_together(opener: Opener) -> None:
+    # Another handle (another replica) sees the same totals.
+    writer, reader = opener(), opener()
+    for round_ in range(5):  # small events: the count binds
+        small = [padded(float(round_), round_ * 10 + i, 100) for i in range(10)]
+        writer.append_events(small, 25, NONE_OLD, 5000)
+        assert reader.events_bytes("team-a") == stored_bytes(reader, "team-a") <= 5000
+    assert which(read_all(reader, 10)) == list(range(25, 50))
+    # Large ones: the count leaves 15 small and the 10 new, then the bytes the 7 newest.
+    writer.append_events([padded(9.0, 50 + i, 700) for i in range(10)], 25, NONE_OLD, 5000)
+    assert which(read_all(reader, 10)) == list(range(53, 60))
+    assert reader.events_bytes("team-a") == stored_bytes(reader, "team-a") == 4900
+
+
 # --- one backend -------------------------------------------------------------------------
 
 
@@ -306,10 +395,15 @@ def test_sqlite_keeps_its_row_count_and_reads_through_indexes(tmp_path: Path) ->
                 " AND at < 9 AND (at > 1 OR (at = 1 AND id > 3)) ORDER BY at, id LIMIT 5",
                 "events_by_key": "SELECT * FROM events WHERE namespace = 'a' AND key = 'k'"
                 " ORDER BY at DESC, id DESC LIMIT 5",
+                # A namespace's byte bound: its oldest, then a range of them dropped.
+                "events_by_namespace ": "SELECT at, id FROM events WHERE namespace = 'a'"
+                " ORDER BY at, id",
+                " events_by_namespace": "DELETE FROM events WHERE namespace = 'a'"
+                " AND (at < 5 OR (at = 5 AND id <= 7))",
             }.items()
         }
     for name, plan in plans.items():
-        assert name in plan, plan
+        assert name.strip() in plan, plan
         assert "TEMP B-TREE" not in plan, plan  # no sort of the matching rows
 
 
@@ -383,7 +477,7 @@ def test_sqlite_file_from_schema_4_gains_the_events_log(tmp_path: Path) -> None:
     assert numbers(index.events_for_key("team-a", KEY, 5)) == [3, 2]
     index.close()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (5,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (6,)
         made = {row[1] for row in conn.execute("PRAGMA index_list(events)")}
         assert {"events_by_time", "events_by_namespace", "events_by_key"} <= made
         assert conn.execute("SELECT n FROM events_count").fetchone() == (2,)
@@ -391,6 +485,45 @@ def test_sqlite_file_from_schema_4_gains_the_events_log(tmp_path: Path) -> None:
     again = open_index(f"sqlite:///{path}")
     assert numbers(read_all(again, 5)) == [2, 3]
     again.close()
+
+
+def _v5_file(path: Path) -> None:
+    """A file as version 5 left it, with events of two namespaces."""
+    from neffcache.server.index import sqlite as sqlite_module
+
+    conn = sqlite3.connect(path)
+    for step in (1, 2, 3, 4, 5):
+        conn.executescript(sqlite_module._STEPS[step])
+    conn.executemany(
+        "INSERT INTO events (at, namespace, kind, key, body) VALUES (?, ?, ?, ?, ?)",
+        [(e.at, e.namespace, e.kind, e.key, e.body) for e in _v5_events()],
+    )
+    conn.execute("UPDATE events_count SET n = 5")
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA user_version = 5")
+    conn.commit()
+    conn.close()
+
+
+def _v5_events() -> list[Event]:
+    return [padded(1.0 + i, i, 200 + i, f"team-{'ab'[i % 2]}") for i in range(5)]
+
+
+def test_sqlite_file_from_schema_5_sums_each_namespace_s_bytes_once(tmp_path: Path) -> None:
+    path = tmp_path / "index.db"
+    _v5_file(path)
+    index = open_index(f"sqlite:///{path}")
+    assert index.events_bytes("team-a") == 200 + 202 + 204
+    assert index.events_bytes("team-b") == 201 + 203
+    index.append_events([padded(9.0, 5, 300, "team-b")], MANY, NONE_OLD, 500)
+    assert which(read_all(index, 10)) == [0, 2, 4, 5]
+    assert index.events_bytes("team-b") == 300
+    index.close()
+    again = open_index(f"sqlite:///{path}")  # nothing summed twice
+    assert [again.events_bytes(ns) for ns in ("team-a", "team-b")] == [606, 300]
+    again.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT n FROM events_count").fetchone() == (4,)
 
 
 def test_redis_key_lists_follow_the_log_and_expire(redis_server: str) -> None:
@@ -429,5 +562,77 @@ def test_redis_drops_a_large_excess_in_bounded_steps(
     index.append_events([event(float(i), i, key=f"{i % 4:064x}") for i in range(45)], MANY, 0.0)
     index.append_events([], 12, 5.0)  # 5 too old, then 28 too many: several calls
     assert numbers(read_all(index, 100)) == list(range(33, 45))
+    assert sum(len(index.events_for_key("team-a", f"{k:064x}", 100)) for k in range(4)) == 12
+    index.close()
+
+
+def test_redis_namespace_sets_follow_the_log(redis_server: str) -> None:
+    with redis.Redis.from_url(redis_server, decode_responses=True) as client:
+        client.flushdb()
+        index = open_index(redis_server)
+        index.append_events([padded(1.0 + i, i, 100, "a:b", key="") for i in range(6)], 4, 2.0)
+        # "a:b" escaped as key lists escape it; each member its sequence and bytes.
+        members = client.zrange("neffcache:events-ns:a%3Ab", 0, -1, withscores=True)
+        assert [(m.split()[1], score) for m, score in members] == [
+            ("100", 3.0),
+            ("100", 4.0),
+            ("100", 5.0),
+            ("100", 6.0),
+        ]
+        assert client.hgetall("neffcache:events-bytes") == {"a:b": "400"}
+        index.append_events([], MANY, 1e6)  # all gone: so are the set and the total
+        assert client.exists("neffcache:events-ns:a%3Ab", "neffcache:events-bytes") == 0
+        index.close()
+
+
+def test_redis_events_from_before_the_totals_are_not_counted(redis_server: str) -> None:
+    # Members an older server wrote have no place in a namespace set: their bytes
+    # were never counted, and leaving takes nothing off.
+    with redis.Redis.from_url(redis_server, decode_responses=True) as client:
+        client.flushdb()
+        for i in range(3):
+            old = padded(1.0 + i, i, 500)
+            header = json.dumps([old.namespace, old.kind, old.key])
+            client.zadd(
+                "neffcache:events", {f"{i + 1:020d} {old.at!r} {header}\n{old.body}": old.at}
+            )
+        client.set("neffcache:events-seq", 3)
+        index = open_index(redis_server)
+        index.append_events([padded(9.0, 3, 300)], MANY, NONE_OLD, 1000)
+        assert index.events_bytes("team-a") == 300  # the old three are not counted
+        assert which(read_all(index, 10)) == [0, 1, 2, 3]
+        index.append_events([padded(10.0, 4, 300)], 3, NONE_OLD, 1000)
+        assert which(read_all(index, 10)) == [2, 3, 4]
+        assert index.events_bytes("team-a") == 600
+        index.close()
+
+
+def test_redis_a_place_left_behind_is_dropped_with_its_bytes(redis_server: str) -> None:
+    # An older server trims the log and leaves the namespace set alone.
+    with redis.Redis.from_url(redis_server, decode_responses=True) as client:
+        client.flushdb()
+        index = open_index(redis_server)
+        index.append_events([padded(1.0 + i, i, 400) for i in range(3)], MANY, NONE_OLD)
+        client.zremrangebyrank("neffcache:events", 0, 0)
+        assert index.events_bytes("team-a") == 1200
+        index.append_events([padded(9.0, 3, 400)], MANY, NONE_OLD, 1000)
+        assert which(read_all(index, 10)) == [2, 3]
+        assert index.events_bytes("team-a") == stored_bytes(index, "team-a") == 800
+        assert client.zcard("neffcache:events-ns:team-a") == 2
+        index.close()
+
+
+def test_redis_drops_a_namespace_s_excess_in_bounded_steps(
+    redis_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with redis.Redis.from_url(redis_server) as client:
+        client.flushdb()
+    monkeypatch.setattr(redis_module, "TRIM_BATCH", 7)
+    monkeypatch.setattr(redis_module, "EVENTS_BATCH", 10)
+    index = open_index(redis_server)
+    batch = [padded(1.0 + i // 10, i, 100, key=f"{i % 4:064x}") for i in range(45)]
+    index.append_events(batch, MANY, NONE_OLD, 1200)
+    assert which(read_all(index, 100)) == list(range(33, 45))
+    assert index.events_bytes("team-a") == 1200
     assert sum(len(index.events_for_key("team-a", f"{k:064x}", 100)) for k in range(4)) == 12
     index.close()

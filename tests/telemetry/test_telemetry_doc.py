@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 import neffcache.server.index.redis as redis_module
 from neffcache.server.metrics import Metrics
+from neffcache.server.settings import ServerSettings
 from neffcache.server.telemetry import schema
 from neffcache.server.telemetry.schema import Components, CountersEvent, GraphEvent, GraphSummary
 
@@ -55,3 +56,18 @@ def test_the_bounds_are_the_documented_ones() -> None:
     assert "newest 100 events" in DOC
     assert redis_module.TRIM_BATCH == 5000
     assert "At most 5,000 events are dropped per script call" in DOC
+
+
+def test_the_stored_bytes_are_the_documented_ones() -> None:
+    defaults = ServerSettings.model_fields
+    keep, max_bytes = defaults["events_keep"].default, defaults["events_max_bytes"].default
+    assert schema.EVENT_MAX_BYTES == 16_384
+    assert "at most 16 KiB (16,384 bytes) as stored" in DOC
+    assert "| one event | 16,384 |" in DOC
+    assert max_bytes == 2**30
+    assert "`events_max_bytes` (1 GiB, 1,073,741,824 bytes)" in DOC
+    assert f"1 GiB ({max_bytes // schema.EVENT_MAX_BYTES:,} events of 16 KiB)" in DOC
+    # The whole index: events_keep events of the largest size.
+    assert keep == 2_000_000
+    assert f"30.5 GiB ({keep * schema.EVENT_MAX_BYTES:,} bytes" in DOC
+    assert f"{keep * schema.EVENT_MAX_BYTES / 2**30:.1f}" == "30.5"

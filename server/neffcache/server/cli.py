@@ -132,6 +132,7 @@ def run_serve(args: argparse.Namespace, extra: list[str]) -> int:
         ) from None
     from .auth import is_loopback
     from .config_errors import ConfigError
+    from .connections import ConnectionLimits
     from .errors import StoreError
     from .settings import load_settings
 
@@ -151,12 +152,16 @@ def run_serve(args: argparse.Namespace, extra: list[str]) -> int:
             f"{settings.data_dir} --scope admin --namespace '*'`, or set "
             "NEFFCACHE_BOOTSTRAP_ADMIN_TOKEN"
         )
+    # uvicorn alone keeps a connection that never sends a whole request head for ever,
+    # and caps nothing; these close such connections and cap them (connections.py).
+    limits = ConnectionLimits(settings.max_connections, settings.header_timeout_seconds)
     uvicorn.run(
         app,
         host=settings.host,
         port=settings.port,
         log_level="info",
         access_log=settings.access_log,
+        http=limits.protocol_class(),
     )
     return 0
 

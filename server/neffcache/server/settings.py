@@ -164,6 +164,15 @@ class ServerSettings(BaseSettings):
         le=100_000_000,
         description="telemetry events kept at most, newest first (bounds the index)",
     )
+    # At least 16 MiB: four whole batches (4 MiB each), so that no one batch trims
+    # its own namespace's events away; at most 1 TiB, past any index's size.
+    events_max_bytes: int = Field(
+        2**30,
+        ge=16 * 2**20,
+        le=2**40,
+        description="stored bytes of telemetry events kept at most per namespace, newest "
+        "first (bounds what one namespace's clients can make the index hold)",
+    )
     price_table: Path | None = Field(
         None,
         description="TOML file of instance prices over the shipped table (reports' money figures)",
@@ -178,6 +187,24 @@ class ServerSettings(BaseSettings):
     )
     config_file: Path | None = Field(None, description="TOML file with these settings")
     access_log: bool = Field(False, description="log every request (costs throughput)")
+    # A client sends its head in one write; this bounds connections that never finish
+    # one (connections.py). It is also the keep-alive idle time, which it replaces.
+    header_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="how long a connection may take to send a complete request head, "
+        "from when it opens or its previous response ends (then it is closed)",
+    )
+    # Lowered at start-up to what the descriptor limit allows (connections.py).
+    max_connections: int = Field(
+        4096,
+        ge=1,
+        le=10_000_000,
+        description="connections open at once; a new one beyond it closes the one waiting "
+        "longest for a request head, or is itself closed when every one is serving",
+    )
 
     @field_validator("default_ttl_seconds", mode="before")
     @classmethod

@@ -3,7 +3,10 @@ explanations, and counted in the metrics.
 
 Any token may report, read-only ones included (training jobs hold those), for the
 namespaces it covers: one event of another namespace refuses the whole batch (403),
-as one invalid event does (400), and nothing of it is stored.
+as one invalid event does (400), or one too large to store (413), and nothing of it
+is stored. What is stored is bounded per event (``EVENT_MAX_BYTES``) and per
+namespace (``events_max_bytes``: the namespaces of a batch lose their oldest events
+past it), besides the whole log's count and age.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from neffcache.server.deps import Backends, BackendsDep, CallerDep
 from neffcache.server.telemetry.ingest import count, misses, note, stored_events
 from neffcache.server.telemetry.schema import (
     BODY_MAX_BYTES,
+    EVENT_MAX_BYTES,
     MAX_EVENTS,
     CountersEvent,
     GraphEvent,
@@ -61,7 +65,13 @@ _SCHEMA = {
         **json_answer(
             202, obj({"accepted": {"type": "integer", "minimum": 0}}), "stored, all of them"
         ),
-        **errors(*TOKEN, *BODY, e403="an event names a namespace the token does not cover"),
+        **errors(
+            *TOKEN,
+            *BODY,
+            e403="an event names a namespace the token does not cover",
+            e413=f"a body over {BODY_MAX_BYTES} bytes, or an event over {EVENT_MAX_BYTES}"
+            " bytes as stored",
+        ),
     },
 )
 async def post_events(request: Request, caller: CallerDep, backends: BackendsDep) -> Response:
@@ -81,9 +91,12 @@ def _ingest(backends: Backends, caller: Caller, body: bytes, now: float) -> list
     batch = parse_events(body)
     for namespace in sorted({event.namespace for event in batch}):
         caller.require("read", namespace)
+    events = stored_events(batch, now)  # 413 for an event too large to store
     settings = backends.settings
     before = now - settings.events_retention_seconds
-    if batch:
-        backends.index.append_events(stored_events(batch, now), settings.events_keep, before)
+    if events:
+        backends.index.append_events(
+            events, settings.events_keep, before, settings.events_max_bytes
+        )
     count(backends.metrics, batch)  # what was stored, and only that
     return batch

@@ -13,8 +13,8 @@ compile time, compiler version, model, the blobs it references: ``EntryFacts``) 
 when the server last served it (``touch_entries``); namespace policies and pins as
 small records (``put_record``); and an audit log. Entries are removed only by
 ``delete_entry``, which takes their aliases with them. Telemetry events from clients
-(``append_events``) form a second log, bounded by count and by age, read in time
-order by reports and per key by explanations.
+(``append_events``) form a second log, bounded by count, by age and by bytes per
+namespace, read in time order by reports and per key by explanations.
 """
 
 from __future__ import annotations
@@ -190,6 +190,14 @@ class Event:
     body: str  # canonical JSON of the whole stored event, both stamps included
 
 
+def event_size(event: Event) -> int:
+    """The bytes an event counts toward its namespace's bound (``append_events``'s
+    ``max_bytes``): its body, in UTF-8. The body holds every field, the namespace and
+    key included; what a backend adds per event (row, indexes, copies) is not counted
+    and docs/telemetry.md states it."""
+    return len(event.body.encode())
+
+
 def event_cursor(at: float, seq: int) -> str:
     """The cursor ``Index.events`` hands out: the last event's place in the log, its
     time then the backend's sequence for the order of appending."""
@@ -353,11 +361,19 @@ class Index(Protocol):
 
     # --- telemetry events
 
-    def append_events(self, events: Sequence[Event], keep: int, before: float) -> None:
+    def append_events(
+        self, events: Sequence[Event], keep: int, before: float, max_bytes: int | None = None
+    ) -> None:
         """Append events, then drop every event with ``at < before`` and all but the
         ``keep`` newest (by ``at``, then order of appending), so storage stays bounded;
-        with no events, only trims. Readers may see part of a batch before the rest;
-        no event is ever half-stored."""
+        with no events, only trims. With ``max_bytes``, then drop the oldest events of
+        each namespace of ``events`` until its ``events_bytes`` is at most
+        ``max_bytes`` (other namespaces are not looked at: no scan per append). Readers
+        may see part of a batch before the rest; no event is ever half-stored."""
+
+    def events_bytes(self, namespace: str) -> int:
+        """The bytes (``event_size``) of a namespace's stored events, 0 for none: a
+        running total the backend keeps as events come and go, never a scan."""
 
     def events(
         self,

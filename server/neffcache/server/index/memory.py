@@ -23,6 +23,7 @@ from .base import (
     Touch,
     entry_facts,
     event_cursor,
+    event_size,
     events_start,
 )
 
@@ -50,9 +51,13 @@ class MemoryIndex:
         self._records: dict[tuple[str, str, str], Record] = {}
         self._audit: list[AuditRecord] = []  # oldest first
         # The events log, sorted by place (oldest first), and each (namespace, key)'s
-        # events in the same order, so events_for_key reads no other key's.
+        # events in the same order, so events_for_key reads no other key's; each
+        # namespace's too, and their bytes, so its byte bound drops its oldest without
+        # walking the log.
         self._events: list[tuple[_Place, Event]] = []
         self._events_by_key: dict[tuple[str, str], list[tuple[_Place, Event]]] = {}
+        self._events_by_ns: dict[str, list[tuple[_Place, Event]]] = {}
+        self._event_bytes: dict[str, int] = {}
         self._event_seq = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -310,7 +315,9 @@ class MemoryIndex:
 
     # --- telemetry events
 
-    def append_events(self, events: Sequence[Event], keep: int, before: float) -> None:
+    def append_events(
+        self, events: Sequence[Event], keep: int, before: float, max_bytes: int | None = None
+    ) -> None:
         with self._lock:
             for event in events:
                 item = ((event.at, next(self._event_seq)), event)
@@ -319,20 +326,39 @@ class MemoryIndex:
                 if event.key:
                     mine = self._events_by_key.setdefault((event.namespace, event.key), [])
                     bisect.insort(mine, item, key=_place)
+                ns = event.namespace
+                bisect.insort(self._events_by_ns.setdefault(ns, []), item, key=_place)
+                self._event_bytes[ns] = self._event_bytes.get(ns, 0) + event_size(event)
             old = bisect.bisect_left(self._events, (before, 0), key=_place)
             drop = max(old, len(self._events) - max(keep, 0))
             for place, event in self._events[:drop]:
-                self._forget_for_key(place, event)
+                self._forget_oldest(place, event)
             del self._events[:drop]
+            if max_bytes is not None:
+                for namespace in {event.namespace for event in events}:
+                    self._trim_namespace(namespace, max_bytes)
 
-    def _forget_for_key(self, place: _Place, event: Event) -> None:
-        # Caller holds _lock. The log drops its oldest, so the key's oldest goes too.
+    def _trim_namespace(self, namespace: str, max_bytes: int) -> None:
+        # Caller holds _lock. The namespace's oldest first, as the log is trimmed.
+        while self._event_bytes.get(namespace, 0) > max_bytes:
+            place, event = self._events_by_ns[namespace][0]
+            self._forget_oldest(place, event)
+            del self._events[bisect.bisect_left(self._events, place, key=_place)]
+
+    def _forget_oldest(self, place: _Place, event: Event) -> None:
+        # Caller holds _lock. The oldest of its namespace goes (the log's oldest is),
+        # so the oldest of its key too.
         where = (event.namespace, event.key)
         mine = self._events_by_key.get(where)
         if mine and mine[0][0] == place:
             del mine[0]
             if not mine:
                 del self._events_by_key[where]
+        ours = self._events_by_ns[event.namespace]
+        del ours[0]
+        self._event_bytes[event.namespace] -= event_size(event)
+        if not ours:
+            del self._events_by_ns[event.namespace], self._event_bytes[event.namespace]
 
     def events(
         self,
@@ -367,6 +393,10 @@ class MemoryIndex:
         with self._lock:
             mine = list(self._events_by_key.get((namespace, key), []))
         return [event for _, event in reversed(mine[-limit:])] if limit > 0 else []
+
+    def events_bytes(self, namespace: str) -> int:
+        with self._lock:
+            return self._event_bytes.get(namespace, 0)
 
 
 def _place(item: tuple[_Place, Event]) -> _Place:

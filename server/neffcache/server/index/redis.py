@@ -31,15 +31,21 @@ Every key starts with ``neffcache:``::
     neffcache:events:{ns}:{key}         list of the key's newest events (their members
                                         in neffcache:events), the latest pushed first;
                                         expires a retention after its last write
+    neffcache:events-ns:{ns}            sorted set of the namespace's events, scored
+                                        by ``at``; each member is "<seq, 20 digits>
+                                        <body bytes>", so its oldest are found without
+                                        walking the log
+    neffcache:events-bytes              hash: namespace -> the body bytes of its
+                                        events that have a member in its sorted set
 
 ``put_entry``, ``add_alias``, ``delete_entry``, ``touch_entries`` (per batch),
 ``append_audit`` and ``append_events`` (per batch) each run as one Lua script, so they
 are atomic across replicas. The scripts touch several keys, some of them named inside
-the script (the aliases an entry loses, the entry an alias names, the lists of the
-events an append drops), which a standalone Redis (or one primary) allows and
-Redis Cluster does not. ``put_failure`` is one script on one key; the key
-expires when its newest record does, so Redis itself reclaims keys nobody writes
-again. A lease is one key with Redis's own expiry, so a lease's life is measured on
+the script (the aliases an entry loses, the entry an alias names, the lists and
+namespace sets of the events an append drops), which a standalone Redis (or one
+primary) allows and Redis Cluster does not. ``put_failure`` is one script on one
+key; the key expires when its newest record does, so Redis itself reclaims keys
+nobody writes again. A lease is one key with Redis's own expiry, so a lease's life is measured on
 one clock however many replicas ask; its ``expires_at`` is that remaining life added
 to the caller's clock.
 
@@ -113,6 +119,8 @@ AUDIT_SEQ = PREFIX + "audit-seq"
 EVENTS = PREFIX + "events"
 EVENTS_SEQ = PREFIX + "events-seq"
 EVENT_LISTS = PREFIX + "events:"  # then "{ns}:{key}"
+EVENTS_BY_NS = PREFIX + "events-ns:"  # then "{ns}"
+EVENTS_BYTES = PREFIX + "events-bytes"
 
 # Touches per script call: each call holds Redis for its whole batch.
 TOUCH_BATCH = 500
@@ -273,54 +281,120 @@ log_trim(KEYS[1], ARGV[1], '-inf')
 """
 )
 
-# KEYS[1] the events log, KEYS[2] its sequence, KEYS[3..] the key lists of this batch;
-# ARGV[1] how many to keep, ARGV[2] ``before``, ARGV[3] how many per key, ARGV[4] the
-# lists' lifetime in ms, ARGV[5] the key lists' prefix, ARGV[6] how many to drop at
-# most (TRIM_BATCH), then per event its time, its text ("<time> <JSON [ns, kind,
-# key]>" and a newline, then the body) and the index in KEYS of its key's list (0 for
-# none). A list item is the event's member in the log, so that what leaves the log
-# leaves its list too; the lists' expiry only reclaims keys nobody writes to again.
-# Returns 1 when more are due to be dropped.
+# KEYS[1] the events log, KEYS[2] its sequence, KEYS[3] the namespaces' bytes,
+# KEYS[4..] the key lists of this batch; ARGV[1] how many to keep, ARGV[2] ``before``,
+# ARGV[3] how many per key, ARGV[4] the lists' lifetime in ms, ARGV[5] the key lists'
+# prefix, ARGV[6] how many to drop at most (TRIM_BATCH), ARGV[7] the namespaces' byte
+# bound ('' for none), ARGV[8] the namespace sets' prefix, ARGV[9] how many
+# namespaces to bound, then their names, then per event its time, its text ("<time>
+# <JSON [ns, kind, key]>" and a newline, then the body) and the index in KEYS of its
+# key's list (0 for none). A list item, and a namespace set's member, stand for the
+# event's member in the log, so that what leaves the log leaves them too; the lists'
+# expiry only reclaims keys nobody writes to again. An event stored before the
+# namespace sets existed has no member in one: its bytes were never counted, and are
+# not taken off. Returns 1 when more are due to be dropped.
 _APPEND_EVENTS = (
     _LOG
-    + """
-local function event_list(member)
-  local header = string.match(member, '^%d+ %S+ ([^\\n]*)')
+    + r"""
+local function escaped(ns)
+  return (string.gsub(string.gsub(ns, '%%', '%%25'), ':', '%%3A'))
+end
+-- The namespace, the key and the body's bytes of a log member.
+local function facts(member)
+  local header = string.match(member, '^%d+ %S+ ([^\n]*)')
   local fields = cjson.decode(header)
-  if fields[3] == '' then return nil end
-  local ns = string.gsub(string.gsub(fields[1], '%%', '%%25'), ':', '%%3A')
-  return ARGV[5] .. ns .. ':' .. fields[3]
+  return fields[1], fields[3], #member - string.find(member, '\n', 1, true)
+end
+local function ref(member, size)
+  return string.sub(member, 1, 20) .. ' ' .. size
+end
+local function uncount(ns, size)
+  if redis.call('HINCRBY', KEYS[3], ns, -size) <= 0 then redis.call('HDEL', KEYS[3], ns) end
+end
+-- Forget a member leaving the log (the caller removes it from the log).
+local function forget(member)
+  local ns, key, size = facts(member)
+  if key ~= '' then redis.call('LREM', ARGV[5] .. escaped(ns) .. ':' .. key, 1, member) end
+  if redis.call('ZREM', ARGV[8] .. escaped(ns), ref(member, size)) == 1 then uncount(ns, size) end
 end
 local function drop_oldest(members)
   if #members == 0 then return end
-  for _, member in ipairs(members) do
-    local list = event_list(member)
-    if list then redis.call('LREM', list, 1, member) end
-  end
+  for _, member in ipairs(members) do forget(member) end
   redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #members - 1)
 end
-for i = 7, #ARGV, 3 do
+-- The log's member of time ``at`` and sequence ``seq``, or nil: members of one time
+-- follow every earlier one by rank, and sort among themselves by their sequence.
+local function member_at(at, seq)
+  local lo = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. at)
+  local hi = lo + redis.call('ZCOUNT', KEYS[1], at, at) - 1
+  while lo <= hi do
+    local mid = math.floor((lo + hi) / 2)
+    local member = redis.call('ZRANGE', KEYS[1], mid, mid)[1]
+    local found = string.sub(member, 1, 20)
+    if found == seq then return member end
+    if found < seq then lo = mid + 1 else hi = mid - 1 end
+  end
+  return nil
+end
+-- Drop the namespace's oldest while its bytes are over the bound, at most ``budget``;
+-- returns how many it dropped.
+local function trim_namespace(ns, bound, budget)
+  local set = ARGV[8] .. escaped(ns)
+  local dropped = 0
+  while dropped < budget and tonumber(redis.call('HGET', KEYS[3], ns) or '0') > bound do
+    local oldest = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
+    if #oldest == 0 then
+      redis.call('HDEL', KEYS[3], ns)
+      break
+    end
+    local member = member_at(oldest[2], string.sub(oldest[1], 1, 20))
+    if member then
+      forget(member)
+      redis.call('ZREM', KEYS[1], member)
+    else
+      -- Its event left the log without it (a trim by an older server): so do its bytes.
+      redis.call('ZREM', set, oldest[1])
+      uncount(ns, tonumber(string.match(oldest[1], ' (%d+)$')))
+    end
+    dropped = dropped + 1
+  end
+  return dropped
+end
+local bounded = tonumber(ARGV[9])
+for i = 10 + bounded, #ARGV, 3 do
   local member = log_add(KEYS[1], KEYS[2], ARGV[i], ARGV[i + 1])
   local slot = tonumber(ARGV[i + 2])
   if slot > 0 then redis.call('LPUSH', KEYS[slot], member) end
+  local ns, _, size = facts(member)
+  redis.call('ZADD', ARGV[8] .. escaped(ns), ARGV[i], ref(member, size))
+  redis.call('HINCRBY', KEYS[3], ns, size)
 end
-for j = 3, #KEYS do
+for j = 4, #KEYS do
   redis.call('LTRIM', KEYS[j], 0, tonumber(ARGV[3]) - 1)
   redis.call('PEXPIRE', KEYS[j], ARGV[4])
 end
 -- The oldest by (time, sequence) are the lowest ranks: first those past ``before``,
--- then past ``keep``.
+-- then past ``keep``, then a namespace's past its bound.
 local budget = tonumber(ARGV[6])
 local old = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2], 'LIMIT', 0, budget)
 drop_oldest(old)
 budget = budget - #old
 local excess = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[1])
 if excess > 0 and budget > 0 then
-  drop_oldest(redis.call('ZRANGE', KEYS[1], 0, math.min(excess, budget) - 1))
+  local oldest = redis.call('ZRANGE', KEYS[1], 0, math.min(excess, budget) - 1)
+  drop_oldest(oldest)
+  budget = budget - #oldest
 end
 if redis.call('ZCARD', KEYS[1]) > tonumber(ARGV[1]) then return 1 end
 if #redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2], 'LIMIT', 0, 1) > 0 then
   return 1
+end
+if ARGV[7] ~= '' then
+  local bound = tonumber(ARGV[7])
+  for n = 10, 9 + bounded do
+    budget = budget - trim_namespace(ARGV[n], bound, budget)
+    if tonumber(redis.call('HGET', KEYS[3], ARGV[n]) or '0') > bound then return 1 end
+  end
 end
 return 0
 """
@@ -939,16 +1013,30 @@ class RedisIndex:
 
     # --- telemetry events
 
-    def append_events(self, events: Sequence[Event], keep: int, before: float) -> None:
+    def append_events(
+        self, events: Sequence[Event], keep: int, before: float, max_bytes: int | None = None
+    ) -> None:
+        # Every call bounds every namespace of the whole append: a later call may
+        # still owe an earlier one's trimming.
+        bounded = sorted({e.namespace for e in events}) if max_bytes is not None else []
         more = True
         for start in range(0, len(events), EVENTS_BATCH):
-            more = self._append_event_batch(events[start : start + EVENTS_BATCH], keep, before)
+            batch = events[start : start + EVENTS_BATCH]
+            more = self._append_event_batch(batch, keep, before, max_bytes, bounded)
         while more:  # trimming left for later calls: each drops at most TRIM_BATCH
-            more = self._append_event_batch([], keep, before)
+            more = self._append_event_batch([], keep, before, max_bytes, bounded)
 
-    def _append_event_batch(self, events: Sequence[Event], keep: int, before: float) -> bool:
-        """Append (up to EVENTS_BATCH) events and trim; True when more trimming is due."""
-        keys = [EVENTS, EVENTS_SEQ]
+    def _append_event_batch(
+        self,
+        events: Sequence[Event],
+        keep: int,
+        before: float,
+        max_bytes: int | None,
+        bounded: Sequence[str],
+    ) -> bool:
+        """Append (up to EVENTS_BATCH) events and trim, the ``bounded`` namespaces to
+        ``max_bytes`` too; True when more trimming is due."""
+        keys = [EVENTS, EVENTS_SEQ, EVENTS_BYTES]
         slots: dict[tuple[str, str], int] = {}
         records: list[EncodableT] = []
         for event in events:
@@ -969,6 +1057,10 @@ class RedisIndex:
             life_ms,
             EVENT_LISTS,
             TRIM_BATCH,
+            "" if max_bytes is None else max_bytes,
+            EVENTS_BY_NS,
+            len(bounded),
+            *bounded,
             *records,
         ]
         with self._mapped():
@@ -1016,6 +1108,11 @@ class RedisIndex:
         found = [_event_from(_str(item)) for item in items]
         found.sort(key=lambda pair: pair[0], reverse=True)
         return [event for _, event in found[:limit]]
+
+    def events_bytes(self, namespace: str) -> int:
+        with self._mapped():
+            value = self._redis.hget(EVENTS_BYTES, namespace)
+        return int(_str(value)) if value is not None else 0
 
 
 def _event_text(event: Event) -> str:

@@ -39,7 +39,7 @@ from .base import (
 
 # Stored in PRAGMA user_version. Bump it when a table changes, and add the step from
 # the previous version to _STEPS; a file newer than this code is refused at start-up.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # How long a writer waits for another process's write transaction to finish.
 BUSY_TIMEOUT_S = 5.0
@@ -163,6 +163,35 @@ CREATE TABLE IF NOT EXISTS events_count (
 INSERT OR IGNORE INTO events_count (one, n) VALUES (1, 0);
 """
 
+# Version 6: each namespace's event bytes (event_size: the body's UTF-8 bytes, which
+# CAST AS BLOB gives), so its byte bound needs no sum over its rows on every append.
+# Triggers keep the total with every insert and delete, whoever deletes. A trigger's
+# body holds ";", which _migrate's split would cut: the statements run one by one in
+# _events_bytes_v6. The first total of a file from before is summed once, here.
+_V6 = (
+    """CREATE TABLE IF NOT EXISTS events_bytes (
+    namespace TEXT PRIMARY KEY,
+    bytes INTEGER NOT NULL
+) WITHOUT ROWID""",
+    """INSERT INTO events_bytes (namespace, bytes)
+SELECT namespace, sum(length(CAST(body AS BLOB))) FROM events GROUP BY namespace""",
+    """CREATE TRIGGER IF NOT EXISTS events_bytes_added AFTER INSERT ON events BEGIN
+INSERT INTO events_bytes (namespace, bytes)
+VALUES (new.namespace, length(CAST(new.body AS BLOB)))
+ON CONFLICT (namespace) DO UPDATE SET bytes = bytes + excluded.bytes;
+END""",
+    """CREATE TRIGGER IF NOT EXISTS events_bytes_dropped AFTER DELETE ON events BEGIN
+UPDATE events_bytes SET bytes = bytes - length(CAST(old.body AS BLOB))
+WHERE namespace = old.namespace;
+END""",
+)
+
+
+def _events_bytes_v6(conn: sqlite3.Connection) -> None:
+    for statement in _V6:
+        conn.execute(statement)
+
+
 _TOKEN_COLUMNS = "token_id, secret_hash, scope, namespaces, name, created_at, revoked, trusted"
 _FACT_COLUMNS = "size, compile_seconds, compiler_version, model, digests"
 _FACT_SETS = ", ".join(f"{column} = ?" for column in _FACT_COLUMNS.split(", "))
@@ -211,8 +240,11 @@ def _backfill_v4(conn: sqlite3.Connection) -> None:
 
 # The statements that bring a file from version n - 1 to version n, by n; then, for
 # some n, Python that fills what SQL alone cannot, in the same transaction.
-_STEPS = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5}
-_STEP_CODE: dict[int, Callable[[sqlite3.Connection], None]] = {4: _backfill_v4}
+_STEPS = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5, 6: ""}  # 6: all in its code
+_STEP_CODE: dict[int, Callable[[sqlite3.Connection], None]] = {
+    4: _backfill_v4,
+    6: _events_bytes_v6,
+}
 
 
 @contextlib.contextmanager
@@ -719,7 +751,9 @@ class SqliteIndex:
 
     # --- telemetry events
 
-    def append_events(self, events: Sequence[Event], keep: int, before: float) -> None:
+    def append_events(
+        self, events: Sequence[Event], keep: int, before: float, max_bytes: int | None = None
+    ) -> None:
         with self._write() as conn:
             conn.executemany(
                 "INSERT INTO events (at, namespace, kind, key, body) VALUES (?, ?, ?, ?, ?)",
@@ -735,6 +769,9 @@ class SqliteIndex:
                     " (SELECT id FROM events ORDER BY at, id LIMIT ?)",
                     (count - max(keep, 0),),
                 ).rowcount
+            if max_bytes is not None:
+                for namespace in sorted({e.namespace for e in events}):
+                    count -= _trim_namespace(conn, namespace, max_bytes)
             conn.execute("UPDATE events_count SET n = ?", (max(count, 0),))
 
     def events(
@@ -797,6 +834,47 @@ class SqliteIndex:
         )
         return [_event(row) for row in rows]
 
+    def events_bytes(self, namespace: str) -> int:
+        rows = self._read("SELECT bytes FROM events_bytes WHERE namespace = ?", (namespace,))
+        return _int(rows[0][0]) if rows else 0
+
+
+# Rows of a namespace read per round while finding how many of its oldest to drop.
+_TRIM_ROWS = 256
+
+
+def _trim_namespace(conn: sqlite3.Connection, namespace: str, max_bytes: int) -> int:
+    """Drop the oldest events of ``namespace`` until its bytes are at most
+    ``max_bytes``; the number dropped. Reads its oldest rows through
+    events_by_namespace only as far as the excess reaches, then drops them in one
+    range delete: it costs what it drops."""
+    row = conn.execute("SELECT bytes FROM events_bytes WHERE namespace = ?", (namespace,))
+    found = row.fetchone()
+    excess = (_int(found[0]) if found else 0) - max_bytes
+    if excess <= 0:
+        return 0
+    oldest = conn.execute(
+        "SELECT at, id, length(CAST(body AS BLOB)) FROM events WHERE namespace = ? ORDER BY at, id",
+        (namespace,),
+    )
+    last: tuple[object, ...] | None = None
+    try:
+        while excess > 0 and (rows := oldest.fetchmany(_TRIM_ROWS)):
+            for last in rows:
+                excess -= _int(last[2])
+                if excess <= 0:
+                    break
+    finally:
+        oldest.close()  # unfinished: the delete below changes what it reads
+    if last is None:
+        return 0
+    at, event_id = last[0], last[1]
+    deleted: int = conn.execute(
+        "DELETE FROM events WHERE namespace = ? AND (at < ? OR (at = ? AND id <= ?))",
+        (namespace, at, at, event_id),
+    ).rowcount
+    return deleted
+
 
 def _row_place(row: tuple[object, ...]) -> tuple[float, int]:
     event_id, at = row[0], row[1]
@@ -807,6 +885,11 @@ def _row_place(row: tuple[object, ...]) -> tuple[float, int]:
 def _event(row: tuple[object, ...]) -> Event:
     _id, at, namespace, kind, key, body = row
     return Event(_float(at), str(namespace), str(kind), str(key), str(body))
+
+
+def _int(value: object) -> int:
+    assert isinstance(value, int), value  # a byte count: length() or an INTEGER column
+    return value
 
 
 def _path_from_url(url: str) -> Path:

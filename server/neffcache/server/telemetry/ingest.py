@@ -7,14 +7,16 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
+from neffcache.server.errors import TooLarge
 from neffcache.server.explain.reasons import reason_label
 from neffcache.server.index import Index
 from neffcache.server.index.base import Event
 from neffcache.server.manifest import canonical_json
 from neffcache.server.metrics import Metrics
 from neffcache.server.telemetry.counters import counter_label
-from neffcache.server.telemetry.schema import GraphEvent, TelemetryEvent
+from neffcache.server.telemetry.schema import EVENT_MAX_BYTES, GraphEvent, TelemetryEvent
 
 log = logging.getLogger("neffcache.server.telemetry")
 
@@ -30,17 +32,41 @@ _SKIPPED_LOG_SECONDS = 60.0
 
 def stored_events(batch: Sequence[TelemetryEvent], now: float) -> list[Event]:
     """The events as stored: each one's fields (nulls left out), with the client's
-    ``at`` kept as ``client_at`` and the server's receipt time ``now`` as ``at``."""
+    ``at`` kept as ``client_at`` and the server's receipt time ``now`` as ``at``;
+    each within ``EVENT_MAX_BYTES`` (``fitted``), or TooLarge names the first that
+    is not."""
     stored = []
-    for event in batch:
+    for i, event in enumerate(batch):
         fields = event.model_dump(mode="json", exclude_none=True)
         client_at = fields.pop("at", None)
         fields["at"] = now
         if client_at is not None:
             fields["client_at"] = client_at
         key = event.key if isinstance(event, GraphEvent) and event.key else ""
-        stored.append(Event(now, event.namespace, event.kind, key, canonical_json(fields)))
+        stored.append(Event(now, event.namespace, event.kind, key, fitted(i, fields)))
     return stored
+
+
+def fitted(i: int, fields: dict[str, Any]) -> str:
+    """The stored body of event ``i``: its canonical JSON (ASCII: characters are
+    bytes), within EVENT_MAX_BYTES. Over it, the graph summary's shapes are left out
+    and ``trimmed`` says so: they are the one part a client legitimately sends that
+    large (up to 2048 instructions' worth), explanations do without them (as for
+    larger graphs, whose shapes are never sent), and reports never read them. Any
+    event still over it is refused: no client of ours sends one, and leaving out
+    anything else would change what reports or explanations see."""
+    body = canonical_json(fields)
+    if len(body) > EVENT_MAX_BYTES:
+        graph = fields.get("components", {}).get("graph", {})
+        if graph.pop("shapes", None) is not None:
+            fields["trimmed"] = ["components.graph.shapes"]
+            body = canonical_json(fields)
+    if len(body) > EVENT_MAX_BYTES:
+        raise TooLarge(
+            f"event {i} takes {len(body)} bytes as stored, over the {EVENT_MAX_BYTES}-byte"
+            " limit of a stored event (docs/telemetry.md)"
+        )
+    return body
 
 
 def count(metrics: Metrics, batch: Sequence[TelemetryEvent]) -> None:

@@ -29,6 +29,15 @@ MAX_EVENTS = 1000
 BODY_MAX_BYTES = 4 << 20
 # A miss's components (with the graph summary's shapes), as canonical JSON.
 COMPONENTS_MAX_BYTES = 64 << 10
+# An event as stored (its canonical JSON body, stamps included) at most; over it, the
+# graph summary's shapes are left out, and an event still over it is refused (413).
+# The events the client builds (telemetry.graph_event) from the tests' fixtures take
+# 462 bytes (a hit), 1,291 (a counters event naming every client counter) and about
+# 1,200 (a miss with its components) plus 18 to 24 bytes per instruction of shapes:
+# each fits more than 12 times over, shapes apart. With events_max_bytes it fixes the
+# worst case: a namespace holds at least events_max_bytes / EVENT_MAX_BYTES events,
+# and the whole log at most events_keep * EVENT_MAX_BYTES bytes (docs/telemetry.md).
+EVENT_MAX_BYTES = 16 << 10
 # Shapes are sent only for graphs of at most this many instructions.
 MAX_SHAPES = 2048
 NAME_MAX = 255
@@ -39,8 +48,9 @@ MAX_COUNTERS = 64
 MAX_SECONDS = 7 * 86400.0
 # int64, so every JSON reader can read it back.
 INT64_MAX = 2**63 - 1
-# Fields the server sets in every stored event; a client may not send them.
-STAMPS = frozenset({"client_at"})
+# Fields the server sets in stored events; a client may not send them. ``trimmed``
+# names what was left out of an event to fit EVENT_MAX_BYTES.
+STAMPS = frozenset({"client_at", "trimmed"})
 
 _PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
 Name = Annotated[str, Field(max_length=NAME_MAX, pattern=_PRINTABLE)]
