@@ -58,6 +58,7 @@ BENCHES = (
     Bench("keying", "bench_keying.py", ("--quick",)),
     Bench("mlir_keying", "bench_mlir_keying.py", ("--quick",)),
     Bench("reports", "bench_reports.py", ("--quick",)),
+    Bench("reports_load", "bench_reports_load.py", ("--quick",)),
     Bench("eviction", "bench_eviction.py", ("--scale", "0.3")),
     Bench("client", "bench_client.py", ("--quick",), needs=("nginx", "curl")),
     Bench("herd", "bench_herd.py", ("--quick",)),

@@ -5,7 +5,6 @@ API. Every figure checked below was computed by hand from the seeded events."""
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import hashlib
 import io
@@ -402,42 +401,3 @@ def test_reports_on_a_redis_index(redis_server: str, tmp_path: Path) -> None:
     finally:
         for store in stores:
             store.close()
-
-
-# --- load
-
-
-def test_at_most_two_reports_are_computed_at_once(
-    stores: tuple[BlobStore, Index], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A report parses every event of its window: dashboards must not be able to start
-    # any number of them side by side. Two at a time; the others wait their turn.
-    import neffcache.server.api.reports as reports_api
-
-    running, peak = [0], [0]
-
-    async def slow_report(*args: Any, **kwargs: Any) -> dict[str, Any]:
-        running[0] += 1
-        peak[0] = max(peak[0], running[0])
-        for _ in range(2000):  # let every other request in that may come in
-            if running[0] > 2:
-                break
-            await asyncio.sleep(0)
-        running[0] -= 1
-        return {}
-
-    monkeypatch.setattr(reports_api, "cost_report", slow_report)
-    monkeypatch.setattr(reports_api, "upgrade_report", slow_report)
-    settings = ServerSettings(data_dir=tmp_path, eviction_interval_seconds=0)
-    app = create_app(settings, blob_store=stores[0], index=stores[1])
-
-    async def five() -> list[int]:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            paths = ["/v1/reports/cost"] * 3 + ["/v1/reports/upgrade?to_compiler=2.22.0"] * 2
-            answers = await asyncio.gather(*(client.get(path) for path in paths))
-        return [answer.status_code for answer in answers]
-
-    assert asyncio.run(five()) == [200] * 5
-    assert peak[0] == 2
-    assert reports_api.CONCURRENT_REPORTS == 2  # as docs/reports.md says

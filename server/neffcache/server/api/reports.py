@@ -5,36 +5,40 @@ checked), else all of the token's (every namespace for a ``*`` token). ``format`
 chooses JSON (the dashboard reads it), CSV, a self-contained HTML page or a plain
 table. The price table is loaded when the app starts, so a bad ``price_table`` file
 stops the server instead of failing reports later.
+
+A report is read, folded and rendered in a worker thread, never on the event loop,
+one at a time per process with a bounded queue (``reports/gate.py``): a full queue
+is a ``503`` with ``Retry-After``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, ParamSpec
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from neffcache.server.api.answers import TOKEN, Schema, errors, formats_answer, obj
 from neffcache.server.auth import Caller
-from neffcache.server.deps import BackendsDep, CallerDep
+from neffcache.server.deps import Backends, BackendsDep, CallerDep
 from neffcache.server.errors import BadRequest
 from neffcache.server.manifest import NAMESPACE
-from neffcache.server.reports.collect import cost_report, upgrade_report
+from neffcache.server.reports.collect import build_cost_report, build_upgrade_report
+from neffcache.server.reports.gate import ReportsBusy, gate_of
 from neffcache.server.reports.render_html import cost_html, upgrade_html
 from neffcache.server.reports.render_text import cost_csv, cost_table, upgrade_csv, upgrade_table
 from neffcache.server.reports.window import parse_by, parse_time
 
 MAX_TOP = 1000
-# Reports computed at once per replica; more wait their turn. Each one reads every
-# event of its window (up to the millions an index keeps, parsed on this process's
-# event loop between pages) and holds aggregates of up to tens of MB, and a dashboard
-# asks for three a minute: unbounded, a few open dashboards would take the CPU and
-# memory that lookups need.
-CONCURRENT_REPORTS = 2
+# Reports computed at once per replica (one: reports/gate.py says why), and reports
+# that may wait their turn, more being refused (503, Retry-After): three dashboards
+# loading at once, three reports each.
+CONCURRENT_REPORTS = 1
+WAITING_REPORTS = 8
 _MEDIA = {
     "json": "application/json",
     "csv": "text/csv; charset=utf-8",
@@ -45,6 +49,7 @@ _MEDIA = {
 # the dashboard's origin: nothing in it may run, load or be framed, whatever slips through.
 _HTML_POLICY = "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'"
 _VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+_*-]{0,199}")
+P = ParamSpec("P")
 
 
 router = APIRouter(prefix="/v1/reports")
@@ -65,7 +70,9 @@ def _formats(required: tuple[str, ...], what: str) -> Any:
     }
     return {
         **formats_answer(200, schemas, f"the {what} report, in the format asked"),
-        **errors(*TOKEN),
+        **errors(
+            *TOKEN, 503, e503=f"{WAITING_REPORTS} reports wait already; Retry-After says when"
+        ),
     }
 
 
@@ -113,9 +120,7 @@ async def cost(
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
     scope = _scope(caller, namespaces)
-    async with _gate(request):
-        report = await cost_report(backends, start, end, grouping, scope, top)
-    return _answer(report, fmt, {"csv": cost_csv, "html": cost_html, "table": cost_table})
+    return await _computed(request, _cost, backends, start, end, grouping, scope, top, fmt)
 
 
 @router.get(
@@ -154,30 +159,57 @@ async def upgrade(
             raise BadRequest(f"active {active!r}: give a duration such as 30d")
     scope = _scope(caller, namespaces)
     server = str(request.base_url).rstrip("/")
-    async with _gate(request):
-        report = await upgrade_report(
-            backends,
-            to_compiler,
-            scope,
-            from_compiler=from_compiler,
-            active_seconds=window,
-            top=top,
-            server=server,
-        )
-    return _answer(report, fmt, {"csv": upgrade_csv, "html": upgrade_html, "table": upgrade_table})
-
-
-def _gate(request: Request) -> asyncio.Semaphore:
-    """The app's bound on reports computed at once, one per event loop (a semaphore
-    belongs to the loop it first waits on; tests run an app on several loops). Made
-    on first use; nothing awaits between looking and setting."""
-    loop = asyncio.get_running_loop()
-    found: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = getattr(
-        request.app.state, "reports_gate", None
+    return await _computed(
+        request, _upgrade, backends, to_compiler, scope, from_compiler, window, top, server, fmt
     )
-    if found is None or found[0] is not loop:
-        found = request.app.state.reports_gate = (loop, asyncio.Semaphore(CONCURRENT_REPORTS))
-    return found[1]
+
+
+async def _computed(
+    request: Request, answer: Callable[P, Response], *args: P.args, **kwargs: P.kwargs
+) -> Response:
+    """``answer(*args, **kwargs)`` in a worker thread, when this report's turn comes."""
+    gate = gate_of(request.app.state, CONCURRENT_REPORTS, WAITING_REPORTS)
+    try:
+        async with gate.turn():
+            return await run_in_threadpool(answer, *args, **kwargs)
+    except ReportsBusy as busy:
+        headers = {"Retry-After": str(busy.retry_after)}
+        return JSONResponse({"detail": str(busy)}, status_code=503, headers=headers)
+
+
+def _cost(
+    backends: Backends,
+    since: float,
+    until: float,
+    by: tuple[str, ...],
+    scope: list[str] | None,
+    top: int,
+    fmt: str,
+) -> Response:
+    report = build_cost_report(backends, since, until, by, scope, top)
+    return _answer(report, fmt, {"csv": cost_csv, "html": cost_html, "table": cost_table})
+
+
+def _upgrade(
+    backends: Backends,
+    to_compiler: str,
+    scope: list[str] | None,
+    from_compiler: str | None,
+    window: float | None,
+    top: int,
+    server: str,
+    fmt: str,
+) -> Response:
+    report = build_upgrade_report(
+        backends,
+        to_compiler,
+        scope,
+        from_compiler=from_compiler,
+        active_seconds=window,
+        top=top,
+        server=server,
+    )
+    return _answer(report, fmt, {"csv": upgrade_csv, "html": upgrade_html, "table": upgrade_table})
 
 
 def _check_format(fmt: str) -> None:

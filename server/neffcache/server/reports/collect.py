@@ -1,22 +1,57 @@
-"""Reading the stores for the reports, a page at a time, every store call through
-``Backends.run`` (inline for local stores, in a worker thread for remote ones). The
-event loop is given back between pages, so a long report does not hold up lookups."""
+"""Reading the stores for the reports, a page at a time, and folding what is read.
+
+``build_cost_report`` and ``build_upgrade_report`` do it all in the calling thread:
+store calls, parsing and folding. The API calls them in a worker thread (with the
+rendering), one report at a time (``gate.py``), never on the event loop: a report
+over thousands of events takes seconds of CPU, which on the loop would be seconds
+of every lookup, download and health check waiting. Folding pauses now and then
+(``pace.py``) so that the loop gets the GIL back soon. ``cost_report`` is the cost
+report awaited from a loop (``tests/bench/bench_reports.py``), in a worker thread.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
+
 from neffcache.server.deps import Backends
 from neffcache.server.reports.cost import CostReport
+from neffcache.server.reports.pace import Pace, paced
 from neffcache.server.reports.prices import CURRENCY, load_prices
 from neffcache.server.reports.storage import storage_rows
 from neffcache.server.reports.upgrade import DEFAULT_ACTIVE_SECONDS, NamespaceUpgrade, totals
 
 EVENT_PAGE = 1000
 ENTRY_PAGE = 1000
+
+
+def build_cost_report(
+    backends: Backends,
+    since: float,
+    until: float,
+    by: Sequence[str],
+    namespaces: Sequence[str] | None,
+    top: int,
+) -> dict[str, Any]:
+    """The cost report of ``namespaces`` (None: every namespace)."""
+    report = CostReport(since, until, by, load_prices(backends.settings.price_table), top)
+    pace = Pace()
+    after: str | None = None
+    while True:
+        page, after = backends.index.events(since, until, namespaces, after, EVENT_PAGE)
+        report.add_all(paced(page, pace))
+        if after is None:
+            break
+    names: Sequence[str]
+    if namespaces is None:
+        names = sorted(set(_namespaces_held(backends)) | report.namespaces)
+    else:
+        names = namespaces
+    storage = storage_rows(backends.usage, backends.policies, names)
+    return report.result(storage, generated_at=time.time())
 
 
 async def cost_report(
@@ -27,24 +62,8 @@ async def cost_report(
     namespaces: Sequence[str] | None,
     top: int,
 ) -> dict[str, Any]:
-    """The cost report of ``namespaces`` (None: every namespace)."""
-    report = CostReport(since, until, by, load_prices(backends.settings.price_table), top)
-    after: str | None = None
-    while True:
-        page, after = await backends.run(
-            backends.index.events, since, until, namespaces, after, EVENT_PAGE
-        )
-        report.add_all(page)
-        if after is None:
-            break
-        await asyncio.sleep(0)
-    if namespaces is None:
-        held = await backends.run(_namespaces_held, backends)
-        names: Sequence[str] = sorted(set(held) | report.namespaces)
-    else:
-        names = namespaces
-    storage = await backends.run(storage_rows, backends.usage, backends.policies, names)
-    return report.result(storage, generated_at=time.time())
+    """``build_cost_report`` in a worker thread."""
+    return await run_in_threadpool(build_cost_report, backends, since, until, by, namespaces, top)
 
 
 def _namespaces_held(backends: Backends) -> list[str]:
@@ -52,7 +71,7 @@ def _namespaces_held(backends: Backends) -> list[str]:
     return [policy.namespace for policy in backends.policies.all()]
 
 
-async def upgrade_report(
+def build_upgrade_report(
     backends: Backends,
     to_compiler: str,
     namespaces: Sequence[str] | None,
@@ -65,17 +84,17 @@ async def upgrade_report(
     """The upgrade report of ``namespaces`` (None: every namespace with entries)."""
     prices = load_prices(backends.settings.price_table)
     if namespaces is None:
-        namespaces = await backends.run(backends.index.namespaces)
+        namespaces = backends.index.namespaces()
     now = time.time()
+    pace = Pace()
     parts = []
     for namespace in sorted(set(namespaces)):
         window = active_seconds
         if window is None:
-            policy = await backends.run(backends.policies.get, namespace)
-            window = policy.ttl_seconds or DEFAULT_ACTIVE_SECONDS
+            window = backends.policies.get(namespace).ttl_seconds or DEFAULT_ACTIVE_SECONDS
         plan = NamespaceUpgrade(namespace, to_compiler, now - window, top, from_compiler)
-        await _read_entries(backends, plan)
-        await _read_events(backends, plan, now)
+        _read_entries(backends, plan, pace)
+        _read_events(backends, plan, now, pace)
         parts.append(plan.result(prices, server))
     return {
         "to_compiler": to_compiler,
@@ -87,25 +106,23 @@ async def upgrade_report(
     }
 
 
-async def _read_entries(backends: Backends, plan: NamespaceUpgrade) -> None:
+def _read_entries(backends: Backends, plan: NamespaceUpgrade, pace: Pace) -> None:
     after: str | None = None
     while True:
-        page = await backends.run(backends.index.entry_stats, plan.namespace, after, ENTRY_PAGE)
+        page = backends.index.entry_stats(plan.namespace, after, ENTRY_PAGE)
         if not page:
             # Only an empty page ends the listing (entries may go while it is read).
             return
-        plan.add_entries(page)
+        plan.add_entries(paced(page, pace))
         after = page[-1].key
-        await asyncio.sleep(0)
 
 
-async def _read_events(backends: Backends, plan: NamespaceUpgrade, now: float) -> None:
+def _read_events(backends: Backends, plan: NamespaceUpgrade, now: float, pace: Pace) -> None:
     after: str | None = None
     while True:
-        page, after = await backends.run(
-            backends.index.events, plan.active_since, now, [plan.namespace], after, EVENT_PAGE
+        page, after = backends.index.events(
+            plan.active_since, now, [plan.namespace], after, EVENT_PAGE
         )
-        plan.add_events(page)
+        plan.add_events(paced(page, pace))
         if after is None:
             return
-        await asyncio.sleep(0)

@@ -76,7 +76,10 @@ class CostReport:
         self.totals.add(graph, price)
         self._group(graph).add(graph, price)
         day = day_index(graph.at)
-        self.days.setdefault(day, Figures()).add(graph, price)
+        figures = self.days.get(day)
+        if figures is None:  # not setdefault: that would build a Figures per event
+            figures = self.days[day] = Figures()
+        figures.add(graph, price)
         self.misses.add(graph, price)
         self.runs.add(graph)
 
