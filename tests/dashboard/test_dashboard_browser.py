@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import random
+import shlex
 import struct
 import zlib
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from dashboard.live import Clock, LiveServer, artifacts_dir
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.wait import WebDriverWait
 
+from neffcache.client.cli import main
 from neffcache.server.explain.reasons import REASONS
 
 DAY = 86400.0
@@ -140,6 +142,12 @@ def publish(client: httpx.Client, namespace: str, key: str, data: bytes) -> None
 
 def state(driver: Any) -> str:
     value: str = driver.execute_script("return document.body.dataset.state")
+    return value
+
+
+def auth(driver: Any) -> str | None:
+    """What the page last read of the server's auth mode (``GET /v1/status``)."""
+    value: str | None = driver.execute_script("return document.body.dataset.auth || null")
     return value
 
 
@@ -582,6 +590,44 @@ def test_a_server_with_tokens_asks_for_one(
     # Only the refusals the test asked for reached the console.
     assert console_problems(browser, allowed=("status of 401",)) == []
     assert [u for u in requested_urls(browser) if not u.startswith(server.url + "/")] == []
+
+
+def test_a_server_without_tokens_warns_until_one_exists(
+    browser: Any,
+    live_server: Callable[..., LiveServer],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Protected mode: the page says anyone on the host is an admin and shows the
+    command that ends it. Run as shown, the command makes a token; from then on the
+    warning is gone, while the page asks for a token and once it has one."""
+    for name in ("NEFFCACHE_ADMIN_TOKEN", "NEFFCACHE_TOKEN", "NEFFCACHE_SERVER"):
+        monkeypatch.delenv(name, raising=False)
+    server = live_server()
+    open_page(browser, server.url + "/")
+    wait_for(browser, lambda: auth(browser) == "open", "the server's auth mode was not read")
+    assert browser.find_element(By.ID, "open-warning").is_displayed()
+    assert "has no token" in text(browser, "open-warning")
+    assert "admin rights" in text(browser, "open-warning")
+    command = text(browser, "open-command")
+    assert command == (
+        f"neffcache admin token create --server {server.url} --scope admin --namespace '*'"
+    )
+
+    assert main(shlex.split(command)[1:]) == 0
+    admin = json.loads(capsys.readouterr().out)["token"]
+    browser.refresh()
+    wait_for(browser, lambda: state(browser) == "token", "the page did not ask for a token")
+    wait_for(browser, lambda: auth(browser) == "tokens", "the server's auth mode was not read")
+    assert not browser.find_element(By.ID, "open-warning").is_displayed()
+    field = browser.find_element(By.ID, "token-input")
+    field.send_keys(admin)
+    browser.find_element(By.CSS_SELECTOR, "#token-form button[type=submit]").click()
+    wait_for(browser, lambda: state(browser) == "ready", "the admin token was not taken")
+    wait_for(browser, lambda: auth(browser) == "tokens", "the server's auth mode was not read")
+    assert not browser.find_element(By.ID, "open-warning").is_displayed()
+    assert f"{server.url}/v1/status" in requested_urls(browser)
+    assert console_problems(browser, allowed=("status of 401",)) == []
 
 
 # Labels a client may send (any printable text): shown as text, never run or loaded.

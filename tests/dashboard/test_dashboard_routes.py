@@ -147,7 +147,10 @@ def test_the_page_and_assets_name_no_other_origin() -> None:
         assert "@import" not in text
         assert "url(" not in text
     assert "fetch(" in texts["dashboard.js"]
-    assert re.findall(r"fetch\(([^,]+),", texts["dashboard.js"]) == ['"/v1/reports/cost?" + query']
+    assert re.findall(r"fetch\(([^,]+),", texts["dashboard.js"]) == [
+        '"/v1/reports/cost?" + query',
+        '"/v1/status"',
+    ]
 
 
 def test_the_page_carries_the_reason_codes() -> None:

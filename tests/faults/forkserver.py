@@ -11,8 +11,8 @@ store is touched) and forks a child that calls the parsed command's ``run``, whi
 in the same order, from scratch. That is settings from the environment and the
 arguments (``load_settings``), ``create_app`` opening the stores (the filesystem blob
 store's removal of dead processes' staging areas, the SQLite index's schema check, the
-durable index's start-up check), the lifespan's background work, and ``uvicorn.run``
-binding the port.
+durable index's start-up check), binding the port (``serving.bind``), and the
+lifespan's background work.
 
 Nothing of a server exists before the fork: the launcher never calls ``create_app``,
 opens a store or starts a thread (it checks it has one thread before each fork), so a

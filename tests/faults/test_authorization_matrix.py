@@ -162,6 +162,8 @@ TABLE: list[Case] = [
          {200}),
     case("GET", "/v1/reports/upgrade", "/v1/reports/upgrade?to_compiler=2.22.0&namespace=team-a",
          READS_A, {200}),
+    # protocol.md, Status: any token; a namespace asked for must be one it reads.
+    case("GET", "/v1/status", "/v1/status?namespace=team-a&window=3600", READS_A, {200}),
     # explain.md: read for the namespace.
     case("GET", "/v1/ns/{namespace}/explain/{key}", f"{NS}/explain/{KEY}", READS_A, {200}),
     case("POST", "/v1/ns/{namespace}/explain", f"{NS}/explain", READS_A, {200},

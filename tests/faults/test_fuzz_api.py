@@ -137,6 +137,7 @@ OPERATIONS = (
     "GET /v1/reports/upgrade",
     "GET /v1/ns/{namespace}/explain/{key}",
     "POST /v1/ns/{namespace}/explain",
+    "GET /v1/status",
 )
 
 Operation = APIOperation[Any, Any, Any, Any]

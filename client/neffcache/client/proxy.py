@@ -414,8 +414,11 @@ class Core:
         # compile or the hit it was): counted here too, it would count twice.
         if outcome != "failed" and not wrapped:
             STATS.count("compiles" if source == "compiler" else f"hits_{source}")
-        if not self.config.run_manifest and not self.config.telemetry:
-            return
+        # Without a run manifest or telemetry, the graph still goes to the host's
+        # counters (runlog.graph), with no wait added for its miss's reason.
+        reported = bool(self.config.run_manifest or self.config.telemetry)
+        if wrapped and not reported:
+            return  # nothing would be written, nor counted: the wrapper counts it
         try:
             size = (entry / NEFF).stat().st_size if outcome != "failed" else 0
         except OSError:
@@ -444,7 +447,7 @@ class Core:
             )
         else:
             fields["outcome"] = outcome
-            reason, summary, prepared = _miss_reason(entry, wait=not wrapped)
+            reason, summary, prepared = _miss_reason(entry, wait=reported and not wrapped)
             fields["reason"], fields["reason_summary"] = reason, summary
             if prepared is not None:
                 keys = {"key": prepared.key, "direct_key": prepared.direct_key}

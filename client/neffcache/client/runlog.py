@@ -1,5 +1,6 @@
 """The run manifest (``NEFFCACHE_RUN_MANIFEST=PATH``): one JSON object per line per graph,
-and the graph's telemetry event (telemetry.py), both made here from one dict.
+and the graph's telemetry event (telemetry.py), both made here from one dict, which
+the host's counters in L1 (hoststats.py) count too.
 
 Each line is written with one ``write`` on a file opened ``O_APPEND``, so the ranks of
 a job (and the wrapper's processes) can share one file without interleaving lines.
@@ -34,6 +35,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from neffcache.client import hoststats
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
 
@@ -76,7 +78,11 @@ def graph(
     false: the hook's line for a compile the wrapper's line already counts).
     ``components`` and ``also`` go into the event alone: the hook's miss lines name
     their graph by its stock address only (prewarm reads them so), while its event
-    has the keys the explanation computed."""
+    has the keys the explanation computed. A graph with an event (whether sent or
+    not) is also added to the host's counters in L1 (hoststats.py), so that
+    ``neffcache stats`` counts what the run manifest says."""
+    if event:
+        hoststats.count(config.local_dir, fields)
     if not config.run_manifest and not (config.telemetry and event):
         return
     now = time.time()

@@ -31,12 +31,13 @@ from neffcache.server.api import (
     leases,
     namespaces,
     reports,
+    status,
 )
 from neffcache.server.api.answers import errors
-from neffcache.server.auth import TokenPresence, ensure_bootstrap_token
+from neffcache.server.auth import ANONYMOUS, TokenPresence, ensure_bootstrap_token
 from neffcache.server.blobs import BlobStore, open_blob_store
 from neffcache.server.blobs.documents import DocumentStore
-from neffcache.server.deps import Backends
+from neffcache.server.deps import REQUEST_CALLER, Backends
 from neffcache.server.errors import BadRequest, ServerError
 from neffcache.server.fastpath import FastPath
 from neffcache.server.index import Index, open_index
@@ -68,7 +69,8 @@ def create_app(
     changes = []
     if settings.bootstrap_admin_token is not None:
         changes = ensure_bootstrap_token(index, settings.bootstrap_admin_token.get_secret_value())
-    log.info(
+    # Debug: `neffcache serve` prints where its data is in its start-up banner (banner.py).
+    log.debug(
         "blobs %s, index %s",
         redact(settings.blob_store_url()),
         redact(settings.index_store_url()),
@@ -119,6 +121,7 @@ def create_app(
         events,
         reports,
         explain,
+        status,
         dashboard,
     ):
         app.include_router(module.router)
@@ -126,7 +129,7 @@ def create_app(
     app.add_exception_handler(RequestValidationError, _validation_error)
     # Inside the fast path, whose two shapes hold no control character.
     app.add_middleware(PlainPaths)
-    app.add_middleware(FastPath, backends=app.state.backends, on_error=error_response)
+    app.add_middleware(FastPath, backends=app.state.backends, on_error=_fast_path_error)
     return app
 
 
@@ -187,20 +190,36 @@ class PlainPaths:
         await self.app(scope, receive, send)
 
 
-def error_response(exc: ServerError, path: str) -> JSONResponse:
-    """The JSON body and status of a ServerError, for the app and the fast path."""
+def error_response(exc: ServerError, path: str, method: str = "") -> JSONResponse:
+    """The JSON body and status of a ServerError, for the app and the fast path;
+    ``method`` and ``path`` name the request in the server's log."""
     body: dict[str, Any] = {"detail": str(exc)}
     missing = getattr(exc, "missing", None)
     if missing is not None:
         body["missing"] = missing
     if exc.status >= 500:
         log.error("%s: %s", path, exc)
+    elif exc.status in (401, 403):
+        _refused(exc, method, path)
     return JSONResponse(body, status_code=exc.status)
+
+
+def _refused(exc: ServerError, method: str, path: str) -> None:
+    # Info, not a warning: refusing is the server doing its job. But a client that
+    # misses for want of a token is what an operator asks about, and the access log is
+    # off by default. The caller as authentication saw it, never a secret.
+    who = REQUEST_CALLER.get() or ANONYMOUS
+    path = _CONTROL.sub("?", path)  # one line, whatever the path held
+    log.info("refused %s %s (%d, %s): %s", method, path, exc.status, who, exc)
+
+
+def _fast_path_error(exc: ServerError, path: str) -> JSONResponse:
+    return error_response(exc, path, "GET")  # the fast path answers GETs only
 
 
 async def _server_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ServerError)
-    return error_response(exc, request.url.path)
+    return error_response(exc, request.url.path, request.method)
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:

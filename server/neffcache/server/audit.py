@@ -6,6 +6,7 @@ the ``audit_keep`` newest records.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -15,6 +16,7 @@ from neffcache.server.index import AuditRecord, Index, Token
 from neffcache.server.manifest import canonical_json
 
 log = logging.getLogger("neffcache.server.audit")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def record(
@@ -60,6 +62,12 @@ class AuditLog:
         except StoreError as exc:
             for lost in records:
                 log.error("audit log unavailable (%s); record: %s", exc, lost.as_json())
+            return
+        # Also a line each in the server's log: every admin change and removal passes
+        # here, and an operator reads the log before thinking of `admin audit`.
+        if log.isEnabledFor(logging.INFO):
+            for done in records:
+                log.info("%s", log_line(done))
 
     def add(
         self, actor: str, action: str, namespace: str = "", target: str = "", **detail: Any
@@ -68,3 +76,11 @@ class AuditLog:
 
     def query(self, since: float, namespace: str | None, limit: int) -> list[AuditRecord]:
         return self._index.audit(since, namespace, limit)
+
+
+def log_line(done: AuditRecord) -> str:
+    """One record as one line: ``audit: ACTION NS/TARGET by ACTOR DETAIL``. Actors
+    carry token names, which an admin chose: control characters are escaped."""
+    where = "/".join(part for part in (done.namespace, done.target) if part) or "*"
+    line = f"audit: {done.action} {where} by {done.actor} {done.detail or '{}'}"
+    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", line)

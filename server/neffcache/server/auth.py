@@ -44,7 +44,8 @@ class Caller:
 
     def require(self, scope: str, namespace: str | None = None) -> None:
         if SCOPES.index(self.scope) < SCOPES.index(scope):
-            raise Forbidden(f"this needs a {scope} token; yours is {self.scope}")
+            article = "an" if scope == "admin" else "a"
+            raise Forbidden(f"this needs {article} {scope} token; yours is {self.scope}")
         if namespace is not None and not self.covers(namespace):
             raise Forbidden(f"your token does not cover namespace {namespace!r}")
 
@@ -160,6 +161,21 @@ def authenticate(index: Index, authorization: str | None, tokens_exist: TokenPre
         trusted=is_trusted(token),
         label=f"{token.token_id} ({token.name})" if token.name else token.token_id,
     )
+
+
+# The public token id a secret of new_token's form starts with.
+_TOKEN_ID = re.compile(r"nfc_([0-9a-f]{12})_")
+
+
+def presented_as(authorization: str | None) -> str:
+    """Who a request's ``Authorization`` header says it is, for the server's log:
+    ``anonymous`` without one, ``token ID`` for a secret of this server's form (the id
+    is no secret: ``token list`` shows it), else ``an unrecognized token``. Never any
+    part of the secret itself."""
+    if not authorization:
+        return ANONYMOUS
+    found = _TOKEN_ID.match(authorization.partition(" ")[2].strip())
+    return f"token {found[1]}" if found else "an unrecognized token"
 
 
 def is_loopback(host: str) -> bool:

@@ -12,7 +12,14 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from . import __version__
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from .settings import ServerSettings
 
 DEFAULT_SERVER = "http://127.0.0.1:8787"
 
@@ -31,6 +38,7 @@ def register(sub: Any, error_type: type[Exception]) -> None:
     serve.add_argument("--port", type=int, help="port to bind (default 8787)")
     serve.add_argument("--data-dir", help="where the embedded stores live")
     serve.add_argument("--config", help="a TOML settings file")
+    serve.add_argument("--version", action="version", version=f"neffcache {__version__}")
     serve.set_defaults(run=run_serve)
 
     admin = sub.add_parser(
@@ -123,16 +131,68 @@ def _target_arguments(parser: argparse.ArgumentParser, *, local: bool) -> None:
 def run_serve(args: argparse.Namespace, extra: list[str]) -> int:
     _no_extra(extra)
     try:
-        import uvicorn
+        # The server extra's modules, imported here to name the extra when one is missing.
+        import uvicorn  # noqa: F401
 
-        from .app import create_app
+        from .app import create_app  # noqa: F401
     except ImportError as exc:
         raise CommandError(
             f"neffcache serve needs the server extra: pip install 'neffcache[server]' ({exc})"
         ) from None
+    from . import serving
+
+    # From the start: what opening the stores logs is shown as the server's log.
+    with serving.server_logging():
+        return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import socket
+
+    from . import serving
     from .auth import is_loopback
-    from .config_errors import ConfigError
+    from .banner import banner
     from .connections import ConnectionLimits
+
+    settings, app = _open(args)
+    tokens = bool(app.state.backends.index.tokens())
+    if not is_loopback(settings.host) and not tokens:
+        raise CommandError(
+            f"refusing to listen on {settings.host} without tokens (protected mode): create "
+            "an admin token first with `neffcache admin token create --local --data-dir "
+            f"{settings.data_dir} --scope admin --namespace '*'`, or set "
+            "NEFFCACHE_BOOTSTRAP_ADMIN_TOKEN"
+        )
+    # Bound before uvicorn starts the app: a port in use is this one line, not an
+    # error after "Application startup complete." (serving.py).
+    try:
+        sock = serving.bind(settings.host, settings.port)
+    except serving.BindError as exc:
+        raise CommandError(str(exc)) from None
+    lines = banner(
+        settings,
+        port=sock.getsockname()[1],
+        tokens=tokens,
+        version=__version__,
+        host_name=socket.getfqdn(),
+    )
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    # uvicorn alone keeps a connection that never sends a whole request head for ever,
+    # and caps nothing; these close such connections and cap them (connections.py).
+    limits = ConnectionLimits(settings.max_connections, settings.header_timeout_seconds)
+    options = {
+        "log_level": "info",
+        "access_log": settings.access_log,
+        "http": limits.protocol_class(),
+    }
+    return serving.run(app, sock, options)
+
+
+def _open(args: argparse.Namespace) -> tuple[ServerSettings, FastAPI]:
+    """The settings, and the app on its opened stores; a bad setting or an unreachable
+    store is a CommandError."""
+    from .app import create_app
+    from .config_errors import ConfigError
     from .errors import StoreError
     from .settings import load_settings
 
@@ -141,29 +201,9 @@ def run_serve(args: argparse.Namespace, extra: list[str]) -> int:
             host=args.host, port=args.port, data_dir=args.data_dir, config_file=args.config
         )
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        app = create_app(settings)
+        return settings, create_app(settings)
     except (ConfigError, OSError, StoreError) as exc:
         raise CommandError(str(exc)) from None
-    index = app.state.backends.index
-    if not is_loopback(settings.host) and not index.tokens():
-        raise CommandError(
-            f"refusing to listen on {settings.host} without tokens (protected mode): create "
-            "an admin token first with `neffcache admin token create --local --data-dir "
-            f"{settings.data_dir} --scope admin --namespace '*'`, or set "
-            "NEFFCACHE_BOOTSTRAP_ADMIN_TOKEN"
-        )
-    # uvicorn alone keeps a connection that never sends a whole request head for ever,
-    # and caps nothing; these close such connections and cap them (connections.py).
-    limits = ConnectionLimits(settings.max_connections, settings.header_timeout_seconds)
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level="info",
-        access_log=settings.access_log,
-        http=limits.protocol_class(),
-    )
-    return 0
 
 
 def _no_extra(extra: list[str]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
@@ -12,9 +13,16 @@ from starlette.concurrency import run_in_threadpool
 
 from neffcache.server.access import AccessLog
 from neffcache.server.audit import AuditLog
-from neffcache.server.auth import Caller, TokenPresence, authenticate
+from neffcache.server.auth import (
+    ANONYMOUS,
+    Caller,
+    TokenPresence,
+    authenticate,
+    presented_as,
+)
 from neffcache.server.blobs import BlobStore
 from neffcache.server.blobuse import BlobUse
+from neffcache.server.errors import Unauthorized
 from neffcache.server.eviction.evictor import Evictor
 from neffcache.server.eviction.maintenance import Maintenance
 from neffcache.server.eviction.usage import UsageMemo
@@ -100,9 +108,22 @@ async def caller(request: Request, authorization: Annotated[str | None, Header()
     return await authenticate_request(request.app.state.backends, authorization)
 
 
+# Who the request being answered is, for the line a refusal (401, 403) leaves in the
+# server's log (app.error_response): set where every request is authenticated, so a
+# refusal raised anywhere later names its caller without each route passing it on.
+# Each request runs in a task of its own, with a context of its own.
+REQUEST_CALLER: ContextVar[str | None] = ContextVar("neffcache_request_caller", default=None)
+
+
 async def authenticate_request(backends: Backends, authorization: str | None) -> Caller:
     """The caller behind an ``Authorization`` header (routes and the fast path alike)."""
-    return await backends.run(authenticate, backends.index, authorization, backends.tokens)
+    try:
+        caller = await backends.run(authenticate, backends.index, authorization, backends.tokens)
+    except Unauthorized:
+        REQUEST_CALLER.set(presented_as(authorization))
+        raise
+    REQUEST_CALLER.set(caller.name if caller.name == ANONYMOUS else f"token {caller.name}")
+    return caller
 
 
 BackendsDep = Annotated[Backends, Depends(backends)]

@@ -97,12 +97,14 @@ def test_a_server_restarted_on_a_lost_sqlite_index_starts_on_its_documented_toke
 
     served: list[Any] = []
 
-    def run(app: Any, **_: Any) -> None:
+    def run(app: Any, sock: Any, config: Any) -> int:
         served.append(app)
+        sock.close()
         app.state.backends.index.close()
         app.state.backends.blobs.close()
+        return 0
 
-    monkeypatch.setattr("uvicorn.run", run)
+    monkeypatch.setattr("neffcache.server.serving.run", run)
     args = argparse.Namespace(host="0.0.0.0", port=0, data_dir=str(data_dir), config=None)
     cli.run_serve(args, [])  # raises "refusing to listen on 0.0.0.0 without tokens"
     assert served

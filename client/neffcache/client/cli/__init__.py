@@ -27,10 +27,29 @@ def build_parser() -> argparse.ArgumentParser:
         prog="neffcache",
         description="A shared compilation cache for AWS Neuron.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    from . import _explain_cmd, _key_cmd, _prewarm_cmd, _report_cmd, _wrap_cmd
+    from ._version import VersionAction
 
-    for command in (_key_cmd, _wrap_cmd, _prewarm_cmd, _explain_cmd, _report_cmd):
+    parser.add_argument("--version", action=VersionAction)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    from . import (
+        _doctor_cmd,
+        _explain_cmd,
+        _key_cmd,
+        _prewarm_cmd,
+        _report_cmd,
+        _stats_cmd,
+        _wrap_cmd,
+    )
+
+    for command in (
+        _key_cmd,
+        _wrap_cmd,
+        _prewarm_cmd,
+        _explain_cmd,
+        _report_cmd,
+        _stats_cmd,
+        _doctor_cmd,
+    ):
         command.register(sub)
     from importlib.metadata import entry_points  # scans every installed package
 

@@ -1,5 +1,6 @@
 // The neffcache dashboard: three calls to GET /v1/reports/cost (by=day, by=namespace,
-// by=model) drawn as SVG charts, each with a table holding the same numbers.
+// by=model) drawn as SVG charts, each with a table holding the same numbers; and
+// GET /v1/status, for a warning while the server has no token.
 // Plain script, no build step and nothing fetched from elsewhere: clusters are often
 // air-gapped, and the server's Content-Security-Policy allows only its own origin.
 //
@@ -77,16 +78,17 @@
     return response.status + " " + response.statusText;
   }
 
-  async function report(by) {
-    const query = new URLSearchParams({ since: state.period, by: by, top: String(TOP), format: "json" });
+  function asked() {
+    // The options of every request to the API: the tab's token, if it holds one.
     const headers = { Accept: "application/json" };
     const token = sessionStorage.getItem(TOKEN_KEY);
     if (token) headers.Authorization = "Bearer " + token;
-    const response = await fetch("/v1/reports/cost?" + query, {
-      headers: headers,
-      cache: "no-store",
-      credentials: "omit",
-    });
+    return { headers: headers, cache: "no-store", credentials: "omit" };
+  }
+
+  async function report(by) {
+    const query = new URLSearchParams({ since: state.period, by: by, top: String(TOP), format: "json" });
+    const response = await fetch("/v1/reports/cost?" + query, asked());
     if (response.status === 401 || response.status === 403) {
       throw new Refused(response.status, await detailOf(response));
     }
@@ -502,6 +504,7 @@
     state.loading = true;
     document.body.dataset.state = "loading";
     $("status").textContent = "Loading…";
+    checkOpen(generation);
     try {
       const [byDay, byNamespace, byModel] = await Promise.all([report("day"), report("namespace"), report("model")]);
       if (generation !== state.generation) return;
@@ -523,12 +526,35 @@
     }
   }
 
+  // A server without tokens (protected mode) takes anyone who reaches it on its host
+  // for an admin: warn above everything while /v1/status says "open". With tokens it
+  // says "tokens", or refuses a tab without one (only a server with tokens refuses).
+  // When it cannot tell, the warning stays as it was (the report's error says why).
+  async function checkOpen(generation) {
+    let auth;
+    try {
+      const response = await fetch("/v1/status", asked());
+      if (response.ok) auth = (await response.json()).server.auth;
+      else if (response.status === 401 || response.status === 403) auth = "tokens";
+      else return;
+    } catch (_) {
+      return;
+    }
+    if (generation !== state.generation) return;
+    document.body.dataset.auth = auth;
+    $("open-warning").hidden = auth !== "open";
+  }
+
   function tick() {
     const wanted = $("auto-refresh").checked && document.visibilityState === "visible";
     if (wanted && !state.loading && state.showing !== "token") load();
   }
 
   function start() {
+    // Anonymous callers are admins until the first token exists, so this needs none;
+    // the page's own address is the server's, as the browser reaches it.
+    $("open-command").textContent =
+      `neffcache admin token create --server ${location.origin} --scope admin --namespace '*'`;
     const fromHash = location.hash.replace(/^#/, "");
     if (PERIODS.includes(fromHash)) state.period = fromHash;
     for (const radio of document.querySelectorAll('input[name="period"]')) {

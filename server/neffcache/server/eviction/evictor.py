@@ -211,11 +211,7 @@ class Evictor:
                 continue
             first = self._orphans.get(blob.digest, now)
             orphans[blob.digest] = first
-            if (
-                now - first < grace
-                or now - blob.modified < grace
-                or self._in_use(blob.digest)
-            ):
+            if now - first < grace or now - blob.modified < grace or self._in_use(blob.digest):
                 collected.waiting += 1
             else:
                 due.append(blob)

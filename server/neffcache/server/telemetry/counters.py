@@ -28,6 +28,7 @@ CLIENT_COUNTERS = frozenset(
         "hits_l1",
         "hits_server",
         "hook_errors",
+        "host_stats_errors",
         "inputs_changed",
         "l1_evicted",
         "l1_evicted_bytes",

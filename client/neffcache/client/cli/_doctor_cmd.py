@@ -1,0 +1,120 @@
+"""``neffcache doctor [--json] [--report FILE] [--only GROUP] [--read-only]``
+
+Checks this host's set-up as a training job here would meet it: the cache URL and the
+usual mistakes, the server (its version, auth mode, clock, a round trip), the shim and
+the Python behind each tool, the stacks installed and the interception point serving
+each, the libneuronxla hook, and L1. PASS, WARN, FAIL or SKIP per check, each with its
+evidence and what to do. Exit 0 when nothing fails, 1 when something does, 2 on bad
+input. See docs/doctor.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import IO, TYPE_CHECKING, Any
+
+from ._common import CommandError
+
+if TYPE_CHECKING:
+    from neffcache.client.doctor.model import Group, Outcome
+    from neffcache.client.doctor.report import Redactor
+
+# runner.GROUPS' names (a test keeps them equal), spelled here so that building the
+# parser, which every neffcache command does, imports none of the checks.
+_GROUPS = ("config", "server", "paths", "stacks", "hook", "l1")
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "doctor",
+        help="check this host's set-up: each interception point, the server, the stacks",
+        usage="neffcache doctor [--json] [--report FILE] [--only GROUP] [--read-only]",
+        description=__doc__.split("\n\n")[1] if __doc__ else None,
+    )
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument(
+        "--report",
+        metavar="FILE",
+        help="also write everything (text, environment, JSON) to FILE, to attach to an "
+        "issue: no token or secret is in it",
+    )
+    parser.add_argument(
+        "--only",
+        metavar="GROUP",
+        action="append",
+        choices=_GROUPS,
+        help=f"run only this group of checks; repeat for several ({', '.join(_GROUPS)})",
+    )
+    parser.add_argument(
+        "--read-only",
+        action="store_true",
+        help="write nothing to the server (the round trip only looks up an absent key)",
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, extra: list[str]) -> int:
+    if extra:
+        raise CommandError(f"unexpected arguments: {' '.join(extra)}")
+    out = _open(args.report) if args.report else None
+    from neffcache.client.doctor import render, report, runner
+    from neffcache.client.doctor.context import Context
+
+    ctx = Context(os.environ, read_only=args.read_only)
+    config = ctx.config().config
+    redact = report.Redactor(os.environ, [config.token] if config and config.token else [])
+    groups = runner.selected(args.only)
+    info = render.about()
+    stream = None if args.json else _Stream(redact, info)
+    try:
+        outcomes = runner.run(ctx, groups, stream.result if stream else None)
+    finally:
+        ctx.close()
+    code = runner.exit_code(outcomes)
+    document = render.as_json(info, outcomes, code)
+    if stream is not None:
+        stream.write(render.summary(outcomes, code))
+    else:
+        # default=str: a check's data is facts, and one of an odd type must not end the run.
+        sys.stdout.write(redact(json.dumps(document, indent=2, default=str)) + "\n")
+    if out is not None:
+        text = render.text(info, groups, outcomes, code)
+        with out:
+            out.write(report.strip_controls(redact(report.render(text, os.environ, document))))
+        print(f"neffcache doctor: wrote {args.report} (no token or secret in it)", file=sys.stderr)
+    return code
+
+
+def _open(path: str) -> IO[str]:
+    """The report file, opened before the checks run: a path that cannot be written is
+    bad input, not something to find out after a minute of checks."""
+    try:
+        return open(path, "w", encoding="utf-8")  # closed by run()
+    except OSError as exc:
+        raise CommandError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+class _Stream:
+    """Prints each result as it comes: on a slow host the first lines show at once."""
+
+    def __init__(self, redact: Redactor, info: dict[str, Any]) -> None:
+        from neffcache.client.doctor import render
+
+        self.redact = redact
+        self.group: str | None = None
+        self.write(render.header(info))
+
+    def write(self, text: str) -> None:
+        sys.stdout.write(self.redact(text) + "\n")
+        sys.stdout.flush()
+
+    def result(self, group: Group, outcome: Outcome) -> None:
+        from neffcache.client.doctor import render
+
+        if group.name != self.group:
+            self.group = group.name
+            self.write(render.group_heading(group))
+        self.write("\n".join(render.outcome_lines(outcome)))

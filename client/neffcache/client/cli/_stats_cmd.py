@@ -1,0 +1,274 @@
+"""``neffcache stats [--json] [--zero] [--url URL] [--local-dir DIR] [--window 7d]``
+
+This host's cache statistics, as ``ccache -s`` shows a compiler cache's: the graphs
+every rank and process of the host resolved (hits from L1 and from the server,
+compiles, fall-backs and why), the time fetches took and the compile time hits saved,
+from the counters kept in L1; L1's size against its limit and the free space; and,
+with a server configured (``NEFFCACHE_URL`` or ``--url``), the server's view of the
+namespace. ``--zero`` resets the counters (not L1's contents) before showing them.
+Exit 0 (also when the server cannot answer: one line says so), 1 when ``--zero``
+cannot write L1, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+# ``_size``: the size setting's own parser (ClientConfig reads it only with a URL set).
+from neffcache.client.config import DEFAULT_LOCAL_DIR, ClientConfig, ConfigError, _size
+
+from ._common import CommandError
+
+if TYPE_CHECKING:
+    from neffcache.client.hosttally import Tally
+
+DAY = 86400.0
+MAX_WINDOW = 90 * DAY  # the server's bound (the events' default retention)
+_DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhdw]?)\s*")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": DAY, "w": 7 * DAY}
+# The walk of L1 for its size stops here (an L1 on a slow network volume): the figures
+# are then of what it saw, and say so.
+WALK_SECONDS = 20.0
+STATUS_LIMIT = 1 << 20  # the status answer is a few hundred bytes
+
+
+def register(sub: Any) -> None:
+    parser = _one_line(
+        sub.add_parser(
+            "stats",
+            help="this host's hits, compiles, fall-backs and L1 size (like ccache -s)",
+            usage="neffcache stats [--json] [--zero] [--url URL] [--local-dir DIR] [--window 7d]",
+            description=__doc__.split("\n\n")[1] if __doc__ else None,
+        )
+    )
+    parser.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    parser.add_argument(
+        "--zero", action="store_true", help="reset the host's counters first (not L1)"
+    )
+    parser.add_argument(
+        "--url",
+        metavar="URL",
+        help="neffcache+http://HOST:PORT/NAMESPACE instead of the environment's",
+    )
+    parser.add_argument("--local-dir", metavar="DIR", help="L1 instead of NEFFCACHE_LOCAL_DIR's")
+    parser.add_argument(
+        "--window",
+        metavar="DURATION",
+        default="7d",
+        help="the server's hit rate over this long: 7d, 12h, seconds (default 7d)",
+    )
+    parser.set_defaults(run=run)
+
+
+def _one_line(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """A bad option is one line on stderr and exit code 2, not argparse's usage block."""
+
+    def error(message: str) -> Any:
+        sys.stderr.write(f"{parser.prog}: error: {message} (see --help)\n")
+        raise SystemExit(2)
+
+    parser.error = error  # type: ignore[method-assign]
+    return parser
+
+
+def run(args: argparse.Namespace, extra: list[str]) -> int:
+    if extra:
+        raise CommandError(f"unexpected arguments: {' '.join(extra)}")
+    window = _window(args.window)
+    config, local_dir, max_size = _settings(args.url, args.local_dir)
+    from neffcache.client.hosttally import fold, read
+
+    if args.zero:
+        try:
+            zeroed = fold(local_dir, zero=True).held
+        except OSError as exc:
+            print(f"neffcache stats: cannot zero the counters: {exc}", file=sys.stderr)
+            return 1
+        if not zeroed:
+            print(
+                "neffcache stats: cannot zero the counters: L1's stats lock is held",
+                file=sys.stderr,
+            )
+            return 1
+        print("neffcache stats: counters zeroed", file=sys.stderr)
+    writable = _writable(local_dir)
+    lost = _fold(local_dir) if writable else False
+    found = read(local_dir)
+    stats = {
+        "counters": _counters(found.tally, lost or found.summary_lost, local_dir),
+        "l1": _l1(local_dir, max_size, writable),
+        "server": None if config is None else _server(config, window),
+    }
+    if args.json:
+        json.dump(stats, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        from ._stats_table import table
+
+        sys.stdout.write(table(stats, window))
+    return 0
+
+
+def _window(text: str) -> float:
+    found = _DURATION.fullmatch(text.lower())
+    seconds = float(found[1]) * _UNITS[found[2]] if found else 0.0
+    if not 0 < seconds <= MAX_WINDOW:
+        raise CommandError(
+            f"--window {text!r}: give a duration from 1s to 90d, such as 7d, 12h or 3600"
+        )
+    return seconds
+
+
+def _settings(
+    url: str | None, local_dir: str | None
+) -> tuple[ClientConfig | None, str, int | None]:
+    """The training job's configuration (None when no server is configured), L1's
+    directory and its size setting, with the command line's overrides."""
+    env = dict(os.environ)
+    if url:
+        if not url.startswith("neffcache+"):
+            raise CommandError(f"--url {url!r}: use neffcache+http://HOST:PORT/NAMESPACE")
+        env["NEFFCACHE_URL"] = url
+        env.pop("NEFFCACHE_DISABLE", None)  # asked for by name
+    if local_dir:
+        env["NEFFCACHE_LOCAL_DIR"] = local_dir
+    try:
+        config = ClientConfig.from_env(env)
+        max_size = _size(env, "NEFFCACHE_LOCAL_MAX_SIZE")
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from None
+    return config, env.get("NEFFCACHE_LOCAL_DIR") or DEFAULT_LOCAL_DIR, max_size
+
+
+def _writable(local_dir: str) -> bool:
+    """Whether processes like this one can record counters in L1: the deepest
+    directory that exists on the way to the counters' is writable."""
+    from neffcache.client.hoststats import stats_dir
+
+    directory = os.path.abspath(stats_dir(local_dir))
+    while not os.path.exists(directory) and os.path.dirname(directory) != directory:
+        directory = os.path.dirname(directory)
+    return os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK)
+
+
+def _fold(local_dir: str) -> bool:
+    """Fold the counters' log into their summary, which keeps it small (a command
+    that only reads makes no directory: nothing to fold where there is none); True
+    when the summary could not be read and was begun again."""
+    from neffcache.client.hoststats import stats_dir
+    from neffcache.client.hosttally import fold
+
+    if not os.path.isdir(stats_dir(local_dir)):
+        return False
+    try:
+        lost = fold(local_dir).summary_lost
+    except OSError:  # read as they are
+        return False
+    return lost
+
+
+def _counters(tally: Tally, summary_lost: bool, local_dir: str) -> dict[str, Any]:
+    from neffcache.client.hoststats import stats_dir
+    from neffcache.client.reasons import CLIENT_REASONS, FAILED_BEFORE, UNKNOWN
+
+    kinds = tally.kinds
+    misses = kinds["compiled"] + kinds["failed"] + kinds["replayed"]
+    # A fall-back: a miss the cache could not help with for a reason of the client's own.
+    fallback_codes = {*CLIENT_REASONS, FAILED_BEFORE} - {UNKNOWN}
+    fallbacks = {r: n for r, n in sorted(tally.reasons.items()) if r in fallback_codes}
+    return {
+        "directory": stats_dir(local_dir),
+        "graphs": kinds["l1"] + kinds["server"] + misses,
+        "hits_l1": kinds["l1"],
+        "hits_server": kinds["server"],
+        "misses": misses,
+        "compiles": kinds["compiled"],
+        "compile_failures": kinds["failed"],
+        "failures_replayed": kinds["replayed"],
+        "miss_reasons": dict(sorted(tally.reasons.items())),
+        "fallbacks": sum(fallbacks.values()),
+        "fallback_reasons": fallbacks,
+        "fetch_seconds": round(tally.fetch_seconds, 6),
+        "saved_seconds": round(tally.saved_seconds, 3),
+        "compile_seconds": round(tally.compile_seconds, 3),
+        "bytes_fetched": tally.bytes_fetched,
+        "skipped_records": tally.skipped,
+        "summary_lost": summary_lost,
+        "zeroed_at": tally.zeroed_at,
+        "updated_at": tally.updated_at,
+    }
+
+
+def _l1(local_dir: str, max_size: int | None, writable: bool) -> dict[str, Any]:
+    """What counts against L1's size limit (l1limit.py: its blobs and the stock
+    entries), the limit and the free space."""
+    from neffcache.client.l1limit import Evictor
+
+    evictor = Evictor(local_dir, max_size)
+    deadline = time.monotonic() + WALK_SECONDS
+    # The evictor's own walks, so that these are the very files the limit counts.
+    blobs = list(evictor._blobs(deadline))
+    entries = list(evictor._entries(deadline))
+    try:
+        fs = os.statvfs(local_dir)
+        free: int | None = fs.f_bavail * fs.f_frsize
+    except OSError:
+        free = None
+    return {
+        "directory": local_dir,
+        "entries": len(blobs) + len(entries),
+        "blobs": len(blobs),
+        "stock_entries": len(entries),
+        "bytes": sum(item.size for item in blobs + entries),
+        "limit_bytes": evictor.limit(),
+        "free_bytes": free,
+        "complete": time.monotonic() <= deadline,
+        "writable": writable,
+    }
+
+
+def _server(config: ClientConfig, window: float) -> dict[str, Any]:
+    """The server's ``GET /v1/status`` for the configured namespace, or why not."""
+    from neffcache.client.http import Connection, HttpError
+
+    shown: dict[str, Any] = {"url": config.url, "status": None, "error": None}
+    headers = {"Accept": "application/json"}
+    if config.token:
+        headers["Authorization"] = f"Bearer {config.token}"
+    path = f"/v1/status?namespace={config.namespace}&window={window:g}"
+    try:
+        connection = Connection(config.server, config.connect_timeout, max(config.timeout, 30.0))
+        try:
+            answer = connection.request("GET", path, headers=headers, limit=STATUS_LIMIT)
+        finally:
+            connection.close()
+    except HttpError as exc:
+        shown["error"] = f"cannot reach {config.server}: {exc}"
+        return shown
+    if answer.status != 200:
+        shown["error"] = f"{config.server} answered {answer.status}: {_detail(answer.body)}"
+        return shown
+    try:
+        status = json.loads(answer.body)
+    except ValueError:
+        status = None
+    if not isinstance(status, dict):
+        shown["error"] = f"{config.server} answered with something other than a status"
+        return shown
+    shown["status"] = status
+    return shown
+
+
+def _detail(body: bytes) -> str:
+    try:
+        detail = json.loads(body).get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    text = detail if isinstance(detail, str) else body.decode("utf-8", errors="replace")
+    return " ".join(text.split())[:300] or "no reason given"

@@ -1,0 +1,13 @@
+"""``neffcache doctor``: whether each interception point works on this host, and what
+differs from what neffcache assumes about the Neuron SDK (docs/doctor.md).
+
+One module per group of checks (``config_checks``, ``server_checks``, ``path_checks``,
+``stack_checks``, ``hook_checks``, ``l1_checks``), each exporting ``CHECKS``; the facts
+they share (the configuration, the server's status, the interpreters' probes) are
+gathered once, lazily, by ``context.Context``; ``runner`` runs the registry, ``render``
+prints the results and ``report`` writes the file a user attaches to an issue.
+
+Nothing here is imported by a training job: only the ``neffcache doctor`` command.
+"""
+
+from __future__ import annotations

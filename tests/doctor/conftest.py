@@ -1,0 +1,73 @@
+"""Fixtures for ``neffcache doctor``'s tests; the helpers are in doctor_harness.py.
+
+* ``server``, ``silent_server``, ``unused_port``: tests/client's (the shared anonymous
+  ``neffcache serve``, a port that never answers, a port nothing listens on).
+* ``token_server``: a ``neffcache serve`` that requires tokens, with an admin, a
+  write and a read token for namespace ``team-a`` (the same harness ``Server``).
+* ``status_server``: a stand-in for the server's ``/v1/status`` whose answer a test
+  sets (its clock skewed, a namespace's policy), on a loopback port.
+* ``other_python``: a virtual environment's Python, without neffcache (another
+  environment on the same host, as images with several have).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from client.conftest import server, silent_server, unused_port  # noqa: F401  (reused)
+from client.e2e_harness import NEFFCACHE, Server, clean_environ
+from doctor.doctor_harness import StatusServer, TokenServer
+
+
+@pytest.fixture(scope="session")
+def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TokenServer]:
+    data = tmp_path_factory.mktemp("token-server") / "data"
+
+    def token(*args: str) -> str:
+        done = subprocess.run(
+            [*NEFFCACHE, "admin", "token", "create", *args],
+            env=clean_environ(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        secret: str = json.loads(done.stdout)["token"]
+        return secret
+
+    admin = token("--local", "--data-dir", str(data), "--scope", "admin", "--namespace", "*")
+    running = Server(data)
+    running.start()
+    try:
+        remote = ("--server", running.url, "--token", admin, "--namespace", "team-a")
+        writer = token(*remote, "--scope", "write", "--name", "ci-writer")
+        reader = token(*remote, "--scope", "read", "--name", "fleet-reader")
+        yield TokenServer(running, admin, writer, reader)
+    finally:
+        running.kill()
+
+
+@pytest.fixture
+def status_server() -> Iterator[StatusServer]:
+    fake = StatusServer()
+    yield fake
+    fake.close()
+
+
+@pytest.fixture(scope="session")
+def other_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    where = tmp_path_factory.mktemp("other-env") / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(where)],
+        env=clean_environ(),
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
+    return where / "bin" / "python"
