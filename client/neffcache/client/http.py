@@ -12,6 +12,7 @@ caller decides (only blob downloads follow one, to a presigned URL: remote.py).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
@@ -399,3 +400,14 @@ def _set_timeout(sock: socket.socket, deadline: float, idle: float) -> None:
     if left <= 0:
         raise HttpError("the request ran out of time")
     sock.settimeout(min(left, idle))
+
+
+def error_detail(body: bytes) -> str:
+    """The server's reason in an error answer's body (its ``detail``, else the body
+    itself), on one line and at most 300 characters: for a message to a person."""
+    try:
+        detail = json.loads(body).get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    text = detail if isinstance(detail, str) else body.decode("utf-8", errors="replace")
+    return " ".join(text.split())[:300] or "no reason given"

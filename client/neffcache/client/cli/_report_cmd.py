@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from neffcache.client.config import SCHEME_PREFIX, ConfigError, cache_url, parse_url
+from neffcache.client.http import error_detail
 
 from ._common import CommandError
 
@@ -253,19 +254,10 @@ def _get(server: str, path: str, token: str | None) -> bytes:
         raise ReportFailed(f"cannot reach {server}: {exc}") from None
     if answer.status == 200:
         return answer.body
-    detail = _detail(answer.body)
+    detail = error_detail(answer.body)
     if 400 <= answer.status < 500:
         raise CommandError(f"{server} refused the report ({answer.status}): {detail}")
     raise ReportFailed(f"{server} failed the report ({answer.status}): {detail}")
-
-
-def _detail(body: bytes) -> str:
-    try:
-        detail = json.loads(body).get("detail")
-    except (ValueError, AttributeError):
-        detail = None
-    text = detail if isinstance(detail, str) else body.decode("utf-8", errors="replace")
-    return " ".join(text.split())[:300] or "no reason given"
 
 
 def _write(path: Path, body: bytes) -> None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 # ``_size``: the size setting's own parser (ClientConfig reads it only with a URL set).
 from neffcache.client.config import DEFAULT_LOCAL_DIR, ClientConfig, ConfigError, _size
+from neffcache.client.http import error_detail
 
 from ._common import CommandError
 
@@ -252,7 +253,7 @@ def _server(config: ClientConfig, window: float) -> dict[str, Any]:
         shown["error"] = f"cannot reach {config.server}: {exc}"
         return shown
     if answer.status != 200:
-        shown["error"] = f"{config.server} answered {answer.status}: {_detail(answer.body)}"
+        shown["error"] = f"{config.server} answered {answer.status}: {error_detail(answer.body)}"
         return shown
     try:
         status = json.loads(answer.body)
@@ -263,12 +264,3 @@ def _server(config: ClientConfig, window: float) -> dict[str, Any]:
         return shown
     shown["status"] = status
     return shown
-
-
-def _detail(body: bytes) -> str:
-    try:
-        detail = json.loads(body).get("detail")
-    except (ValueError, AttributeError):
-        detail = None
-    text = detail if isinstance(detail, str) else body.decode("utf-8", errors="replace")
-    return " ".join(text.split())[:300] or "no reason given"

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 from urllib.parse import quote
 
 from neffcache.client.config import ClientConfig
-from neffcache.client.http import Connection, HttpError, Response
+from neffcache.client.http import Connection, HttpError, Response, error_detail
 
 PROBE_MODEL = "neffcache-doctor"
 PROBE_FILE = "neffcache-doctor-probe"
@@ -73,12 +73,7 @@ def headers(config: ClientConfig) -> dict[str, str]:
 
 def detail_of(response: Response) -> str:
     """The server's ``detail``, one line."""
-    try:
-        value = json.loads(response.body).get("detail")
-    except (ValueError, AttributeError):
-        value = None
-    text = value if isinstance(value, str) else response.body.decode("utf-8", "replace")
-    return " ".join(text.split())[:300] or f"HTTP {response.status}"
+    return error_detail(response.body)
 
 
 def status(config: ClientConfig, conn: Connection) -> ServerStatus:
