@@ -11,6 +11,7 @@ misconfiguration and asserts the doctor names it with its fix.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 import time
@@ -43,6 +44,18 @@ def doctor_env(tmp: Path, url: str | None = None, **extra: str | None) -> dict[s
         else:
             env[name] = value
     return env
+
+
+def installed(where: Path, **versions: str) -> str:
+    """``where`` holding the ``.dist-info`` of each distribution (``torch_neuronx`` for
+    torch-neuronx); returns PYTHONPATH with the stand-ins and it."""
+    for name, version in versions.items():
+        info = where / f"{name}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n"
+        )
+    return os.pathsep.join([str(STANDINS), str(where)])
 
 
 @dataclass

@@ -44,7 +44,7 @@ def test_the_text_output_names_every_check_and_its_status(server: Server, tmp_pa
     assert done.code == 0, done.out
     lines = done.out.splitlines()
     assert lines[0].startswith("neffcache doctor: neffcache ")
-    for group in GROUPS:
+    for group in (g for g in GROUPS if g.default):  # the live group runs with --live
         assert group.title in lines
         for check in group.checks:
             assert any(f" {check.id} " in line for line in lines), check.id

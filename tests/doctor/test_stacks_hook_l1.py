@@ -8,21 +8,9 @@ import shutil
 from pathlib import Path
 
 from client.e2e_harness import STANDINS, search_path, shim_dir
-from doctor.doctor_harness import doctor_env, results, said
+from doctor.doctor_harness import doctor_env, installed, results, said
 
 URL = "neffcache+http://127.0.0.1:9/team-a"  # port 9: nothing answers; no server needed
-
-
-def installed(where: Path, **versions: str) -> str:
-    """``where`` holding the ``.dist-info`` of each distribution (``torch_neuronx`` for
-    torch-neuronx); returns PYTHONPATH with the stand-ins and it."""
-    for name, version in versions.items():
-        info = where / f"{name}-{version}.dist-info"
-        info.mkdir(parents=True)
-        (info / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n"
-        )
-    return os.pathsep.join([str(STANDINS), str(where)])
 
 
 def test_torchneuron_without_the_shim_first(tmp_path: Path) -> None:

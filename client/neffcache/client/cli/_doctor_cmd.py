@@ -1,11 +1,12 @@
-"""``neffcache doctor [--json] [--report FILE] [--only GROUP] [--read-only]``
+"""``neffcache doctor [--json] [--report FILE] [--only GROUP] [--read-only] [--live]``
 
 Checks this host's set-up as a training job here would meet it: the cache URL and the
 usual mistakes, the server (its version, auth mode, clock, a round trip), the shim and
 the Python behind each tool, the stacks installed and the interception point serving
 each, the libneuronxla hook, and L1. PASS, WARN, FAIL or SKIP per check, each with its
-evidence and what to do. Exit 0 when nothing fails, 1 when something does, 2 on bad
-input. See docs/doctor.md.
+evidence and what to do. With --live, a tiny graph is also compiled with each stack,
+twice, and the second must come from the server. Exit 0 when nothing fails, 1 when
+something does, 2 on bad input. See docs/doctor.md.
 """
 
 from __future__ import annotations
@@ -24,14 +25,17 @@ if TYPE_CHECKING:
 
 # runner.GROUPS' names (a test keeps them equal), spelled here so that building the
 # parser, which every neffcache command does, imports none of the checks.
-_GROUPS = ("config", "server", "paths", "stacks", "hook", "l1")
+_GROUPS = ("config", "server", "paths", "stacks", "hook", "l1", "live")
+# context.LIVE_SECONDS, spelled here for the same reason.
+_LIVE_SECONDS = 600.0
 
 
 def register(sub: Any) -> None:
     parser = sub.add_parser(
         "doctor",
         help="check this host's set-up: each interception point, the server, the stacks",
-        usage="neffcache doctor [--json] [--report FILE] [--only GROUP] [--read-only]",
+        usage="neffcache doctor [--json] [--report FILE] [--only GROUP] [--read-only] "
+        "[--live [--live-deadline SECONDS]]",
         description=__doc__.split("\n\n")[1] if __doc__ else None,
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -53,7 +57,30 @@ def register(sub: Any) -> None:
         action="store_true",
         help="write nothing to the server (the round trip only looks up an absent key)",
     )
+    parser.add_argument(
+        "--live",
+        action="store_true",
+        help="also compile a tiny graph with each stack installed, twice on a fresh L1: the "
+        "second must be a server hit (minutes; publishes an entry per stack)",
+    )
+    parser.add_argument(
+        "--live-deadline",
+        metavar="SECONDS",
+        type=_seconds,
+        default=_LIVE_SECONDS,
+        help=f"stop the live compiles after this long (default {_LIVE_SECONDS:g})",
+    )
     parser.set_defaults(run=run)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"not a number of seconds above 0: {text!r}")
+    return value
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
@@ -63,10 +90,10 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     from neffcache.client.doctor import render, report, runner
     from neffcache.client.doctor.context import Context
 
-    ctx = Context(os.environ, read_only=args.read_only)
+    ctx = Context(os.environ, read_only=args.read_only, live_seconds=args.live_deadline)
     config = ctx.config().config
     redact = report.Redactor(os.environ, [config.token] if config and config.token else [])
-    groups = runner.selected(args.only)
+    groups = runner.selected(args.only, live=args.live)
     info = render.about()
     stream = None if args.json else _Stream(redact, info)
     try:

@@ -31,6 +31,9 @@ COMPILER = "neuronx-cc"
 SDK_TOOLS = ("torchrun", "neuron_parallel_compile", "neuron_cc_wrapper")
 # neuronx-cc --version: about a second for the real one; a hung one must not hang us.
 VERSION_TIMEOUT = 30.0
+# The live checks' overall deadline (--live-deadline): a tiny compile per stack, twice,
+# is meant to take a few minutes on a trn host.
+LIVE_SECONDS = 600.0
 
 
 class Config(NamedTuple):
@@ -51,9 +54,16 @@ class Tool(NamedTuple):
 
 
 class Context:
-    def __init__(self, environ: Mapping[str, str], *, read_only: bool = False) -> None:
+    def __init__(
+        self,
+        environ: Mapping[str, str],
+        *,
+        read_only: bool = False,
+        live_seconds: float = LIVE_SECONDS,
+    ) -> None:
         self.environ = dict(environ)
         self.read_only = read_only
+        self.live_seconds = live_seconds
         self._memo: dict[Hashable, Any] = {}
 
     def once(self, key: Hashable, make: Callable[[], T]) -> T:

@@ -65,8 +65,8 @@ class Check:
 @dataclass(frozen=True)
 class Group:
     """A group of checks as the output heads it. ``default`` groups run unless
-    ``--only`` names others; a group that takes long or changes more (a ``live`` group
-    compiling a graph per stack) would be registered with ``default=False``."""
+    ``--only`` names others; a group that takes long or changes more (``live``, which
+    compiles a graph per stack) is registered with ``default=False``."""
 
     name: str
     title: str

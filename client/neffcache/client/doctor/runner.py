@@ -5,9 +5,9 @@ others still run: the doctor is run on hosts where things are broken. Each check
 own waits are bounded (child processes and requests have timeouts; walks have
 budgets), so the run as a whole ends.
 
-To add a group (a ``live`` group compiling a graph per stack, say), write a module
-exporting ``CHECKS`` and add a ``Group`` here, ``default=False`` when it should run
-only when asked for (``--only live``).
+To add a group, write a module exporting ``CHECKS`` and add a ``Group`` here,
+``default=False`` when it should run only when asked for: the ``live`` group compiles
+a graph per stack and publishes, so it runs with ``--live`` or ``--only live``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from neffcache.client.doctor import (
     config_checks,
     hook_checks,
     l1_checks,
+    live_checks,
     path_checks,
     server_checks,
     stack_checks,
@@ -33,16 +34,17 @@ GROUPS: tuple[Group, ...] = (
     Group("stacks", "Stacks", stack_checks.CHECKS),
     Group("hook", "Hook", hook_checks.CHECKS),
     Group("l1", "L1", l1_checks.CHECKS),
+    Group("live", "Live compiles", live_checks.CHECKS, default=False),
 )
 # What one line of evidence or fix may be: a terminal line or two, never a log.
 LINE = 400
 
 
-def selected(only: Sequence[str] | None) -> list[Group]:
-    """The groups ``only`` names (in the registry's order), or the default ones."""
-    if only:
-        return [g for g in GROUPS if g.name in only]
-    return [g for g in GROUPS if g.default]
+def selected(only: Sequence[str] | None, *, live: bool = False) -> list[Group]:
+    """The groups ``only`` names (in the registry's order), or the default ones; with
+    ``live``, the live group too."""
+    names = set(only or [g.name for g in GROUPS if g.default]) | ({"live"} if live else set())
+    return [g for g in GROUPS if g.name in names]
 
 
 def run(
