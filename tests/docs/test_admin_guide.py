@@ -111,16 +111,28 @@ def _words(command: Command, placeholders: dict[str, str]) -> list[str]:
 def _expect(words: list[str], out: str, state: dict[str, Any]) -> None:
     head = tuple(w for w in words[:3] if not w.startswith("-"))
     if head == ("admin", "token", "create"):
-        token = json.loads(out)
-        assert re.fullmatch(r"\S{20,}", token["token"])  # the secret, shown this once
-        assert token["trusted"] is ("--trusted" in words)
-        state.setdefault("tokens", []).append(token)
+        secret = re.search(r"^secret +(\S{20,})$", out, re.M)  # shown this once
+        assert secret, out
+        token_id = re.search(r"^token id +(\S+)$", out, re.M)
+        assert token_id, out
+        trusted = "yes" if "--trusted" in words else "no"
+        assert re.search(rf"^trusted +{trusted}$", out, re.M), out
+        state.setdefault("tokens", []).append({"token": secret[1], "token_id": token_id[1]})
     elif head == ("admin", "token", "list"):
-        listed = json.loads(out)["tokens"]
-        assert {t["token_id"] for t in state["tokens"]} <= {t["token_id"] for t in listed}
-        assert all("token" not in t for t in listed)  # never a secret
+        assert out.split()[:7] == [
+            "ID",
+            "NAME",
+            "SCOPE",
+            "NAMESPACES",
+            "TRUSTED",
+            "CREATED",
+            "STATE",
+        ]
+        listed = {line.split()[0] for line in out.splitlines()[1:]}
+        assert {t["token_id"] for t in state["tokens"]} <= listed
+        assert not any(t["token"] in out for t in state["tokens"])  # never a secret
     elif head == ("admin", "token", "revoke"):
-        assert json.loads(out) == {"revoked": words[3]}
+        assert out.startswith(f"revoked token {words[3]}:"), out
     elif head[:2] == ("admin", "namespace") and head[2] in ("create", "set", "show"):
         assert re.search(rf"^namespace +{words[3]}$", out, re.M), out
         if "--quota" in words:
@@ -137,10 +149,17 @@ def _expect(words: list[str], out: str, state: dict[str, Any]) -> None:
     elif head[:2] in (("admin", "pin"), ("admin", "unpin")):
         kind = next(w[2:] for w in words if w.startswith("--") and w != "--reason")
         value = words[words.index(f"--{kind}") + 1]
-        assert out.strip() == f"{head[1]}ned {kind} {value} in team-a"
+        if head[1] == "unpin":
+            assert out.strip() == f"unpinned {kind} {value} in team-a"
+        else:  # what it protects now: the entry pinned by key; none of the others
+            protects = "1 entry" if kind == "key" else "0 entries"
+            assert (
+                out.splitlines()[0] == f"pinned {kind} {value} in team-a: protects {protects} now"
+            )
     elif head[:2] == ("admin", "pins"):
-        assert out.split()[:5] == ["KIND", "VALUE", "SINCE", "BY", "REASON"]
-        assert len(out.strip().splitlines()) == 1 + 4  # the four pins above
+        assert out.split()[:6] == ["KIND", "VALUE", "PROTECTS", "SINCE", "BY", "REASON"]
+        table = out.split("\n\n")[0]
+        assert len(table.strip().splitlines()) == 1 + 4  # the four pins above
     elif head[:2] in (("admin", "evict"), ("admin", "expire")):
         verb = "would remove" if "--dry-run" in words else "removed"
         expired = head[1] == "expire"
@@ -202,9 +221,10 @@ def test_a_local_admin_token_works_on_the_running_server(
     words = _words(command, {"/var/lib/neffcache": str(server.data_dir)})
     assert str(server.data_dir) in words
     _, out = run(words, capsys)
-    created = json.loads(out)
-    assert (created["scope"], created["namespaces"]) == ("admin", ["*"])
-    with server.http(created["token"]) as http:
+    assert re.search(r"^scope +admin on \*$", out, re.M), out
+    secret = re.search(r"^secret +(\S+)$", out, re.M)
+    assert secret, out
+    with server.http(secret[1]) as http:
         assert http.get("/v1/admin/namespaces").status_code == 200
 
 

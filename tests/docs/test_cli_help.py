@@ -49,6 +49,12 @@ def test_help_exits_0_with_usage_naming_the_command(
     assert " ".join(node.parser.description.split()[:4]) in " ".join(out.split())
 
 
+def test_help_is_plain_text() -> None:
+    """``--help`` is read in a terminal, where reStructuredText's ````literal```` markup
+    shows as is."""
+    assert [_id(node) for node in NODES if "``" in node.parser.format_help()] == []
+
+
 @pytest.mark.parametrize("node", NODES[1:], ids=_id)
 def test_each_subcommand_is_listed_with_a_summary(node: Node) -> None:
     assert (node.help or "").strip(), f"{_id(node)}: no summary in its parent's list"

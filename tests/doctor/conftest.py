@@ -30,7 +30,7 @@ def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TokenServ
 
     def token(*args: str) -> str:
         done = subprocess.run(
-            [*NEFFCACHE, "admin", "token", "create", *args],
+            [*NEFFCACHE, "admin", "token", "create", *args, "--json"],
             env=clean_environ(),
             capture_output=True,
             text=True,

@@ -295,7 +295,7 @@ def test_the_admin_commands_end_to_end(servers: Callable[..., Server], tmp_path:
     data = tmp_path / "data"
     made = cli(
         "admin", "token", "create", "--local", "--data-dir", str(data),
-        "--scope", "admin", "--namespace", "*", "--name", "ops",
+        "--scope", "admin", "--namespace", "*", "--name", "ops", "--json",
     )  # fmt: skip
     admin = json.loads(ok(made))
     label = f"{admin['token_id']} (ops)"
@@ -393,9 +393,9 @@ def test_the_admin_commands_end_to_end(servers: Callable[..., Server], tmp_path:
     dev = as_json(run("namespace", "create", "dev", "--read-through", "main", "--json"))
     assert dev["read_through"] == ["main"]
     ci = as_json(run("token", "create", "--scope", "write", "--namespace", "main",
-                     "--name", "ci", "--trusted"))  # fmt: skip
+                     "--name", "ci", "--trusted", "--json"))  # fmt: skip
     branch = as_json(run("token", "create", "--scope", "write", "--namespace", "main",
-                         "--namespace", "dev", "--name", "branch"))  # fmt: skip
+                         "--namespace", "dev", "--name", "branch", "--json"))  # fmt: skip
     assert (ci["trusted"], branch["trusted"]) == (True, False)
     with server.client(ci["token"]) as as_ci, server.client(branch["token"]) as as_branch:
         assert publish(as_ci, "main", key("ci"), neff("ci", 100)).status_code == 201

@@ -340,6 +340,16 @@ def test_asking_is_not_a_use_of_the_entry(api: Api) -> None:
     assert api.backends.access.drain() == []  # no hit recorded: expiry is not pushed back
 
 
+def test_the_writer_is_named_as_people_know_it(api: Api) -> None:
+    body = {"scope": "write", "namespaces": ["team-a"], "name": "team-a-training"}
+    made = api.admin("POST", "/v1/admin/tokens", body)
+    api.headers = {"Authorization": f"Bearer {made['token']}"}
+    api.publish("team-a", BLOCK)
+    got = api.explain_key("team-a", BLOCK.key)
+    assert got["sentences"][0].startswith(f"Published by team-a-training ({made['token_id']})")
+    assert got["entry"]["writer"] == made["token_id"]
+
+
 def test_read_through_and_other_namespaces(api: Api) -> None:
     api.publish("shared", BLOCK)
     other = api.explain_key("reader", BLOCK.key)

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from loopback import free_port, redis_argv, redis_ready
@@ -118,15 +119,25 @@ def s3_bucket(s3_endpoint: str) -> Iterator[str]:
 
 def new_bucket(s3_endpoint: str, name: str) -> str:
     """``s3://<name>-<random>/prefix``: a bucket made on moto at ``s3_endpoint``."""
+    bucket = f"{name}-{uuid.uuid4().hex[:20]}"
+    _bucket_maker(s3_endpoint).create_bucket(Bucket=bucket)
+    return f"s3://{bucket}/prefix"
+
+
+_BUCKET_MAKERS: dict[str, object] = {}
+
+
+def _bucket_maker(s3_endpoint: str) -> Any:
+    """One boto3 client per endpoint for the whole session: making one costs a quarter
+    of a second, and hundreds of tests each make a bucket."""
     import boto3  # here, not at the top: only S3 tests need it
 
-    bucket = f"{name}-{uuid.uuid4().hex[:20]}"
-    client = boto3.session.Session().client("s3", endpoint_url=s3_endpoint)
-    try:
-        client.create_bucket(Bucket=bucket)
-    finally:
-        client.close()
-    return f"s3://{bucket}/prefix"
+    client = _BUCKET_MAKERS.get(s3_endpoint)
+    if client is None:
+        client = _BUCKET_MAKERS[s3_endpoint] = boto3.session.Session().client(
+            "s3", endpoint_url=s3_endpoint
+        )
+    return client
 
 
 @pytest.fixture(scope="session")

@@ -352,6 +352,23 @@ def test_label_pins_protect_only_trusted_writers_entries() -> None:
     assert named in pinned  # a key pin names the entry itself
 
 
+def test_pin_coverage_counts_what_each_pin_protects_now() -> None:
+    index = MemoryIndex()
+    for kind, value_ in (("model", "prod"), ("key", key(9)), ("key", key(8))):
+        index.put_record(Pin("ns", kind, value_, "", "admin", NOW).record())
+    pinned = Pinned(index, "ns", trusted_writers={"ci"})
+    covered = pinned.coverage(
+        [
+            dataclasses.replace(stats(1, model="prod"), writer="ci"),
+            dataclasses.replace(stats(2, model="prod"), writer="mallory"),
+            dataclasses.replace(stats(9, model="prod"), writer="mallory"),  # kept by key
+        ]
+    )
+    assert (covered["model:prod"].protects, covered["model:prod"].unprotected) == (1, 1)
+    assert covered[f"key:{key(9)}"].protects == 1
+    assert covered[f"key:{key(8)}"].protects == 0  # pinned before it is published
+
+
 def test_blob_use_forgets_old_uses_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1000.0]
     monkeypatch.setattr("neffcache.server.blobuse.time.monotonic", lambda: now[0])

@@ -118,7 +118,7 @@ def test_admin_token_commands_local_and_remote(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     created = run(
         "admin", "token", "create", "--local", "--data-dir", str(data_dir),
-        "--scope", "admin", "--namespace", "*", "--name", "first admin",
+        "--scope", "admin", "--namespace", "*", "--name", "first admin", "--json",
     )  # fmt: skip
     assert created.returncode == 0, created.stderr
     admin: dict[str, Any] = json.loads(created.stdout)
@@ -129,12 +129,13 @@ def test_admin_token_commands_local_and_remote(tmp_path: Path) -> None:
         env = {"NEFFCACHE_ADMIN_TOKEN": admin["token"]}
         remote = run(
             "admin", "token", "create", "--server", server.url,
-            "--scope", "write", "--namespace", "team-a", env=env,
+            "--scope", "write", "--namespace", "team-a", "--json", env=env,
         )  # fmt: skip
         assert remote.returncode == 0, remote.stderr
         writer = json.loads(remote.stdout)
         publish(server.url, "team-a", "b" * 64, b"neff", Authorization=f"Bearer {writer['token']}")
-        listing = json.loads(run("admin", "token", "list", "--server", server.url, env=env).stdout)
+        listed = run("admin", "token", "list", "--server", server.url, "--json", env=env)
+        listing = json.loads(listed.stdout)
         assert {t["token_id"] for t in listing["tokens"]} == {admin["token_id"], writer["token_id"]}
         revoked = run(
             "admin", "token", "revoke", writer["token_id"], "--server", server.url, env=env

@@ -9,16 +9,15 @@ limit.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import time
-from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote, urlencode
 
 from . import cli
+from .admintext import audit_text, out, pin_text, pins_text, table, when
 from .units import human_bytes, human_seconds
 
 # Seconds a pass or an expiry may take on the server before the CLI stops waiting.
@@ -148,7 +147,9 @@ def register(admin_sub: Any) -> None:
             "never evict an entry or a group",
             "Pin an entry (by key or Neuron address) or a group (by model label or "
             "compiler version): no expiry, retention or quota removes it. Labels are the "
-            "publisher's, so a label pin protects only entries of trusted tokens.",
+            "publisher's, so a label pin protects only entries of trusted tokens. Prints how "
+            "many entries the pin protects now, and why it does not protect others it "
+            "matches; a key or address no entry has yet is pinned for when one is published.",
         ),
         ("unpin", "undo a pin", "Remove a pin given as it was made; audited with --reason."),
     ):
@@ -164,7 +165,9 @@ def register(admin_sub: Any) -> None:
         admin_sub.add_parser(
             "pins",
             help="list a namespace's pins",
-            description="A table of a namespace's pins: kind, value, since when, by whom, why.",
+            description="A table of a namespace's pins: kind, value, how many entries each "
+            "protects now, since when, by whom, why; then, per pin, what it does not cover "
+            "(entries of untrusted writers, a key no entry has).",
         )
     )
     pins.add_argument("namespace")
@@ -313,13 +316,13 @@ def run_namespace_write(args: argparse.Namespace, extra: list[str]) -> int:
         raise cli.CommandError("name at least one setting to change (see --help)")
     method = "POST" if args.action == "create" else "PATCH"
     answer = cli._request(args, method, f"/v1/admin/namespaces/{args.namespace}", body)
-    return _out(args, answer, _policy_text)
+    return out(args, answer, _policy_text)
 
 
 def run_namespace_show(args: argparse.Namespace, extra: list[str]) -> int:
     cli._no_extra(extra)
     answer = cli._request(args, "GET", f"/v1/admin/namespaces/{args.namespace}")
-    return _out(args, answer, _policy_text)
+    return out(args, answer, _policy_text)
 
 
 def run_namespace_list(args: argparse.Namespace, extra: list[str]) -> int:
@@ -341,7 +344,7 @@ def run_namespace_list(args: argparse.Namespace, extra: list[str]) -> int:
             )
         return table(rows)
 
-    return _out(args, answer, text)
+    return out(args, answer, text)
 
 
 def run_pin(args: argparse.Namespace, extra: list[str]) -> int:
@@ -352,12 +355,10 @@ def run_pin(args: argparse.Namespace, extra: list[str]) -> int:
         answer = cli._request(
             args, "PUT", path, {"kind": kind, "value": value, "reason": args.reason}
         )
-        return _out(
-            args, answer, lambda a: a.get("detail") or f"pinned {kind} {value} in {args.namespace}"
-        )
+        return out(args, answer, lambda a: pin_text(a, args.namespace))
     query = urlencode({"kind": kind, "value": value, "reason": args.reason}, quote_via=quote)
     cli._request(args, "DELETE", f"{path}?{query}")
-    return _out(
+    return out(
         args,
         {"unpinned": {"kind": kind, "value": value}},
         lambda a: f"unpinned {kind} {value} in {args.namespace}",
@@ -367,15 +368,7 @@ def run_pin(args: argparse.Namespace, extra: list[str]) -> int:
 def run_pins(args: argparse.Namespace, extra: list[str]) -> int:
     cli._no_extra(extra)
     answer = cli._request(args, "GET", f"/v1/admin/namespaces/{args.namespace}/pins")
-
-    def text(value: dict[str, Any]) -> str:
-        rows = [("KIND", "VALUE", "SINCE", "BY", "REASON")]
-        rows += [
-            (p["kind"], p["value"], when(p["at"]), p["actor"], p["reason"]) for p in value["pins"]
-        ]
-        return table(rows) if value["pins"] else f"no pins in {args.namespace}"
-
-    return _out(args, answer, text)
+    return out(args, answer, lambda a: pins_text(a, args.namespace))
 
 
 def run_expire(args: argparse.Namespace, extra: list[str]) -> int:
@@ -386,7 +379,7 @@ def run_expire(args: argparse.Namespace, extra: list[str]) -> int:
     # A whole generation may take a while to remove: a long wait, not a retry.
     answer = cli._request(args, "POST", "/v1/admin/expire", body, timeout=_LONG)
     verb = "would remove" if args.dry_run else "removed"
-    return _out(args, answer, lambda a: _victims_text(a, verb))
+    return out(args, answer, lambda a: _victims_text(a, verb))
 
 
 def run_evict(args: argparse.Namespace, extra: list[str]) -> int:
@@ -409,7 +402,7 @@ def run_evict(args: argparse.Namespace, extra: list[str]) -> int:
         )
         return "\n".join(lines)
 
-    return _out(args, answer, text)
+    return out(args, answer, text)
 
 
 def run_audit(args: argparse.Namespace, extra: list[str]) -> int:
@@ -418,39 +411,10 @@ def run_audit(args: argparse.Namespace, extra: list[str]) -> int:
     if args.namespace:
         query["namespace"] = args.namespace
     answer = cli._request(args, "GET", f"/v1/admin/audit?{urlencode(query)}")
-
-    def text(value: dict[str, Any]) -> str:
-        if not value["records"]:
-            return "no audit records"
-        rows = [("WHEN", "WHO", "ACTION", "NAMESPACE", "WHAT", "WHY")]
-        for r in value["records"]:
-            detail = r["detail"]
-            why = detail.get("why") or detail.get("reason") or _compact(detail)
-            rows.append(
-                (
-                    when(r["at"]),
-                    r["actor"],
-                    r["action"],
-                    r["namespace"] or "-",
-                    _short(r["target"]),
-                    why,
-                )
-            )
-        return table(rows)
-
-    return _out(args, answer, text)
+    return out(args, answer, audit_text)
 
 
 # --- output
-
-
-def _out(args: argparse.Namespace, answer: Any, text: Any) -> int:
-    if args.json:
-        json.dump(answer, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(text(answer).rstrip("\n") + "\n")
-    return 0
 
 
 def _policy_text(p: dict[str, Any]) -> str:
@@ -505,22 +469,3 @@ def _victims_text(value: dict[str, Any], verb: str) -> str:
     if value.get("skipped"):
         summary += f"; {value['skipped']} kept (pinned or changed meanwhile)"
     return (table(rows) + "\n" if value["entries"] else "") + summary
-
-
-def table(rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
-    )
-
-
-def when(stamp: float) -> str:
-    return datetime.fromtimestamp(stamp, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
-
-
-def _short(target: str) -> str:
-    return target[:16] if re.fullmatch(r"[0-9a-f]{64}", target) else target
-
-
-def _compact(detail: dict[str, Any]) -> str:
-    return json.dumps(detail, separators=(",", ":"))[:120] if detail else ""

@@ -9,7 +9,6 @@ which extra to install.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import TYPE_CHECKING, Any
@@ -60,8 +59,8 @@ def register(sub: Any, error_type: type[Exception]) -> None:
         "create",
         help="create a token and print its secret once",
         description="Create a token with a scope (read < write < admin) over namespaces "
-        "('*' for all) and print its record as JSON, with the secret in \"token\": shown "
-        "this once, the server keeps only its hash.",
+        "('*' for all) and print its record with its secret: shown this once, the server "
+        'keeps only its hash (--json: the record as JSON, the secret in "token").',
     )
     create.add_argument("--scope", choices=("read", "write", "admin"), required=True)
     create.add_argument(
@@ -78,21 +77,23 @@ def register(sub: Any, error_type: type[Exception]) -> None:
     listing = token_sub.add_parser(
         "list",
         help="list tokens (never their secrets)",
-        description="Print every token's record as JSON (id, scope, namespaces, name, "
-        "created, revoked, trusted), never a secret.",
+        description="A table of every token (id, name, scope, namespaces, trusted, "
+        "created, revoked or active), never a secret; --json prints the records.",
     )
     _target_arguments(listing, local=True)
     listing.set_defaults(run=run_token_list)
     revoke = token_sub.add_parser(
         "revoke",
         help="revoke a token by id",
-        description="Revoke the token with this id (as `token list` shows it): requests "
+        description="Revoke the token with this id (as token list shows it): requests "
         "carrying it are refused from then on.",
     )
     revoke.add_argument("token_id")
     _target_arguments(revoke, local=True)
     revoke.set_defaults(run=run_token_revoke)
 
+    for parser in (create, listing, revoke):
+        parser.add_argument("--json", action="store_true", help="print the API's JSON answer")
     from . import admincli
 
     for parser in (admin, token, create, listing, revoke):
@@ -239,13 +240,15 @@ def _request(
     return response.json() if response.content else None
 
 
-def _print(value: Any) -> int:
-    json.dump(value, sys.stdout, indent=2)
-    sys.stdout.write("\n")
-    return 0
+def _out(args: argparse.Namespace, answer: Any, text: Any) -> int:
+    from .admintext import out
+
+    return out(args, answer, text)
 
 
 def run_token_create(args: argparse.Namespace, extra: list[str]) -> int:
+    from .admintext import token_text
+
     _no_extra(extra)
     namespaces = tuple(args.namespace)
     if not args.local:
@@ -255,7 +258,7 @@ def run_token_create(args: argparse.Namespace, extra: list[str]) -> int:
             "name": args.name,
             "trusted": args.trusted,
         }
-        return _print(_request(args, "POST", "/v1/admin/tokens", body))
+        return _out(args, _request(args, "POST", "/v1/admin/tokens", body), token_text)
     from .api.admin import token_view
     from .audit import AuditLog, token_created
     from .auth import new_token
@@ -271,25 +274,32 @@ def run_token_create(args: argparse.Namespace, extra: list[str]) -> int:
             audit.write([token_created(actor, token)])
         except ServerError as exc:
             raise CommandError(str(exc)) from None
-    return _print({**token_view(token), "token": secret})
+    return _out(args, {**token_view(token), "token": secret}, token_text)
 
 
 def run_token_list(args: argparse.Namespace, extra: list[str]) -> int:
+    from .admintext import tokens_text
+
     _no_extra(extra)
     if not args.local:
-        return _print(_request(args, "GET", "/v1/admin/tokens"))
+        return _out(args, _request(args, "GET", "/v1/admin/tokens"), tokens_text)
     from .api.admin import token_view
 
     with local_backends(args) as backends:
-        return _print({"tokens": [token_view(t) for t in backends.index.tokens()]})
+        listed = {"tokens": [token_view(t) for t in backends.index.tokens()]}
+    return _out(args, listed, tokens_text)
 
 
 def run_token_revoke(args: argparse.Namespace, extra: list[str]) -> int:
     _no_extra(extra)
     if not args.local:
         _request(args, "DELETE", f"/v1/admin/tokens/{args.token_id}")
-        return _print({"revoked": args.token_id})
-    with local_backends(args) as backends:
-        if not backends.index.revoke_token(args.token_id):
-            raise CommandError(f"no token {args.token_id}")
-    return _print({"revoked": args.token_id})
+    else:
+        with local_backends(args) as backends:
+            if not backends.index.revoke_token(args.token_id):
+                raise CommandError(f"no token {args.token_id}")
+    return _out(
+        args,
+        {"revoked": args.token_id},
+        lambda a: f"revoked token {a['revoked']}: requests carrying it are refused from now on",
+    )

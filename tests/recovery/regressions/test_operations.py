@@ -35,7 +35,7 @@ def create_local_token(data_dir: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("NEFFCACHE_")}
     argv = [*NEFFCACHE, "admin", "token", "create", "--local", "--data-dir", str(data_dir)]
     done = subprocess.run(
-        [*argv, "--scope", "admin", "--namespace", "*"],
+        [*argv, "--scope", "admin", "--namespace", "*", "--json"],
         env=env,
         capture_output=True,
         timeout=120,

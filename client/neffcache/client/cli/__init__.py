@@ -87,7 +87,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(args_in)
     try:
         code: int = args.run(args, extra)
+        sys.stdout.flush()  # a reader that left shows here, not as Python exits
     except (CommandError, KeyingError) as exc:
         print(f"neffcache {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return _reader_gone()
     return code
+
+
+def _reader_gone() -> int:
+    """The reader of stdout left (``neffcache ... --json | head``): no traceback, as a
+    tool killed by SIGPIPE prints none. Python ignores SIGPIPE, so the write raised
+    instead; stdout goes to devnull so that the flush at exit fails no more (the Python
+    docs' recipe, signal module), and the exit code is a SIGPIPE death's, 128 + 13."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141

@@ -17,7 +17,7 @@ import os
 import sys
 from typing import IO, TYPE_CHECKING, Any
 
-from ._common import CommandError
+from ._common import CommandError, help_text
 
 if TYPE_CHECKING:
     from neffcache.client.doctor.model import Group, Outcome
@@ -36,7 +36,7 @@ def register(sub: Any) -> None:
         help="check this host's set-up: each interception point, the server, the stacks",
         usage="neffcache doctor [--json] [--report FILE] [--only GROUP] [--read-only] "
         "[--live [--live-deadline SECONDS]]",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
+        description=help_text(__doc__),
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument(

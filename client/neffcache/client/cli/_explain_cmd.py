@@ -23,7 +23,7 @@ from typing import Any
 
 from neffcache.client.config import ClientConfig, ConfigError, wants_neffcache
 
-from ._common import CommandError
+from ._common import CommandError, help_text
 from ._key_cmd import add_compile_options, module_key, read_module
 
 _KEY = re.compile(r"^[0-9a-f]{64}$")
@@ -42,7 +42,7 @@ def register(sub: Any) -> None:
     parser = sub.add_parser(
         "explain",
         help="why a graph missed: the nearest graphs the server knows, and what differs",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
+        description=help_text(__doc__),
         usage="neffcache explain KEY | HLO_FILE [--compiler-version V] [--target T] "
         "[--namespace NS] [--json] [-- FLAG ...]",
     )

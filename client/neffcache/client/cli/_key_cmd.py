@@ -29,14 +29,14 @@ from neffcache.keying import (
     neuron_flags_hash,
 )
 
-from ._common import CommandError
+from ._common import CommandError, help_text
 
 
 def register(sub: Any) -> None:
     parser = sub.add_parser(
         "key",
         help="print the cache keys of an HLO module",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
+        description=help_text(__doc__),
         usage="neffcache key HLO_FILE [--compiler-version V] [--target T] [-- FLAG ...]",
     )
     parser.add_argument("hlo_file", metavar="HLO_FILE", help="a serialized HloModuleProto")

@@ -19,7 +19,7 @@ from typing import Any
 
 from neffcache.client.config import ClientConfig, ConfigError, wants_neffcache
 
-from ._common import CommandError
+from ._common import CommandError, help_text
 
 MAX_PARALLEL = 64
 
@@ -30,7 +30,7 @@ def register(sub: Any) -> None:
         help="fetch every graph a previous run used into L1",
         usage="neffcache prewarm --manifest RUN_MANIFEST [--parallel N] [--json] "
         "[--url URL] [--local-dir DIR]",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
+        description=help_text(__doc__),
     )
     parser.add_argument(
         "--manifest",

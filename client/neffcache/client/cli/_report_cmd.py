@@ -25,7 +25,7 @@ from urllib.parse import urlencode
 from neffcache.client.config import SCHEME_PREFIX, ConfigError, cache_url, parse_url
 from neffcache.client.http import error_detail
 
-from ._common import CommandError
+from ._common import CommandError, help_text
 
 FORMATS = ("table", "csv", "json", "html")
 GROUPINGS = ("namespace", "model", "day", "job")
@@ -55,7 +55,7 @@ def register(sub: Any) -> None:
             "[--namespace NS ...] [--top N] [--format table|csv|json|html] [-o FILE]\n"
             "       neffcache report upgrade --to-compiler V [--namespace NS ...] "
             "[--format ...] [-o FILE]",
-            description=__doc__.split("\n\n")[1] if __doc__ else None,
+            description=help_text(__doc__),
         )
     )
     parser.add_argument("--since", default="7d", help="7d, 12h, epoch seconds or 2026-11-01")

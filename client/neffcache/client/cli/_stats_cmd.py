@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from neffcache.client.config import DEFAULT_LOCAL_DIR, ClientConfig, ConfigError, _size
 from neffcache.client.http import error_detail
 
-from ._common import CommandError
+from ._common import CommandError, help_text
 
 if TYPE_CHECKING:
     from neffcache.client.hosttally import Tally
@@ -45,7 +45,7 @@ def register(sub: Any) -> None:
             "stats",
             help="this host's hits, compiles, fall-backs and L1 size (like ccache -s)",
             usage="neffcache stats [--json] [--zero] [--url URL] [--local-dir DIR] [--window 7d]",
-            description=__doc__.split("\n\n")[1] if __doc__ else None,
+            description=help_text(__doc__),
         )
     )
     parser.add_argument("--json", action="store_true", help="print the statistics as JSON")

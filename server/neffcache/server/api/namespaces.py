@@ -35,7 +35,7 @@ from neffcache.server.api.entries import Namespace
 from neffcache.server.auth import Caller
 from neffcache.server.deps import Backends, BackendsDep, CallerDep
 from neffcache.server.errors import BadRequest, Conflict, NotFound
-from neffcache.server.eviction.pins import KINDS, PIN, Pin, check_pin, pins
+from neffcache.server.eviction.pins import KINDS, PIN, Coverage, Pin, check_pin, pins
 from neffcache.server.manifest import load_json, validated
 from neffcache.server.namespaces import (
     POLICY,
@@ -83,17 +83,20 @@ _USAGE = obj(
         "quota_share": nullable(NUMBER),
     }
 )
-_PIN = obj(
-    {
-        "namespace": NAME,
-        "kind": {"type": "string", "enum": list(KINDS)},
-        "value": {"type": "string"},
-        "reason": {"type": "string"},
-        "actor": {"type": "string"},
-        "at": NUMBER,
-    }
+_PIN_FIELDS = {
+    "namespace": NAME,
+    "kind": {"type": "string", "enum": list(KINDS)},
+    "value": {"type": "string"},
+    "reason": {"type": "string"},
+    "actor": {"type": "string"},
+    "at": NUMBER,
+}
+_PINS = array(obj(_PIN_FIELDS))
+# A pin with what it covers now (pins.Coverage): the entries it protects, those it
+# matches by label without protecting them, and a note in plain words ("" for none).
+_COVERED_PIN = obj(
+    {**_PIN_FIELDS, "protects": _COUNT, "unprotected": _COUNT, "note": {"type": "string"}}
 )
-_PINS = array(_PIN)
 
 
 @router.get(
@@ -147,7 +150,10 @@ async def create_namespace(
     await run_in_threadpool(_check_policy, backends, caller, namespace, None, chosen)
     created = await run_in_threadpool(store_fields, backends.index, namespace, chosen, create=True)
     if not created:
-        raise Conflict(f"namespace {namespace!r} exists; change it with PATCH (admin set)")
+        raise Conflict(
+            f"namespace {namespace!r} exists already; change its settings instead "
+            "(neffcache admin namespace set)"
+        )
     backends.policies.forget(namespace)
     if chosen.get("trusted_writers_only"):
         await run_in_threadpool(_recount, backends, namespace, None)
@@ -304,14 +310,16 @@ def _view(backends: Backends, policy: NamespacePolicy) -> dict[str, Any]:
 
 @router.get(
     "/{namespace}/pins",
-    responses={**json_answer(200, obj({"pins": _PINS}), "the pins"), **errors(*TOKEN)},
+    responses={
+        **json_answer(200, obj({"pins": array(_COVERED_PIN)}), "the pins, with what each covers"),
+        **errors(*TOKEN),
+    },
 )
 async def list_pins(
     namespace: Namespace, caller: CallerDep, backends: BackendsDep
 ) -> dict[str, Any]:
     caller.require("admin", namespace)
-    found = await run_in_threadpool(pins, backends.index, namespace)
-    return {"pins": [p.view() for p in found]}
+    return {"pins": await run_in_threadpool(_covered, backends, namespace)}
 
 
 @router.put(
@@ -320,8 +328,12 @@ async def list_pins(
     response_class=Response,
     openapi_extra=request_body(PinRequest),
     responses={
-        **json_answer(201, _PIN, "pinned"),
-        **json_answer(200, obj({"detail": {"type": "string"}}), "pinned already"),
+        **json_answer(201, _COVERED_PIN, "pinned: the pin and what it covers now"),
+        **json_answer(
+            200,
+            obj({"detail": {"type": "string"}}, _COVERED_PIN["properties"]),
+            "pinned already: the pin as made then, and what it covers now",
+        ),
         **errors(*TOKEN, *BODY),
     },
 )
@@ -337,7 +349,14 @@ async def add_pin(
         await run_in_threadpool(
             backends.audit.add, caller.label, "pin", namespace, pin.name, reason=asked.reason
         )
-    body = pin.view() if stored else {"detail": f"{pin.name} is pinned already"}
+    covered = await run_in_threadpool(_covered, backends, namespace)
+    # Unpinned meanwhile (another admin): what it covered was nothing.
+    body = next(
+        (v for v in covered if (v["kind"], v["value"]) == (pin.kind, pin.value)),
+        {**pin.view(), **Coverage().view(pin)},
+    )
+    if not stored:
+        body["detail"] = f"{pin.name} is pinned already"
     status = 201 if stored else 200
     return Response(_json(body), status_code=status, media_type="application/json")
 
@@ -365,6 +384,14 @@ async def remove_pin(
         backends.audit.add, caller.label, "unpin", namespace, name, reason=reason
     )
     return Response(status_code=204)
+
+
+def _covered(backends: Backends, namespace: str) -> list[dict[str, Any]]:
+    """Each pin of the namespace with what it covers now: one pass over the
+    namespace's entry stats, as an eviction plan reads them (no manifest is read)."""
+    pinned = backends.evictor.pinned(namespace)
+    found = pinned.coverage(backends.evictor.stats(namespace))
+    return [{**p.view(), **found[p.name].view(p)} for p in pinned.pins]
 
 
 def _json(value: Any) -> bytes:

@@ -5,6 +5,11 @@ A pin names one entry (``key``), the entry a stock Neuron address or direct key 
 every entry of a model label (``model``) or of compiler versions (``compiler-version``,
 an exact version or a shell pattern such as ``2.21.*``). Pins are index records (kind
 ``pin``) of their namespace.
+
+A label is what the publisher wrote, so a label pin protects only the entries of
+trusted writers (``Pinned``); ``Pinned.coverage`` counts, per pin, what it protects now
+and what it matches without protecting, so that an admin is told rather than finding
+out from an eviction.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-from collections.abc import Container
+from collections.abc import Container, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +92,43 @@ def version_matches(spec: str, version: str) -> bool:
     return bool(version) and (spec == version or fnmatch.fnmatchcase(version, spec))
 
 
+@dataclass
+class Coverage:
+    """What one pin covers now."""
+
+    protects: int = 0
+    # Matched by a label pin but not protected (written by a writer not trusted), and
+    # named by no key or address pin either.
+    unprotected: int = 0
+
+    def view(self, pin: Pin) -> dict[str, Any]:
+        return {"protects": self.protects, "unprotected": self.unprotected, "note": self.note(pin)}
+
+    def note(self, pin: Pin) -> str:
+        """What an admin should know of this coverage, in plain words; "" when the
+        count says it all."""
+        if pin.kind in ("key", "address") and not self.protects:
+            if pin.kind == "key":
+                what = "no entry has this key"
+            else:
+                what = "no entry is published at this address"
+            return (
+                f"{what} in {pin.namespace} now: the pin protects the one published under "
+                "it (unpin it if the value is a typo)"
+            )
+        if self.unprotected:
+            some = "entry it matches is" if self.unprotected == 1 else "entries it matches are"
+            return (
+                f"{self.unprotected} {some} not protected: written by tokens that are not "
+                "trusted, and a label is only its writer's word (pin those by key or address, "
+                "or publish them with a trusted token)"
+            )
+        if not self.protects:
+            label = "model label" if pin.kind == "model" else "compiler version"
+            return f"no entry in {pin.namespace} has this {label} now"
+        return ""
+
+
 class Pinned:
     """The pins of one namespace, ready to test entries against.
 
@@ -101,22 +143,55 @@ class Pinned:
     ) -> None:
         self._trusted = trusted_writers
         self.pins = pins(index, namespace)
-        self._keys = {p.value for p in self.pins if p.kind == "key"}
+        # The pins naming each entry key now: a key pin's value, an address pin's
+        # entry (none while nothing answers to the address).
+        self._named: dict[str, list[str]] = {}
         for pin in self.pins:
+            key = pin.value if pin.kind == "key" else None
             if pin.kind == "address":
                 key = index.resolve_alias(namespace, pin.value)
-                if key is not None:
-                    self._keys.add(key)
+            if key is not None:
+                self._named.setdefault(key, []).append(pin.name)
         self._models = {p.value for p in self.pins if p.kind == "model"}
         self._versions = [p.value for p in self.pins if p.kind == "compiler-version"]
 
     def __contains__(self, stats: object) -> bool:
         assert isinstance(stats, EntryStats)
-        if stats.key in self._keys:
+        if stats.key in self._named:
             return True
-        if self._trusted is not None and stats.writer not in self._trusted:
+        if not self._trusts(stats):
             return False
         facts = stats.facts
         return (bool(facts.model) and facts.model in self._models) or any(
             version_matches(spec, facts.compiler_version) for spec in self._versions
         )
+
+    def coverage(self, entries: Iterable[EntryStats]) -> dict[str, Coverage]:
+        """Per pin name, how many of ``entries`` (the namespace's, as eviction reads
+        them) the pin protects, and how many it matches by label without protecting.
+        One pass, as a plan makes."""
+        found = {pin.name: Coverage() for pin in self.pins}
+        for stats in entries:
+            for name in self._named.get(stats.key, ()):
+                found[name].protects += 1
+            trusted = self._trusts(stats)
+            for name in self._labelled(stats):
+                if trusted:
+                    found[name].protects += 1
+                elif stats.key not in self._named:  # else a key or address pin keeps it
+                    found[name].unprotected += 1
+        return found
+
+    def _trusts(self, stats: EntryStats) -> bool:
+        return self._trusted is None or stats.writer in self._trusted
+
+    def _labelled(self, stats: EntryStats) -> list[str]:
+        """The names of the label pins an entry matches."""
+        facts = stats.facts
+        found = [f"model:{facts.model}"] if facts.model and facts.model in self._models else []
+        found += [
+            f"compiler-version:{spec}"
+            for spec in self._versions
+            if version_matches(spec, facts.compiler_version)
+        ]
+        return found

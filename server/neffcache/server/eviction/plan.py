@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 from neffcache.server.index import EntryStats
 from neffcache.server.namespaces import NamespacePolicy
+from neffcache.server.units import human_bytes
 
 LOW_WATER = 0.9
 # Compile seconds assumed for an entry without any, when no entry of its namespace says.
@@ -123,10 +124,12 @@ def plan_namespace(
         if used > policy.quota_bytes:
             target = int(policy.quota_bytes * LOW_WATER)
             remaining = [e for e in kept if e.key not in gone]
+            # As the admin reads sizes (100.0 KiB where they wrote 100K), not bytes.
+            why = f"namespace over its quota of {human_bytes(policy.quota_bytes)}"
             for entry in _ranked(remaining, policy.ranking, now, half_life):
                 if used <= target:
                     break
-                drop(entry, "quota", f"namespace over its quota of {policy.quota_bytes} bytes")
+                drop(entry, "quota", why)
                 used -= entry.facts.size
             plan.over_quota_pinned = used > policy.quota_bytes
     return plan

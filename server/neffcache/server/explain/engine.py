@@ -137,7 +137,8 @@ def _published(inputs: Inputs) -> list[Finding]:
             f", before the miss at {moment(missed, now)}: the client did not reach the "
             "server then, or looked in another namespace"
         )
-    sentences = [f"Published by {entry.writer}{_about(entry.manifest)}; a lookup now hits."]
+    writer = f"{entry.writer_name} ({entry.writer})" if entry.writer_name else entry.writer
+    sentences = [f"Published by {writer}{_about(entry.manifest)}; a lookup now hits."]
     if where:
         sentences.append(f"{asked.namespace} reads namespace {entry.namespace} through.")
     return [Finding("published-since", summary, sentences, {"entry": _entry_view(entry)})]

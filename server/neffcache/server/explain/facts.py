@@ -66,8 +66,9 @@ class Present:
     namespace: str
     key: str
     created_at: float
-    writer: str
+    writer: str  # a token id, or "anonymous"
     manifest: Mapping[str, Any]
+    writer_name: str = ""  # the writer token's name, when it has one
 
 
 @dataclass(frozen=True)

@@ -155,8 +155,14 @@ def _present(index: Index, namespaces: Sequence[str], key: str) -> Present | Non
         entry = index.get_entry(namespace, key)
         if entry is not None:
             manifest = _json(entry.manifest)
-            return Present(namespace, key, entry.created_at, entry.writer, manifest)
+            name = _token_name(index, entry.writer)
+            return Present(namespace, key, entry.created_at, entry.writer, manifest, name)
     return None
+
+
+def _token_name(index: Index, token_id: str) -> str:
+    """The name of the token that wrote an entry: people know tokens by name."""
+    return next((t.name for t in index.tokens() if t.token_id == token_id), "")
 
 
 def _removals(index: Index, namespaces: Sequence[str], key: str) -> tuple[Removal, ...]:
