@@ -9,6 +9,9 @@ on are in e2e_harness.py.
   environments and process launchers; every child still running at teardown is killed.
 * ``silent_server``: a loopback port that accepts connections and never answers.
 * ``unused_port``: a loopback port nothing listens on.
+* ``token_server``: a server that takes tokens, in a thread of the test process (a
+  token made on ``server`` would end its anonymous access for every other test), with
+  a read token for ``team-a``, one for ``team-b`` only, and every request it answered.
 
 Nothing here is autouse: test_cli_key.py shares this directory.
 """
@@ -18,7 +21,9 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from client.e2e_harness import Sandbox, Server, SilentServer, free_port
@@ -30,6 +35,56 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     running.start()
     yield running
     running.kill()
+
+
+@dataclass
+class TokenServer:
+    url: str
+    tokens: dict[str, str]  # "read": reads team-a; "other": reads team-b; "unknown"
+    requests: list[tuple[str, str]] = field(default_factory=list)  # (method, path)
+
+
+@pytest.fixture(scope="session")
+def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TokenServer]:
+    import httpx
+    from loopback import InThread
+
+    from neffcache.server.app import create_app
+    from neffcache.server.blobs.memory import MemoryBlobStore
+    from neffcache.server.index.memory import MemoryIndex
+    from neffcache.server.settings import ServerSettings
+
+    data = tmp_path_factory.mktemp("token-server")
+    settings = ServerSettings(data_dir=data, eviction_interval_seconds=0)
+    blobs = MemoryBlobStore()
+    app = create_app(settings, blob_store=blobs, index=MemoryIndex())
+    seen: list[tuple[str, str]] = []
+
+    async def counting(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            seen.append((scope["method"], scope["path"]))
+        await app(scope, receive, send)
+
+    with InThread(counting) as url:
+
+        def token(scope: str, namespace: str, admin: str | None = None) -> str:
+            headers = {"Authorization": f"Bearer {admin}"} if admin else {}
+            body = {"scope": scope, "namespaces": [namespace]}
+            answer = httpx.post(
+                f"{url}/v1/admin/tokens", json=body, headers=headers, trust_env=False
+            )
+            made: str = answer.raise_for_status().json()["token"]
+            return made
+
+        admin = token("admin", "*")  # anonymous: the server has no token yet
+        tokens = {
+            "read": token("read", "team-a", admin),
+            "other": token("read", "team-b", admin),
+            "unknown": "nfc_000000000000_unknown",
+        }
+        seen.clear()
+        yield TokenServer(url, tokens, seen)
+    blobs.close()
 
 
 @pytest.fixture

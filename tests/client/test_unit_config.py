@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from neffcache.client._log import CHECKED, typos_suspected, warn_typos_once
 from neffcache.client.config import (
     DEFAULT_LOCAL_DIR,
     ClientConfig,
@@ -241,10 +242,17 @@ print(json.dumps({
     "config": "neffcache.client.config" in sys.modules,
     "any_neffcache": sorted(m for m in sys.modules if m.startswith("neffcache")),
     "armed": hook is not None and hook._FINDER in sys.meta_path,
+    "typos": "neffcache.client._typos" in sys.modules,
 }))
 """
 
-_URL_VARS = ("NEFFCACHE_URL", "NEURON_CC_FLAGS", "NEURON_COMPILE_CACHE_URL", "NEFFCACHE_DISABLE")
+_URL_VARS = (
+    "NEFFCACHE_URL",
+    "NEURON_CC_FLAGS",
+    "NEURON_COMPILE_CACHE_URL",
+    "NEFFCACHE_DISABLE",
+    CHECKED,
+)
 
 
 def _run_pth(env_extra: dict[str, str]) -> dict[str, object]:
@@ -292,6 +300,7 @@ def test_pth_with_a_url_arms_the_hook(env: dict[str, str]) -> None:
     result = _run_pth(env)
     assert result["autohook"] is True
     assert result["armed"] is True
+    assert result["typos"] is False  # right settings cost no check beyond string tests
 
 
 def test_pth_with_a_directory_url_imports_nothing() -> None:
@@ -319,3 +328,109 @@ def test_pth_with_a_malformed_url_does_not_break_start_up() -> None:
     result = _run_pth({"NEFFCACHE_URL": "neffcache+ftp://nowhere"})
     # The URL is checked when libneuronxla asks for a cache, not at start-up.
     assert result["autohook"] is True
+
+
+# --- mistyped settings: one line per process ---------------------------------------------
+
+TYPOS = [
+    {"NEFFCACHE_URL": "neffcache://cache.internal:8787/team-a"},
+    {"NEFFCACHE_URL": "NEFFCACHE+HTTP://cache.internal:8787/team-a"},
+    {"NEFFCACHE_URL": f" {URL}"},
+    {"NEFFCACHE_URL": f"'{URL}'"},
+    {"NEURON_COMPILE_CACHE_URL": "http://cache.internal:8787/team-a"},
+    {"NEURON_CC_FLAGS": f"--cache-dir={URL} -O1"},
+    {"NEURON_CC_FLAGS": f"--cache_dir='{URL}'"},
+    {"NEURON_CC_FLAGS": f"-O1 {URL}"},
+]
+
+
+@pytest.mark.parametrize("env", TYPOS)
+def test_each_typo_is_one_line_for_a_process_and_its_children(
+    env: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    env = dict(env)  # this process's environment, marked as it is checked
+    warn_typos_once(env)
+    warn_typos_once(env)  # the hook, the graph after
+    child = dict(env)  # the shim, the compiler it runs: the environment inherited
+    warn_typos_once(child)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("neffcache: "), line
+    assert "(fix: " in line
+    assert "\n" not in line
+
+
+def test_a_child_with_a_mistake_of_its_own_is_told(caplog: pytest.LogCaptureFixture) -> None:
+    env = dict(TYPOS[0])
+    warn_typos_once(env)
+    child = {**env, "NEURON_COMPILE_CACHE_URL": "https://other.internal/team-b"}
+    warn_typos_once(child)
+    # Settings that changed but call for the same line (the hook exports NEFFCACHE_URL
+    # when the SDK hands it one): nothing new to say.
+    same = {**env, "NEFFCACHE_TOKEN": "x", "NEURON_CC_FLAGS": "-O1"}
+    warn_typos_once(same)
+    first, second = [r.getMessage() for r in caplog.records]
+    assert "NEURON_COMPILE_CACHE_URL" not in first
+    assert "NEURON_COMPILE_CACHE_URL=neffcache+https://other.internal/team-b" in second
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"NEFFCACHE_URL": URL, "NEURON_COMPILE_CACHE_URL": "s3://bucket/prefix"},
+        {"NEURON_COMPILE_CACHE_URL": "neffcache+https://neffcache.internal/team-a"},
+        {"NEURON_CC_FLAGS": "--cache_dir=neffcache+http://neffcache.internal:8787/team-a -O1"},
+        {"NEURON_CC_FLAGS": "--cache_dir neffcache+http://neffcache.internal:8787/team-a"},
+        {"NEURON_CC_FLAGS": "--model-type=transformer", "NEURON_COMPILE_CACHE_URL": "/fsx/c"},
+    ],
+)
+def test_right_settings_are_not_suspected(env: dict[str, str]) -> None:
+    env = dict(env)
+    assert not typos_suspected(env)
+    warn_typos_once(env)
+    assert CHECKED not in env  # nothing checked further, nothing imported
+
+
+_PARENT = """
+import os, subprocess, sys, types
+exec(open(sys.argv[1]).read())  # the .pth line, as site runs it at start-up
+from neffcache.client.hook import _replacement
+create_compile_cache = _replacement(lambda url, *args, **kwargs: None)
+create_compile_cache(types.SimpleNamespace(url="/var/tmp/cache"))  # the SDK asks
+shim = [sys.executable, "-S", "-c", sys.argv[2], sys.argv[1]]
+subprocess.run(shim, check=True)  # the shim the SDK runs: the environment inherited
+alone = {k: v for k, v in os.environ.items() if k != "NEFFCACHE_TYPOS_CHECKED"}
+subprocess.run([*shim, "alone"], env=alone, check=True)  # a shim of another parent
+os.environ["NEURON_COMPILE_CACHE_URL"] = "http://cache.internal:8787/team-a"  # set late
+create_compile_cache(types.SimpleNamespace(url="/var/tmp/cache"))
+"""
+_SHIM = """
+import sys
+if sys.argv[-1] != "alone":
+    exec(open(sys.argv[1]).read())  # a shim is a Python script: the .pth line runs
+from neffcache.client.wrapper import main
+assert main(["/bin/true", "--version"]) == 0
+"""
+
+
+def test_the_pth_line_the_hook_and_the_shim_say_a_typo_once() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in _URL_VARS}
+    roots = [str(REPO / "keying"), str(REPO / "client"), str(REPO / "server")]
+    env["PYTHONPATH"] = os.pathsep.join([*roots, *site.getsitepackages()])
+    env["NEFFCACHE_URL"] = "neffcache://cache.internal:8787/team-a"
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", _PARENT, str(PTH), _SHIM],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    fix = "(fix: NEFFCACHE_URL=neffcache+http://cache.internal:8787/team-a)"
+    # The parent at start-up; the shim of another parent; the hook for the late setting.
+    assert len(lines) == 3, lines
+    assert lines[0] == lines[1]
+    assert lines[0].startswith("neffcache: NEFFCACHE_URL neffcache://")
+    assert fix in lines[0]
+    assert "NEURON_COMPILE_CACHE_URL=neffcache+http://" in lines[2]

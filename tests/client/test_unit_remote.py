@@ -1,12 +1,15 @@
 """Unit tests for ``neffcache.client.remote.Remote``: against a real ``neffcache serve``
-(misses, round trips) and against a scripted in-test HTTP server (wrong bytes, 5xx,
-401/403), whose request counter shows when the client did not touch the network."""
+(misses, round trips), against a scripted in-test HTTP server (wrong bytes, 5xx),
+whose request counter shows when the client did not touch the network, and against a
+server that takes tokens (refused tokens: 401, 403), whose requests are counted too."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import shutil
 import socket
 import sys
 import threading
@@ -16,10 +19,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from client.conftest import TokenServer
 from client.e2e_harness import Server, free_port
 from client.unit_support import delta, digest, no_server_down
 
+from neffcache.client import remote as remote_module
 from neffcache.client.config import ClientConfig
+from neffcache.client.reasons import Explanation, Prepared
 from neffcache.client.remote import Remote
 from neffcache.client.stats import STATS
 
@@ -321,19 +327,97 @@ def test_a_json_answer_that_is_not_an_object_is_a_miss(tmp_path: Path) -> None:
         assert remote.available()
 
 
-@pytest.mark.parametrize("status", [401, 403])
-def test_auth_errors_are_counted_and_do_not_mark_down(status: int, tmp_path: Path) -> None:
+# --- a server that refuses the token (tests/client/conftest.py's token_server) ---------
+
+
+def _said(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def _lapse(tmp_path: Path) -> None:
+    """The back-off runs out, here and in L1 (without waiting for it)."""
+    remote_module._down_until.clear()
+    shutil.rmtree(tmp_path / ".neffcache" / "down", ignore_errors=True)
+
+
+def test_a_read_only_token_reads_on_and_says_once_that_it_does_not_publish(
+    token_server: TokenServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = config_for(token_server.url, tmp_path, NEFFCACHE_TOKEN=token_server.tokens["read"])
+    seen = token_server.requests
     before = STATS.snapshot()
-    with (
-        fake_server(lambda path: (status, b'{"detail": "no"}')) as server,
-        open_remote(config_for(server.url, tmp_path)) as remote,
-    ):
-        assert remote.entry("a" * 64) is None
-        assert remote.alias("a" * 64) is None
+    with open_remote(config) as remote:
+        assert remote.lease("a" * 64, 0.0, "h") is None  # 403: leases need write scope
+        asked = len(seen)
+        # Writes are skipped now, without a request: a publish, a failure report, a lease.
+        assert remote.missing(["b" * 64]) is None
+        assert remote.put_entry("a" * 64, {"key": "a" * 64}) is None
+        assert not remote.put_failure("a" * 64, {"compiler_version": "x"})
+        assert remote.lease("c" * 64, 0.0, "h") is None
+        assert len(seen) == asked
+        # Reads go on.
         assert remote.available()
-        assert server.hits == 2
+        assert remote.entry("a" * 64) is None
+        assert len(seen) == asked + 1
+        # Once per process: a back-off later, refused again, not said again.
+        _lapse(tmp_path)
+        assert remote.lease("d" * 64, 0.0, "h") is None
+        assert len(seen) == asked + 2
+    assert _said(caplog) == [
+        "neffcache: this token is read-only (namespace team-a): compiles are not published "
+        "(HTTP 403: this needs a write token; yours is read); a token with write scope on "
+        "team-a publishes them"
+    ]
     assert delta(before, "auth_errors") == 2
-    assert delta(before, "server_errors") == 0
+    assert delta(before, "writes_skipped") == 4
+
+
+@pytest.mark.parametrize(
+    ("token", "code", "words"),
+    [
+        ("other", "forbidden", "the token may not read namespace team-a on"),
+        ("unknown", "unauthorized", "does not know NEFFCACHE_TOKEN"),
+        (None, "unauthorized", "needs a token to read namespace team-a"),
+    ],
+)
+def test_a_refused_token_backs_off_is_said_once_and_is_the_miss_reason(
+    token_server: TokenServer,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    token: str | None,
+    code: str,
+    words: str,
+) -> None:
+    extra = {"NEFFCACHE_TOKEN": token_server.tokens[token]} if token else {}
+    config = config_for(token_server.url, tmp_path, **extra)
+    seen = token_server.requests
+    start = len(seen)
+    with open_remote(config) as remote:
+        assert remote.alias("a" * 64) is None
+        assert not remote.available()
+        assert remote.refusal() == code
+        # Skipped like a server that is down: lookups, downloads, explanations.
+        assert remote.entry("a" * 64) is None
+        assert not remote.fetch("c" * 64, 10, tmp_path / "blob")
+        explained = Explanation(remote, lambda: Prepared("a" * 64, None, {}))
+        assert explained.result(wait=30) == (code, None)
+        assert len(seen) == start + 1
+    # The shim's next process has only L1's mark, which says why.
+    remote_module._down_until.clear()
+    remote_module._refusals.clear()
+    with open_remote(config) as later:
+        assert later.refusal() == code
+        assert later.entry("a" * 64) is None
+        # Once per process: a back-off later, refused again, not said again.
+        _lapse(tmp_path)
+        assert later.entry("a" * 64) is None
+    assert len(seen) == start + 2
+    (line,) = _said(caplog)
+    assert line.startswith("neffcache: "), line
+    assert words in line
+    assert "team-a" in line
+    assert f"HTTP {403 if code == 'forbidden' else 401}: " in line
+    assert "skipped for 60 s at a time" in line
 
 
 def test_token_and_paths(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import os
 import stat
 import sys
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from client.conftest import TokenServer
+from client.unit_support import closing_remotes, no_server_down
 from loopback import free_port
 
 from neffcache.client import remote as remote_module
@@ -579,6 +582,40 @@ def test_a_failed_compile_keeps_its_exit_code(
     assert main(["neuronx-cc", *argv]) == 70
     assert [call["argv"] for call in fake.calls()] == [["--version"], argv]
     assert not (tmp_path / "l1" / ".neffcache" / "keys").exists()  # nothing to serve
+
+
+@pytest.mark.parametrize(("token", "code"), [("other", "forbidden"), ("unknown", "unauthorized")])
+def test_a_refused_token_is_each_misses_reason_and_asked_once_per_back_off(
+    fake: Fake,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    token_server: TokenServer,
+    token: str,
+    code: str,
+) -> None:
+    monkeypatch.setenv("NEFFCACHE_URL", f"neffcache+{token_server.url}/team-a")
+    monkeypatch.setenv("NEFFCACHE_TOKEN", token_server.tokens[token])
+    monkeypatch.setenv("NEFFCACHE_REAL_COMPILER", str(fake.path))
+    monkeypatch.setenv("NEFFCACHE_TELEMETRY", "0")
+    monkeypatch.setenv("FAKE_VERSION", VERSION)
+    monkeypatch.setenv("FAKE_WRITE", "NEFF-BYTES")
+    run_log = tmp_path / "run.jsonl"
+    monkeypatch.setenv("NEFFCACHE_RUN_MANIFEST", str(run_log))
+    hlo = tmp_path / "in.pb"
+    hlo.write_bytes(HLO_FIXTURE.read_bytes())
+    start = len(token_server.requests)
+    for target in ("trn1", "trn2"):  # two graphs, each a wrapper process of its own
+        no_server_down(monkeypatch)  # a new process: what it knows is L1's mark
+        argv = ["compile", "--framework=XLA", str(hlo), "--output", str(tmp_path / "o.neff")]
+        with closing_remotes(monkeypatch):
+            assert main(["neuronx-cc", *argv, f"--target={target}"]) == 0
+    lines = [json.loads(x) for x in run_log.read_text().splitlines()]
+    assert [(line["result"], line["reason"]) for line in lines] == [("miss", code)] * 2
+    assert len(token_server.requests) == start + 1  # the first graph's first lookup
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 1, said
+    assert "team-a" in said[0]
 
 
 def test_run_teeing_closes_the_stderr_pipe(fake: Fake, capfd: pytest.CaptureFixture[str]) -> None:

@@ -27,8 +27,11 @@ def delta(before: dict[str, int], name: str) -> int:
 
 
 def no_server_down(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The back-off table is per process: a test starts with no server marked down."""
+    """The back-off table is per process: a test starts with no server marked down, no
+    refusal known and none said (as a new process would)."""
     monkeypatch.setattr(remote_module, "_down_until", {})
+    monkeypatch.setattr(remote_module, "_refusals", {})
+    monkeypatch.setattr(remote_module, "_said", set())
 
 
 @contextlib.contextmanager

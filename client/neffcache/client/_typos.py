@@ -45,12 +45,7 @@ class Finding(NamedTuple):
 
 def findings(environ: Mapping[str, str]) -> list[Finding]:
     """Every mistake of the module docstring in ``environ``, in a stable order."""
-    found: list[Finding] = []
-    for name in URL_VARIABLES:
-        if environ.get(name):
-            found += _url_value(name, f"{name}=", environ[name])
-    if environ.get(FLAGS_VARIABLE):
-        found += _flags(environ[FLAGS_VARIABLE])
+    found = url_findings(environ)
     token = environ.get(TOKEN_VARIABLE, "")
     if token and (token != token.strip() or _quoted(token.strip())):
         found.append(
@@ -61,6 +56,28 @@ def findings(environ: Mapping[str, str]) -> list[Finding]:
             )
         )
     return found + _near_misses(environ)
+
+
+def url_findings(environ: Mapping[str, str]) -> list[Finding]:
+    """The mistakes in the cache URL's variables and ``NEURON_CC_FLAGS``: what the hook
+    and the shim warn of (``warning``)."""
+    found: list[Finding] = []
+    for name in URL_VARIABLES:
+        if environ.get(name):
+            found += _url_value(name, f"{name}=", environ[name])
+    if environ.get(FLAGS_VARIABLE):
+        found += _flags(environ[FLAGS_VARIABLE])
+    return found
+
+
+def warning(environ: Mapping[str, str]) -> str | None:
+    """The one line a process prints for ``url_findings`` (each with its fix), or None
+    when there are none. A cache URL neffcache cannot use is named, never repaired:
+    the SDK reads the same variables and would still take the value for a directory."""
+    found = url_findings(environ)
+    if not found:
+        return None
+    return "neffcache: " + "; ".join(f"{f.found} (fix: {f.fix})" for f in found)
 
 
 def _quoted(value: str) -> bool:

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from neffcache.client._log import log
+from neffcache.client._log import log, warn_typos_once
 
 PACKAGE = "libneuronxla"
 _ATTRIBUTE = "create_compile_cache"
@@ -133,6 +133,9 @@ def _replacement(original: Any) -> Any:
         return existing
 
     def create_compile_cache(cache_url: Any, *args: Any, **kwargs: Any) -> Any:
+        # The settings as they are now: a script may have set them after start-up,
+        # when the .pth line checked them.
+        warn_typos_once(os.environ)
         url = str(getattr(cache_url, "url", ""))
         if not _served_by_neffcache(url):
             return original(cache_url, *args, **kwargs)

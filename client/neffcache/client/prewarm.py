@@ -279,6 +279,9 @@ class PrewarmRemote(Remote):
         if not self.stop.is_set():  # a cut transfer is no news
             log.warning("neffcache: %s failed (%s)", what, reason)
 
+    def _back_off(self, name: str, cause: str | None = None) -> bool:
+        return True  # a refused token is said once, and no back-off is marked
+
     def _connection(self) -> Connection:
         conn = super()._connection()
         with self._connections_lock:

@@ -30,7 +30,11 @@ SERVER_UNAVAILABLE = "server-unavailable"  # the server could not be asked
 UNKEYABLE = "unkeyable"  # the graph could not be keyed
 UNCACHED = "uncached"  # caching is off for this call
 UNKNOWN = "unknown"  # no explanation arrived in time, or none applies
-CLIENT_REASONS = (SERVER_UNAVAILABLE, UNKEYABLE, UNCACHED, UNKNOWN)
+# The server refused the token (remote.py skips it meanwhile): 401, no token or an
+# unknown one; 403, a namespace the token does not cover.
+UNAUTHORIZED = "unauthorized"
+FORBIDDEN = "forbidden"
+CLIENT_REASONS = (SERVER_UNAVAILABLE, UNKEYABLE, UNCACHED, UNKNOWN, UNAUTHORIZED, FORBIDDEN)
 FAILED_BEFORE = "failed-before"
 
 # Seconds a finished compile waits for an explanation still on its way. Compiles take
@@ -96,7 +100,7 @@ class Explanation:
             body["graph"] = prepared.components["graph"]
         response = self._remote.explain(json.dumps(body).encode())
         if response is None:
-            return SERVER_UNAVAILABLE, None
+            return self._remote.refusal() or SERVER_UNAVAILABLE, None
         if response.status != 200:
             return UNKNOWN, None  # a server without explanations, or one that cannot
         try:

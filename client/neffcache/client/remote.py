@@ -6,6 +6,13 @@ process for ``NEFFCACHE_BACKOFF`` seconds, during which calls return at once and
 graph compiles locally (sccache's and ccache's policy). Downloads are verified against
 their BLAKE3 digest before they become visible; a mismatch is a miss.
 
+A refused token is backed off the same way, and said once per process whatever the
+back-off: a 401 (no token, an unknown one) or a 403 to a read (a namespace the token
+does not cover) skips the server for this namespace and token, and the misses meanwhile
+give the refusal as their reason (``refusal``); a 403 to a write (a read-only token)
+skips only writes (publishes, blob uploads, failure reports, leases), while lookups go
+on.
+
 A blob download may be redirected (the server's S3 store hands out presigned URLs):
 the client follows a few hops, to any http(s) host, on a fresh connection each,
 without its token and within the download's own deadline, and verifies what arrives
@@ -17,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -47,6 +55,12 @@ _MIN_RATE = 8 * 2**20  # bytes per second
 # whatever sits in front of the store; a loop ends here.
 _MAX_REDIRECTS = 5
 _down_until: dict[str, float] = {}  # server (or "server scope") -> skipped until
+# Why a name of _down_until is skipped, when the server refused the token: the miss
+# reason (reasons.UNAUTHORIZED, reasons.FORBIDDEN) of every graph meanwhile.
+_refusals: dict[str, str] = {}
+# Refusals said in this process, by (name, cause): a training process outlives many
+# back-off periods, and the fix is the same after each.
+_said: set[tuple[str, str]] = set()
 # The scope of telemetry and explanations: their trouble skips them, not the cache.
 TELEMETRY = "telemetry"
 _down_lock = threading.Lock()
@@ -74,26 +88,46 @@ class Remote:
         if config.token:
             self._headers["Authorization"] = f"Bearer {config.token}"
         self._ns = f"/v1/ns/{config.namespace}"
+        # A refusal is this token's in this namespace, not the server's: another job of
+        # the host, with its own token or namespace, keeps using the server.
+        ident = blake3.blake3(f"{config.namespace} {config.token or ''}".encode()).hexdigest()
+        self._refused_as = f"{config.server} refused {ident[:16]}"
+        self._writes_as = f"{config.server} writes {ident[:16]}"
 
     # -- state ------------------------------------------------------------------------
 
     def available(self, scope: str | None = None) -> bool:
-        """False while the server is marked down after an error, by this process or
-        by another on this host (the wrapper is a new process per graph: without the
-        shared mark each would pay the timeout again). With a ``scope``
-        (``TELEMETRY``), also False while that scope alone is marked down."""
-        if not self._up(self.config.server):
+        """False while the server is marked down after an error or a refused token, by
+        this process or by another on this host (the wrapper is a new process per
+        graph: without the shared mark each would pay the timeout again). With a
+        ``scope`` (``TELEMETRY``), also False while that scope alone is marked down."""
+        if not self._up(self.config.server) or not self._up(self._refused_as):
             return False
         return scope is None or self._up(f"{self.config.server} {scope}")
+
+    def writable(self) -> bool:
+        """False while writes are skipped after the server refused one (a read-only
+        token), by this process or by another on this host."""
+        return self._up(self._writes_as)
+
+    def refusal(self) -> str | None:
+        """``unauthorized`` or ``forbidden`` while the server is skipped because it
+        refused this token in this namespace; else None (up, or down for trouble)."""
+        if self._up(self._refused_as):
+            return None
+        with _down_lock:
+            return _refusals.get(self._refused_as)
 
     def _up(self, name: str) -> bool:
         with _down_lock:
             if time.monotonic() < _down_until.get(name, 0.0):
                 return False
-        until = self._shared_mark(name)
+        until, cause = self._shared_mark(name)
         if until > time.time():
             with _down_lock:
                 _down_until[name] = time.monotonic() + (until - time.time())
+                if cause:
+                    _refusals[name] = cause
             return False
         return True
 
@@ -101,25 +135,35 @@ class Remote:
         digest = blake3.blake3((name or self.config.server).encode()).hexdigest()[:16]
         return Path(self.config.local_dir) / ".neffcache" / "down" / digest
 
-    def _shared_mark(self, name: str) -> float:
+    def _shared_mark(self, name: str) -> tuple[float, str | None]:
+        """Until when another process marked ``name`` down, and the refusal why."""
         try:
-            return float(self._mark_path(name).read_text())
+            until, _, cause = self._mark_path(name).read_text().partition(" ")
+            return float(until), cause.strip() or None
         except (OSError, ValueError):
-            return 0.0
+            return 0.0, None
+
+    def _back_off(self, name: str, cause: str | None = None) -> bool:
+        """Skip ``name`` for the back-off period, in every process of the host (the
+        mark lives in L1); True when it was not skipped already here."""
+        with _down_lock:
+            first = time.monotonic() >= _down_until.get(name, 0.0)
+            _down_until[name] = time.monotonic() + self.config.backoff
+            if cause:
+                _refusals[name] = cause
+        if self.config.backoff > 0:
+            from neffcache.client.local import atomic_write
+
+            with contextlib.suppress(OSError):  # then only this process skips the server
+                until = repr(time.time() + self.config.backoff)
+                atomic_write(self._mark_path(name), f"{until} {cause or ''}".strip().encode())
+        return first
 
     def _mark_down(self, what: str, reason: object, scope: str | None = None) -> None:
         """Skip the server (or only ``scope``'s requests) for the back-off period."""
         name = self.config.server if scope is None else f"{self.config.server} {scope}"
         STATS.count("server_errors" if scope is None else f"{scope}_errors")
-        with _down_lock:
-            first = time.monotonic() >= _down_until.get(name, 0.0)
-            _down_until[name] = time.monotonic() + self.config.backoff
-        if self.config.backoff > 0:
-            from neffcache.client.local import atomic_write
-
-            with contextlib.suppress(OSError):  # then only this process skips the server
-                until = time.time() + self.config.backoff
-                atomic_write(self._mark_path(name), repr(until).encode())
+        first = self._back_off(name)
         if first and scope is None:
             log.warning(
                 "neffcache: %s failed (%s); compiling locally, server %s skipped for %.0f s",
@@ -158,17 +202,22 @@ class Remote:
         gated: bool = True,
         forbidden_ok: bool = False,
         scope: str | None = None,
+        write: bool = False,
         **kwargs: Any,
     ) -> Response | None:
-        """One request; None (counted, server marked down) when it did not complete or
-        the server failed (5xx). ``gated=False`` sends it even while the server is
-        marked down (lease renewals: a holder must not lose its lease to a back-off
-        longer than the lease's life). ``forbidden_ok``: a 403 is an expected answer
-        (leases refused to a read-only token), not a misconfiguration to warn of.
-        ``scope`` (``TELEMETRY``): trouble marks down only that scope, so that a slow
-        events endpoint never turns a cache hit into a compile."""
+        """One request; None (counted, server marked down) when it did not complete,
+        the server failed (5xx) or refused the token (401, 403: ``_refused``).
+        ``gated=False`` sends it even while the server is marked down (lease renewals:
+        a holder must not lose its lease to a back-off longer than the lease's life).
+        ``forbidden_ok``: a 403 is the answer, for the caller to read. ``scope``
+        (``TELEMETRY``): trouble marks down only that scope, so that a slow events
+        endpoint never turns a cache hit into a compile. ``write``: a publish's
+        request, skipped while writes are (a 403 to it skips writes, not reads)."""
         if gated and not self.available(scope):
             STATS.count("server_skipped" if scope is None else f"{scope}_skipped")
+            return None
+        if gated and write and not self.writable():
+            STATS.count("writes_skipped")
             return None
         headers = dict(self._headers)
         headers.update(kwargs.pop("headers", {}))
@@ -181,13 +230,59 @@ class Remote:
             self._mark_down(what, f"HTTP {response.status}", scope)
             return None
         if response.status == 401 or (response.status == 403 and not forbidden_ok):
-            STATS.count("auth_errors")
-            log.warning(
-                "neffcache: %s refused (HTTP %d): check NEFFCACHE_TOKEN and the namespace",
-                what,
-                response.status,
-            )
+            self._refused(response, write)
+            return None
         return response
+
+    def _refused(self, response: Response, write: bool) -> None:
+        """The server refused the token: skip what it refuses for the back-off period
+        (``_back_off``: every process of the host), and say so once per process, with
+        the server's reason (a 403's names the scope wanted and the token's)."""
+        from neffcache.client.http import error_detail
+        from neffcache.client.reasons import FORBIDDEN, UNAUTHORIZED
+
+        STATS.count("auth_errors")
+        detail = f"HTTP {response.status}: {error_detail(response.body)}"
+        if response.status == 403 and write:
+            name, cause = self._writes_as, "writes"
+            self._back_off(name)
+        else:
+            name, cause = self._refused_as, UNAUTHORIZED if response.status == 401 else FORBIDDEN
+            self._back_off(name, cause)
+        with _down_lock:
+            said = (name, cause) in _said
+            _said.add((name, cause))
+        if not said:
+            log.warning("neffcache: %s", self._refusal_text(cause, detail))
+
+    def _refusal_text(self, cause: str, detail: str) -> str:
+        ns, server = self.config.namespace, self.config.server
+        later = f"the server is skipped for {self.config.backoff:.0f} s at a time"
+        if cause == "writes":
+            # The server's 403 names the scope wanted and the token's: "this needs a
+            # write token; yours is read". Others (trusted writers only) are said as is.
+            found = re.search(r"yours is ([a-z]+)", detail)
+            who = f"this token is {found[1]}-only" if found else "this token may not write"
+            return (
+                f"{who} (namespace {ns}): compiles are not published ({detail}); a token "
+                f"with write scope on {ns} publishes them"
+            )
+        if cause == "forbidden":
+            return (
+                f"the token may not read namespace {ns} on {server} ({detail}): check the "
+                f"namespace at the end of the cache URL, or use a token that covers {ns}; "
+                f"graphs compile locally, {later}"
+            )
+        if self.config.token is None:
+            return (
+                f"the server at {server} needs a token to read namespace {ns} ({detail}): set "
+                f"NEFFCACHE_TOKEN to one with read scope on {ns}; graphs compile locally, {later}"
+            )
+        return (
+            f"the server at {server} does not know NEFFCACHE_TOKEN ({detail}): set it to a "
+            f"token of this server with read scope on namespace {ns}; graphs compile "
+            f"locally, {later}"
+        )
 
     def _json(self, what: str, path: str) -> Manifest | None:
         response = self._call(what, "GET", path)
@@ -337,6 +432,7 @@ class Remote:
             "/v1/blobs/missing",
             body=body,
             headers={"Content-Type": "application/json"},
+            write=True,  # a publish's first step: nothing to ask while writes are skipped
         )
         if response is None or response.status != 200:
             return None
@@ -357,6 +453,7 @@ class Remote:
                     body_file=(f, size),
                     headers={"Content-Type": "application/octet-stream"},
                     timeout=self.config.timeout + size / _MIN_RATE,
+                    write=True,
                 )
         except OSError as exc:
             STATS.count("local_errors")
@@ -371,6 +468,7 @@ class Remote:
             f"{self._ns}/entries/{key}",
             body=json.dumps(manifest).encode(),
             headers={"Content-Type": "application/json"},
+            write=True,
         )
 
     def put_alias(self, alias: str, key: str) -> bool:
@@ -383,6 +481,7 @@ class Remote:
             f"{self._ns}/aliases/{quote(alias, safe='/')}",
             body=json.dumps({"key": key}).encode(),
             headers={"Content-Type": "application/json"},
+            write=True,
         )
         return response is not None and response.status in (200, 201)
 
@@ -393,6 +492,7 @@ class Remote:
             f"{self._ns}/failures/{key}",
             body=json.dumps(record).encode(),
             headers={"Content-Type": "application/json"},
+            write=True,
         )
         return response is not None and response.status in (200, 201)
 
@@ -407,7 +507,6 @@ class Remote:
             body=body,
             headers={"Content-Type": "application/json"},
             timeout=timeout,
-            forbidden_ok=True,
             scope=TELEMETRY,
         )
         return None if response is None else response.status
@@ -421,7 +520,6 @@ class Remote:
             body=body,
             headers={"Content-Type": "application/json"},
             timeout=timeout,
-            forbidden_ok=True,
             scope=TELEMETRY,
         )
 
@@ -440,7 +538,7 @@ class Remote:
     ) -> LeaseAnswer | None:
         """Ask for the lease on ``name``, waiting up to ``wait`` seconds for the entry
         or the lease (docs/protocol.md); None on trouble, from a server without leases,
-        or for a token that may not take them (read scope: not counted as an error)."""
+        or for a token that may not take them (read scope: writes are then skipped)."""
         body: dict[str, Any] = {
             "holder": holder,
             "wait": wait,
@@ -458,7 +556,7 @@ class Remote:
             body=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
             wait=wait,
-            forbidden_ok=True,
+            write=True,  # leases need write scope: a read-only token compiles unleased
         )
         if response is None or response.status not in (200, 201, 202):
             return None

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple, NoReturn
 
-from neffcache.client._log import log
+from neffcache.client._log import log, warn_typos_once
 from neffcache.client.config import ClientConfig, ConfigError
 from neffcache.client.stats import STATS
 
@@ -195,6 +195,9 @@ def main(argv: Sequence[str]) -> int:
         print("neffcache wrap: give the compiler command after --", file=sys.stderr)
         return 2
     program, args = argv[0], list(argv[1:])
+    # Quiet when the process that ran this one (the hook's, or any Python process of
+    # the job: neffcache_hook.pth) already said it: a graph is no reason to say it again.
+    warn_typos_once(os.environ)
     try:
         config = ClientConfig.from_env()
     except ConfigError as exc:

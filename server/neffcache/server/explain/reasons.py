@@ -23,13 +23,17 @@ REASONS: Mapping[str, str] = {
     "published-since": "an entry exists now: it was published after the miss",
     "other-namespace": "an entry exists in a namespace this one does not read through",
     "server-unavailable": "the client could not ask the server (down, timeout, back-off)",
+    "unauthorized": "the server refused the client's token (none, or unknown or revoked)",
+    "forbidden": "the client's token does not cover its namespace",
     "unkeyable": "the client could not compute this graph's key",
     "uncached": "caching was off for this compile",
     "unknown": "no explanation arrived in time, or none applies",
 }
 
 # What a client can decide without the server.
-CLIENT_REASONS = frozenset({"server-unavailable", "unkeyable", "uncached", "unknown"})
+CLIENT_REASONS = frozenset(
+    {"server-unavailable", "unkeyable", "uncached", "unknown", "unauthorized", "forbidden"}
+)
 
 
 def is_reason(code: object) -> bool:

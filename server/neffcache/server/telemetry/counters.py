@@ -61,6 +61,7 @@ CLIENT_COUNTERS = frozenset(
         "uncached",
         "unkeyable",
         "wrapper_errors",
+        "writes_skipped",
     }
 )
 
