@@ -25,9 +25,9 @@ WOKEN_WITHIN = 10.0
 
 
 def _check_everyone_holds_the_neff(herd: Herd) -> None:
-    assert len(herd.results) == CLIENTS, herd.results
+    assert len(herd.results) == herd.clients, herd.results
     assert all(r["code"] == 0 for r in herd.results), herd.results
-    assert len(herd.neffs) == CLIENTS
+    assert len(herd.neffs) == herd.clients
     assert set(herd.neffs.values()) == {reference_neff(BLOCK_A)}
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import random
+import re
 import shlex
 import struct
 import zlib
@@ -615,7 +616,8 @@ def test_a_server_without_tokens_warns_until_one_exists(
     )
 
     assert main(shlex.split(command)[1:]) == 0
-    admin = json.loads(capsys.readouterr().out)["token"]
+    # The command as shown prints the token for a person: its secret on its own line.
+    (admin,) = re.findall(r"^secret +(\S+)$", capsys.readouterr().out, re.MULTILINE)
     browser.refresh()
     wait_for(browser, lambda: state(browser) == "token", "the page did not ask for a token")
     wait_for(browser, lambda: auth(browser) == "tokens", "the server's auth mode was not read")
