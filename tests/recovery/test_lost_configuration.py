@@ -10,7 +10,6 @@ and a token made during the rebuild is kept, documented."""
 
 from __future__ import annotations
 
-import shutil
 import sqlite3
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -223,9 +222,11 @@ def snapshot(cluster: Cluster) -> Callable[[], None]:
     def put_back_sqlite() -> None:
         for index in cluster.opened:
             index.close()
-        for suffix in ("-wal", "-shm"):
-            (cluster.tmp / f"index.db{suffix}").unlink(missing_ok=True)
-        shutil.copyfile(backup, cluster.tmp / "index.db")
+        # Through SQLite's backup API, as `sqlite3 index.db ".restore BACKUP"` does: a
+        # file copied over a WAL database that a connection of another thread still
+        # has open (a worker thread's) leaves its -wal and -shm naming other pages.
+        with sqlite3.connect(backup) as source, sqlite3.connect(cluster.tmp / "index.db") as live:
+            source.backup(live)
 
     return put_back_sqlite
 
