@@ -8,8 +8,8 @@ namespaces, models, jobs and instance types, miss reasons; misses carry componen
 appended through ``Index.append_events`` into a fresh SQLite index and a fresh
 in-memory one. For each index it times:
 
-* ``report``: the server's own ``cost_report`` (``reports/collect.py``), a page of
-  1,000 events at a time through ``Backends.run``, folded into every figure, by
+* ``report``: the server's own ``build_cost_report`` (``reports/collect.py``), a page of
+  1,000 events at a time in the calling thread, folded into every figure, by
   namespace and model;
 * ``floor``: the same pages read with ``Index.events`` and each body parsed with
   ``json.loads``, nothing folded: what any report over these events must spend.
@@ -21,7 +21,6 @@ cost of the aggregation itself. Each figure is the best of three runs.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import random
 import sys
@@ -45,7 +44,7 @@ from neffcache.server.index.base import Event  # noqa: E402
 from neffcache.server.index.memory import MemoryIndex  # noqa: E402
 from neffcache.server.index.sqlite import SqliteIndex  # noqa: E402
 from neffcache.server.manifest import canonical_json  # noqa: E402
-from neffcache.server.reports.collect import EVENT_PAGE, cost_report  # noqa: E402
+from neffcache.server.reports.collect import EVENT_PAGE, build_cost_report  # noqa: E402
 from neffcache.server.settings import ServerSettings  # noqa: E402
 
 DAY = 86400.0
@@ -129,7 +128,7 @@ def measure(name: str, index: Index, events: list[Event], now: float) -> tuple[f
     since, until = now - 31 * DAY, now + 1
 
     def report() -> None:
-        result = asyncio.run(cost_report(backends, since, until, ("namespace", "model"), None, 10))
+        result = build_cost_report(backends, since, until, ("namespace", "model"), None, 10)
         assert result["totals"]["lookups"] == len(events), result["totals"]
 
     def read() -> None:

@@ -5,8 +5,7 @@ store calls, parsing and folding. The API calls them in a worker thread (with th
 rendering), one report at a time (``gate.py``), never on the event loop: a report
 over thousands of events takes seconds of CPU, which on the loop would be seconds
 of every lookup, download and health check waiting. Folding pauses now and then
-(``pace.py``) so that the loop gets the GIL back soon. ``cost_report`` is the cost
-report awaited from a loop (``tests/bench/bench_reports.py``), in a worker thread.
+(``pace.py``) so that the loop gets the GIL back soon.
 """
 
 from __future__ import annotations
@@ -14,8 +13,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from typing import Any
-
-from starlette.concurrency import run_in_threadpool
 
 from neffcache.server.deps import Backends
 from neffcache.server.reports.cost import CostReport
@@ -52,18 +49,6 @@ def build_cost_report(
         names = namespaces
     storage = storage_rows(backends.usage, backends.policies, names)
     return report.result(storage, generated_at=time.time())
-
-
-async def cost_report(
-    backends: Backends,
-    since: float,
-    until: float,
-    by: Sequence[str],
-    namespaces: Sequence[str] | None,
-    top: int,
-) -> dict[str, Any]:
-    """``build_cost_report`` in a worker thread."""
-    return await run_in_threadpool(build_cost_report, backends, since, until, by, namespaces, top)
 
 
 def _namespaces_held(backends: Backends) -> list[str]:
