@@ -10,6 +10,10 @@ one JSON line: when it was signalled, when it was done, its exit code.
 
 The stand-in compiler (tests/standins/neuronx-cc) is not the real one; its compile
 lasts ``NEFFCACHE_STANDIN_DELAY`` seconds and leaves a pid file while it runs.
+
+What the server did is read from its own records, not timed: the compile leases as
+its SQLite index held them (watched while the herd runs) and its lease answers by
+state (``/metrics``, read before it stops).
 """
 
 from __future__ import annotations
@@ -17,9 +21,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +37,17 @@ STANDINS = TESTS / "standins"
 COMPILER = STANDINS / "neuronx-cc"
 GRAPH = TESTS / "fixtures" / "hlo" / "block_a.pb"
 NAMESPACE = "herd"
+
+
+@dataclass(frozen=True)
+class LeaseSeen:
+    """One compile lease on the herd's graph as the server's index recorded it; times
+    are the server's ``time.time()`` (this host's clock)."""
+
+    lease_id: str
+    holder: str
+    acquired_at: float
+    expires_at: float  # the latest seen: each renewal moves it on
 
 
 @dataclass
@@ -47,6 +64,8 @@ class Herd:
     server_cpu_while_waiting: float  # server CPU seconds per wall second, mid-compile
     killed_at: float | None = None
     neffs: dict[str, bytes] = field(default_factory=dict)  # output path -> bytes
+    leases: list[LeaseSeen] = field(default_factory=list)  # in the order granted
+    lease_answers: dict[str, int] = field(default_factory=dict)  # state -> answers
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -59,11 +78,14 @@ def _parent(pid: int) -> int:
 
 
 class _Server:
-    def __init__(self, root: Path, ttl: float) -> None:
+    def __init__(self, root: Path, ttl: float, recheck: float | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.index = root / "server-data" / "index.db"
         env = _clean_env()
         env["NEFFCACHE_LEASE_TTL_SECONDS"] = str(ttl)
+        if recheck is not None:
+            env["NEFFCACHE_LEASE_RECHECK_SECONDS"] = str(recheck)
         self.log = open(root / "server.log", "wb")  # noqa: SIM115 (closed in stop)
         argv = [sys.executable, "-m", "neffcache.client.cli", "serve"]
         argv += ["--port", str(self.port), "--data-dir", str(root / "server-data")]
@@ -85,6 +107,64 @@ class _Server:
             self.process.wait(10)
         self.log.close()
 
+    def lease_answers(self) -> dict[str, int]:
+        """The server's lease answers so far, by state (``done``, ``granted``, ``held``...)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(f"{self.url}/metrics", timeout=30) as response:
+            text = response.read().decode()
+        answers: dict[str, int] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "neffcache_lease_answers_total":
+                    state = sample.labels["state"]
+                    answers[state] = answers.get(state, 0) + int(sample.value)
+        return answers
+
+
+class _LeaseWatch:
+    """The herd's compile leases as the server's SQLite index holds them, read on each
+    ``look`` through a read-only connection (WAL: readers never block the server).
+
+    A lease granted over an expired one takes its row, so only a watch sees both; a
+    renewal it missed leaves ``expires_at`` earlier than the truth, never later."""
+
+    def __init__(self, index: Path, ttl: float) -> None:
+        self._index = index
+        self._ttl = ttl
+        self._connection: sqlite3.Connection | None = None
+        self._seen: dict[str, LeaseSeen] = {}  # lease id -> the latest look at it
+
+    def look(self) -> None:
+        try:
+            if self._connection is None:
+                uri = f"{self._index.as_uri()}?mode=ro"
+                self._connection = sqlite3.connect(uri, uri=True, timeout=1)
+            rows = self._connection.execute(
+                "SELECT lease_id, holder, acquired_at, expires_at FROM leases WHERE namespace = ?",
+                (NAMESPACE,),
+            ).fetchall()
+        except sqlite3.Error:
+            # Not there yet, or busy: the next look, 20 ms on, sees it.
+            self.close()
+            return
+        for lease_id, holder, acquired_at, expires_at in rows:
+            self._seen[lease_id] = LeaseSeen(lease_id, holder, acquired_at, expires_at)
+
+    def granted(self) -> list[LeaseSeen]:
+        return sorted(self._seen.values(), key=lambda lease: lease.acquired_at)
+
+    def renewed(self) -> bool:
+        """Whether the latest lease has been renewed: it ends later than its grant set."""
+        leases = self.granted()
+        return bool(leases) and leases[-1].expires_at > leases[-1].acquired_at + self._ttl
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
 
 def _clean_env() -> dict[str, str]:
     keep = ("PATH", "HOME", "LANG", "LC_ALL", "SYSTEMROOT", "PYTHONDONTWRITEBYTECODE")
@@ -103,10 +183,15 @@ def run_herd(
 ) -> Herd:
     """Run one herd in ``root``; with ``kill_holder_after``, SIGKILL the client that
     compiles (and its compiler) that many seconds after the go at the earliest, once
-    its compile is running, then start it again
-    (a rank restarted by its job) so that every client ends with the NEFF."""
+    its compile is running and the server has recorded a renewal of its lease, then
+    start it again (a rank restarted by its job) so that every client ends with the
+    NEFF."""
     root.mkdir(parents=True, exist_ok=True)
-    server = _Server(root, ttl)
+    # A waiting request then ends early only when woken (a publish, a release, the
+    # holder's lease running out), never by a periodic look: the answers it counts
+    # show whether the wake-ups work.
+    server = _Server(root, ttl, recheck=60.0)
+    watch = _LeaseWatch(server.index, ttl)
     pids_dir = root / "compiling"
     pids_dir.mkdir()
     counter = root / "invocations.log"
@@ -160,6 +245,7 @@ def run_herd(
         cpu_from: tuple[float, float] | None = None
         cpu_rate = 0.0
         while any(p.poll() is None for p in procs):
+            watch.look()
             now = time.time()
             for pidfile in pids_dir.glob("*"):
                 starts.setdefault(int(pidfile.name), now)
@@ -178,10 +264,11 @@ def run_herd(
                 compiling = [int(p.name) for p in pids_dir.glob("*")]
                 if len(compiling) > 1:
                     raise RuntimeError(f"expected one compile to kill, found {compiling}")
-                if not compiling:
-                    # Not started yet (64 processes starting on 2 cores) or already
-                    # done: the holder is killed once it compiles, however long that
-                    # takes the machine, never at a moment a loaded one misses.
+                if not compiling or not watch.renewed():
+                    # Not started yet (64 processes starting on 2 cores), already
+                    # done, or not renewed yet: the holder is killed once it compiles
+                    # under a renewed lease, however long that takes the machine,
+                    # never at a moment a loaded one misses.
                     time.sleep(0.02)
                     continue
                 holder = _parent(compiling[0])
@@ -192,11 +279,12 @@ def run_herd(
                 # The job restarts its rank: a fresh process on the same host (L1).
                 (ready / str(index)).unlink()
                 procs[index] = launch(index)
-                _wait_ready(ready / str(index), procs[index])
+                _wait_ready(ready / str(index), procs[index], watch)
                 os.kill(procs[index].pid, signal.SIGUSR1)
             if now - go > deadline:
                 raise RuntimeError("the herd did not finish in time")
             time.sleep(0.02)
+        watch.look()
         finished = [json.loads(line) for line in results.read_text().splitlines()]
         invocations = counter.read_text().splitlines() if counter.exists() else []
         compiles = sum(1 for line in invocations if "compile" in line.split()[1:])
@@ -212,8 +300,11 @@ def run_herd(
             server_cpu_while_waiting=cpu_rate,
             killed_at=killed_at,
             neffs={str(p): p.read_bytes() for p in outputs if p.exists()},
+            leases=watch.granted(),
+            lease_answers=server.lease_answers(),
         )
     finally:
+        watch.close()
         for proc in procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -221,10 +312,11 @@ def run_herd(
         server.stop()
 
 
-def _wait_ready(marker: Path, proc: subprocess.Popen[bytes]) -> None:
+def _wait_ready(marker: Path, proc: subprocess.Popen[bytes], watch: _LeaseWatch) -> None:
     while not marker.exists():
         if proc.poll() is not None:
             raise RuntimeError(f"the restarted client exited with {proc.returncode}")
+        watch.look()  # the killed holder's lease may be replaced meanwhile
         time.sleep(0.02)
 
 

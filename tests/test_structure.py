@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
+import subprocess
 import sys
 import types
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -229,3 +232,118 @@ def test_keying_exports_the_core_api() -> None:
 @pytest.mark.parametrize("package", PACKAGES)
 def test_py_typed(package: str) -> None:
     assert (ROOT / package / "neffcache" / package / "py.typed").is_file()
+
+
+# --- (5) self-contained citations -----------------------------------------------------
+
+# The Neuron SDK internals the code relies on are recorded in docs/neuron-sdk.md. The
+# research notes that page was written from are not in the repository, so a citation of
+# them (by file name, or as "facts" and a section sign, wrapped or not) leads nowhere.
+EXTERNAL_NOTES = re.compile(rb"neuron-cache-fact[s]|facts[\s#*]*\xc2\xa7", re.IGNORECASE)
+
+
+def tracked_files() -> list[Path]:
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"git ls-files failed: {exc}")
+    return [ROOT / name for name in listed.decode().split("\0") if name]
+
+
+def external_note_lines(text: bytes) -> list[int]:
+    return [text.count(b"\n", 0, m.start()) + 1 for m in EXTERNAL_NOTES.finditer(text)]
+
+
+def test_no_tracked_file_cites_the_external_sdk_notes() -> None:
+    assert external_note_lines("x\n(Facts\n    # \u00a74.3)".encode()) == [2]
+    files = [path for path in tracked_files() if path.is_file()]
+    assert Path(__file__).resolve() in files
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in files
+        for line in external_note_lines(path.read_bytes())
+    ]
+    assert found == [], "cite docs/neuron-sdk.md#<anchor> instead:\n" + "\n".join(found)
+
+
+# --- (6) citations of docs/neuron-sdk.md that resolve ---------------------------------
+
+SDK_PAGE = "docs/neuron-sdk.md"
+# An explicit citation of a section: the page's name, "#" and the section's anchor.
+SDK_CITATION = re.compile(r"neuron-sdk\.md#([\w-]+)")
+# A bare anchor continuing a citation ("… and #b", "(#b)"), read only in files that name
+# the page and are not Markdown (there "#b" is an in-page link): a lower-case word with a
+# hyphen or underscore after a line start, a space or "(", as no comment marker is.
+BARE_ANCHOR = re.compile(r"(?:^|(?<=[\s(]))#([a-z][a-z0-9]*(?:[-_][a-z0-9]+)+)\b", re.MULTILINE)
+# The page's links to its own sections.
+PAGE_LINK = re.compile(r"\]\(#([\w-]+)\)")
+ATX_HEADING = re.compile(r"#{1,6}[ \t]+(.*?)(?:[ \t]+#+)?[ \t]*")
+FENCE = re.compile(r"[ \t]{0,3}(```|~~~)")
+
+
+def toc_slug(title: str) -> str:
+    """The id mkdocs' default toc gives a heading: a link's text only, ASCII, lower-case,
+    punctuation other than "-" and "_" dropped, runs of spaces and hyphens one "-"."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", title)
+    text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def heading_anchors(markdown: str) -> set[str]:
+    """Every heading's id; a repeated one gets "_1", "_2"… as toc numbers it."""
+    anchors: set[str] = set()
+    fenced = False
+    for line in markdown.splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced and (heading := ATX_HEADING.fullmatch(line)):
+            slug, number = toc_slug(heading[1]), 0
+            while slug in anchors or not slug:
+                number += 1
+                slug = f"{toc_slug(heading[1])}_{number}"
+            anchors.add(slug)
+    return anchors
+
+
+def cited_sdk_anchors(name: str, text: str) -> list[tuple[int, str]]:
+    """(line, anchor) of each section of the page that ``text``, the file ``name``, cites."""
+    patterns = [SDK_CITATION]
+    if name == SDK_PAGE:
+        patterns.append(PAGE_LINK)
+    elif not name.endswith(".md") and "neuron-sdk.md" in text:
+        patterns.append(BARE_ANCHOR)
+    found = [(m.start(), m[1]) for pattern in patterns for m in pattern.finditer(text)]
+    return sorted((text.count("\n", 0, start) + 1, anchor) for start, anchor in found)
+
+
+def test_toc_slugs_and_citations_are_read_as_mkdocs_and_the_code_write_them() -> None:
+    assert toc_slug("`neuronx-cc --version` output") == "neuronx-cc-version-output"
+    assert toc_slug("optimum-neuron's registry") == "optimum-neurons-registry"
+    assert toc_slug("The SDK in late 2026 (TorchNeuron, vLLM Neuron)") == (
+        "the-sdk-in-late-2026-torchneuron-vllm-neuron"
+    )
+    page = "# A `b_c`\n```\n# not a heading\n```\n## A b_c ##\n### [Link](x.md)\n"
+    assert heading_anchors(page) == {"a-b_c", "a-b_c_1", "link"}
+    # \x23 is "#", so that this file cites no section itself.
+    text = 'docs/neuron-sdk.md\x23a-1 and\n    # \x23b_c, (\x23d-e) x\x23f-g "\x23h-i" \x23j'
+    assert cited_sdk_anchors("x.py", text) == [(1, "a-1"), (2, "b_c"), (2, "d-e")]
+    assert cited_sdk_anchors("x.md", text) == [(1, "a-1")]
+    assert cited_sdk_anchors(SDK_PAGE, "[up](\x23a-1) [x](\x23b)") == [(1, "a-1"), (1, "b")]
+
+
+def test_every_cited_sdk_section_is_a_heading_of_the_page() -> None:
+    anchors = heading_anchors((ROOT / SDK_PAGE).read_text(encoding="utf-8"))
+    assert {"module_key", "layout-eras", "neuron_parallel_compiles-environment"} <= anchors
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: #{anchor}"
+        for path in tracked_files()
+        if path.is_file() and b"neuron-sdk.md" in (raw := path.read_bytes())
+        for line, anchor in cited_sdk_anchors(
+            path.relative_to(ROOT).as_posix(), raw.decode("utf-8", "replace")
+        )
+        if anchor not in anchors
+    ]
+    assert found == [], f"no such heading in {SDK_PAGE}:\n" + "\n".join(found)

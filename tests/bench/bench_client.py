@@ -52,6 +52,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import bench_server as peers  # the same server and nginx harness
+from needs import INSTALL
 from results import record
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,7 +107,7 @@ def _from_jax(script: str, size: int) -> bytes:
     done = subprocess.run([sys.executable, "-c", script, str(size)], capture_output=True)
     if done.returncode != 0 or not done.stdout:
         sys.exit(
-            "bench_client needs JAX to make real graphs: pip install -e '.[bench]' "
+            f"bench_client.py: needs JAX to trace real programs: {INSTALL} (no fallback input) "
             f"(the child said: {done.stderr.decode(errors='replace')[-300:]})"
         )
     return done.stdout
@@ -176,7 +177,7 @@ def hit_phase(tmp: Path, server_url: str, repeats: int) -> None:
         raise RuntimeError(f"expected one compile, counted {compiles(counter)}")
     floor = [sys.executable, "-c", "import neffcache.client"]
     # The stock cache's hit, as a process: the NEFF copied out of the stock layout's
-    # entry directory (neuron-cache-facts.md section 3.1), which is all a stock hit does
+    # entry directory (docs/neuron-sdk.md#entry-layout), which is all a stock hit does
     # with the bytes, with no Python start at all.
     stock = tmp / "stock" / "neuronxcc-2.21.18209.0+043b1bf7" / "MODULE_123456789+3cc9a3cb"
     stock.mkdir(parents=True)
@@ -306,8 +307,8 @@ def hook_run(env: dict[str, str], hlo: Path, calls: int, out: Path) -> list[floa
 
 def hook_phase(tmp: Path, server_url: str, calls: int) -> None:
     """A hit in the training process, through the Neuron cache path: the hook with a
-    neffcache URL against the stock local-directory cache, the same caller (the
-    stand-in ``libneuronxla``, which follows neuron-cache-facts.md sections 3 and 6: the
+    neffcache URL against the stock local-directory cache, the same caller (the stand-in
+    ``libneuronxla``, which follows docs/neuron-sdk.md#entry-layout and #locking: the
     cache-wide lock, the entry probes, the NEFF read). Per call, in-process: no process
     start in either figure."""
     hlo = tmp / "hook.hlo_module.pb"

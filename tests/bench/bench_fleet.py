@@ -12,12 +12,13 @@ compiler (tests/standins/; not AWS's code), with the cache its environment names
 * (a) no cache: ``NEURON_CC_FLAGS=--no_cache``, every rank compiles every graph;
 * (b) the stock cache in a directory per host, shared by the host's ranks;
 * (c) the stock cache on one S3 prefix, against moto's S3 server: a stand-in of the
-  S3 backend written from the facts file (tests/bench/fleet/fleet_s3.py; no locks);
+  S3 backend written from docs/neuron-sdk.md (tests/bench/fleet/fleet_s3.py; no locks);
 * (d) neffcache: a real ``neffcache serve`` on 127.0.0.1, the client's hook in every
   rank (``NEURON_COMPILE_CACHE_URL=neffcache+http://...``), an L1 directory per host;
 * (e) the stock cache in one directory shared by every host, as on NFS or EFS: the
   peer issue 9 names for the fleet. Here it is one local filesystem, where its locks
-  work; on NFS they do not (facts §6.3), so this is the peer's best case.
+  work; on NFS they do not (docs/neuron-sdk.md#network-filesystems), so this is the
+  peer's best case.
 
 Each runs three phases: cold (empty caches), warm (the same hosts again) and new
 hosts (the job again on hosts with empty local state, against what the first two

@@ -39,6 +39,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from neffcache.keying import CompileContext, direct_key, fingerprint_hlo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from needs import require_jax
 from results import record
 
 DATA = Path(__file__).resolve().parent / ".data"
@@ -136,6 +137,7 @@ def training_step_hlo(layers: int) -> bytes:
     path = DATA / f"train_step_{layers}.pb"
     if path.exists():
         return path.read_bytes()
+    require_jax("bench_keying.py")
     import jax
     import jax.numpy as jnp
 

@@ -35,6 +35,7 @@ import blake3
 from neffcache.keying import fingerprint_hlo, fingerprint_mlir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from needs import require_jax
 from results import record
 
 DATA = Path(__file__).resolve().parent / ".data"
@@ -47,6 +48,7 @@ def training_step(layers: int) -> tuple[bytes, bytes]:
     hlo_path = DATA / f"train_step_{layers}_twin.pb"
     if mlir_path.exists() and hlo_path.exists():
         return mlir_path.read_bytes(), hlo_path.read_bytes()
+    require_jax("bench_mlir_keying.py")
     import jax
     import jax.numpy as jnp
     from jax._src.interpreters import mlir

@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import datetime
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -40,6 +41,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
+import needs  # noqa: E402
 from results import ENV  # noqa: E402
 
 
@@ -294,6 +296,8 @@ def page(outcomes: Sequence[Outcome], quick: bool, started: datetime.datetime) -
         "those benchmarks count compiles and measure waiting, which do not depend on "
         "what the compiler does while it runs.",
         "",
+        f"What they need: {needs.NEEDS}.",
+        "",
         "## Machine and versions",
         "",
         *machine(),
@@ -336,6 +340,8 @@ def main() -> None:
     missing = sorted(set(p.name for p in HERE.glob("bench_*.py")) - {b.script for b in BENCHES})
     if missing:  # a new benchmark must be listed above, or the page silently lacks it
         parser.error(f"not in BENCHES: {', '.join(missing)}")
+    if importlib.util.find_spec("jax") is None:  # before half an hour of other runs
+        parser.error(needs.NEEDS)
     started = datetime.datetime.now(datetime.UTC)
     with tempfile.TemporaryDirectory(prefix="neffcache-run-all-") as scratch:
         outcomes = [run(b, args.quick, Path(scratch)) for b in BENCHES if b.name in args.only]

@@ -1,7 +1,8 @@
-"""Stock Neuron caches as the SDK writes them (facts §3.1, §3.2), built from the real
-JAX HLO fixtures, and the keys neffcache must give their entries.
+"""Stock Neuron caches as the SDK writes them (docs/neuron-sdk.md#entry-layout and
+#entry-states), built from the real JAX HLO fixtures, and the keys neffcache must give
+their entries.
 
-Written from the facts file, not from the bridge's code: ``StockCache.add`` lays out
+Written from docs/neuron-sdk.md, not from the bridge's code: ``StockCache.add`` lays out
 one ``MODULE_`` folder in a given state, and ``expected_key`` keys it with keying's
 public functions, as the client keys what the SDK compiles.
 """
@@ -27,7 +28,8 @@ from neffcache.keying import (
 HLO_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "hlo"
 V1 = "2.20.9961.0+0acef03a"
 V2 = "2.21.1.0+abcdef12"
-# What the SDK's PJRT path hashes (facts §4.3 item 5): --target first, then user flags.
+# What the SDK's PJRT path hashes (docs/neuron-sdk.md#flags-hash item 5): --target first,
+# then user flags.
 FLAGS = ["--target=trn1", "--model-type=transformer"]
 
 
@@ -120,7 +122,7 @@ def standard_cache(root: Path) -> StockCache:
     success x4 (one with the old ``model.hlo.pb`` name, one with ``wrapped_neff.hlo``,
     one under V2), failed, locked, empty, and two unkeyable successes (no ``--target``
     in the flags; an HLO that is not a module); plus optimum-neuron's registry beside
-    the entries of V1 (facts §10.3), which is no entry."""
+    the entries of V1 (docs/neuron-sdk.md#optimum-neurons-registry), which is no entry."""
     cache = StockCache(root)
     registry = root / f"neuronxcc-{V1}" / "0_REGISTRY" / "0.0.28" / "ab12cd34"
     registry.mkdir(parents=True)

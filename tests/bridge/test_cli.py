@@ -1,5 +1,6 @@
-"""The commands' surface: where the server and namespace come from, and every bad input
-as one line on stderr with exit code 2."""
+"""The commands' surface: where the server and namespace come from, every bad input as
+one line on stderr with exit code 2, and a server that cannot answer as one line with
+exit code 1."""
 
 from __future__ import annotations
 
@@ -51,18 +52,15 @@ def test_a_directory_that_is_no_stock_cache_is_one_line(
     assert "s3://" in one_line_error(*result, "import")
 
 
-def test_an_unreachable_server_is_one_line(
+def test_an_unreachable_server_is_one_line_and_exit_1(
     neffcache: Run, cache: StockCache, unused_port: int, tmp_path: Path
 ) -> None:
     url = f"http://127.0.0.1:{unused_port}"
-    err = one_line_error(
-        *neffcache("import", str(cache.root), "--server", url, "--namespace", "a"), "import"
-    )
-    assert f"cannot reach {url}" in err
-    err = one_line_error(
-        *neffcache("export", str(tmp_path / "out"), "--server", url, "--namespace", "a"), "export"
-    )
-    assert f"cannot reach {url}" in err
+    for argv in (("import", str(cache.root)), ("export", str(tmp_path / "out"))):
+        code, out, err = neffcache(*argv, "--server", url, "--namespace", "a")
+        assert (code, out) == (1, "")
+        assert err.startswith(f"neffcache {argv[0]}: cannot reach {url}")
+        assert err.count("\n") == 1, err
 
 
 def test_no_namespace_is_one_line(neffcache: Run, cache: StockCache, server: Server) -> None:
@@ -145,10 +143,12 @@ def test_without_the_server_extra_says_which_extra(
 ) -> None:
     monkeypatch.setitem(sys.modules, "httpx", None)
     argv = ("--server", "http://127.0.0.1:1", "--namespace", "a")
-    err = one_line_error(*neffcache("import", str(cache.root), *argv), "import")
-    assert "pip install 'neffcache[server]'" in err
-    err = one_line_error(*neffcache("export", str(tmp_path / "out"), *argv), "export")
-    assert "pip install 'neffcache[server]'" in err
+    for command, place in (("import", cache.root), ("export", tmp_path / "out")):
+        code, out, err = neffcache(command, str(place), *argv)
+        assert (code, out) == (2, "")
+        assert (
+            err == f"neffcache {command}: needs the server extra: pip install 'neffcache[server]'\n"
+        )
 
 
 def test_importing_the_cli_module_loads_nothing_heavy() -> None:

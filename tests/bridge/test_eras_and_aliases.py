@@ -1,5 +1,6 @@
-"""Import and export across the three eras of the stock layout (facts §19), and an
-export that writes a folder for every stock address an entry has (issue 19, item 10)."""
+"""Import and export across the three eras of the stock layout
+(docs/neuron-sdk.md#layout-eras), and an export that writes a folder for every stock
+address an entry has (issue 19, item 10)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,8 @@ def lay_out(
 
 
 def era_cache(root: Path) -> list[EraEntry]:
-    """The public examples of facts §19, one program each, plus NxDI's two words."""
+    """The public examples of docs/neuron-sdk.md#layout-eras, one program each, plus
+    NxDI's two words."""
     return [
         lay_out(root, "block_a", StockEra.RAW, b"--auto-cast none", "101", "trn1"),
         lay_out(root, "variant_shape", StockEra.JSON, b"[]", "102", "trn1"),

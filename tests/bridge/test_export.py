@@ -252,7 +252,8 @@ def test_an_entry_without_model_neff_is_an_error_and_not_written(
     tmp_path: Path, server: Server, namespace: str, neffcache: Run
 ) -> None:
     # The server takes any non-empty file set; written out with model.done, this
-    # folder would be a hit for the SDK (facts §3.3), which then finds no NEFF.
+    # folder would be a hit for the SDK (docs/neuron-sdk.md#hit-detection), which then
+    # finds no NEFF.
     address = f"neuronxcc-{V1}/MODULE_4242+0123abcd"
     hlo = b"an HLO"
     httpx.put(f"{server.url}/v1/blobs/{digest(hlo)}", content=hlo).raise_for_status()
@@ -279,8 +280,9 @@ def test_an_entry_without_model_neff_is_an_error_and_not_written(
 def test_dest_has_a_cache_lock_every_user_can_open_for_writing(
     tmp_path: Path, server: Server, namespace: str, neffcache: Run
 ) -> None:
-    # facts §6.1: the SDK opens <root>/lock for writing on every call, lookups too;
-    # shipped with DEST, a user who cannot create files there can still use it.
+    # docs/neuron-sdk.md#cache-wide-lock: the SDK opens <root>/lock for writing on every
+    # call, lookups too; shipped with DEST, a user who cannot create files there can
+    # still use it.
     imported(tmp_path, server, namespace, neffcache)
     dest = tmp_path / "export"
     export(neffcache, server, namespace, dest)

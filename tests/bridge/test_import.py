@@ -148,7 +148,8 @@ def test_another_trace_of_the_same_program_is_present_not_a_conflict(
     assert code == 0
     assert counts(out) == {"imported": 1, "present": 1}
     # The second trace's address and direct key find the entry too: the hook on
-    # another host may probe the address before the HLO is in L1 (facts §3.3).
+    # another host may probe the address before the HLO is in L1
+    # (docs/neuron-sdk.md#hit-detection).
     key, direct = second.expected_keys()
     assert direct != first.expected_keys()[1]
     for alias in (second.address, direct):

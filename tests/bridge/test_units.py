@@ -17,7 +17,6 @@ import pytest
 from bridge.layout import StockCache, standard_cache
 
 from neffcache.keying import is_stock_artifact as is_artifact
-from neffcache.server.bridge.cli import resolve_server
 from neffcache.server.bridge.exporter import Filters, parse_since
 from neffcache.server.bridge.importer import Outcome, import_cache, key_entry, publish
 from neffcache.server.bridge.remote import Refused, Remote, Unusable
@@ -66,7 +65,8 @@ def test_directory_listing_finds_entries_of_every_version_and_skips_hidden_folde
     cache.add("block_a")
     cache.add("block_a", version="2.21.1.0+abcdef12")
     (tmp_path / "cache" / "lock").write_text("")  # the cache-wide lock file
-    # optimum-neuron's registry, beside the entries of a version (facts §10.3).
+    # optimum-neuron's registry, beside the entries of a version
+    # (docs/neuron-sdk.md#optimum-neurons-registry).
     registry = tmp_path / "cache" / "neuronxcc-2.21.1.0+abcdef12" / "0_REGISTRY"
     (registry / "0.0.28" / "ab12").mkdir(parents=True)
     (registry / "0.0.28" / "ab12" / "cd34.json").write_text("{}")
@@ -222,22 +222,6 @@ def test_filters_compare_created_at_and_versions() -> None:
     assert Filters(compiler_version="2.20.1.0").keep(entry)
     assert not Filters(compiler_version="2.20.1").keep(entry)
     assert not Filters(compiler_version="2.20.1.0+bb").keep(entry)
-
-
-@pytest.mark.parametrize(
-    ("server", "namespace", "env", "expected"),
-    [
-        (None, "a", {}, ("http://127.0.0.1:8787", "a")),
-        ("https://cache.internal/", "a", {}, ("https://cache.internal", "a")),
-        (None, None, {"NEFFCACHE_URL": "neffcache+http://h:1/team-b"}, ("http://h:1", "team-b")),
-        ("neffcache+https://h:1/team-b/", "c", {}, ("https://h:1", "c")),
-        (None, "a", {"NEFFCACHE_URL": "http://h:2"}, ("http://h:2", "a")),
-    ],
-)
-def test_server_and_namespace(
-    server: str | None, namespace: str | None, env: dict[str, str], expected: tuple[str, str]
-) -> None:
-    assert resolve_server(server, namespace, env) == expected
 
 
 def test_import_manifest_has_the_client_shape(tmp_path: Path) -> None:

@@ -127,7 +127,7 @@ def test_prints_the_keys_as_json(capsys: pytest.CaptureFixture[str], hlo_file: P
     assert result["direct_key"] != result["key"]
     assert result["components"] == expected.as_json()
     assert result["components"]["key_version"] == "1"
-    # facts §4.3: trn1 with no user flags is stored under +e30acd3a.
+    # docs/neuron-sdk.md#flags-hash: trn1 with no user flags is stored under +e30acd3a.
     assert result["neuron_flags_hash"] == "e30acd3a"
 
 
@@ -206,7 +206,8 @@ def test_target_from_environment(
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
     result = run_ok(capsys, str(hlo_file), "--compiler-version", VERSION)
     assert result["components"]["target"] == "trn3"
-    # facts §4.3: NEURON_PLATFORM_TARGET_OVERRIDE=trn3, no flags -> +70e3f644.
+    # docs/neuron-sdk.md#flags-hash: NEURON_PLATFORM_TARGET_OVERRIDE=trn3, no flags ->
+    # +70e3f644.
     assert result["neuron_flags_hash"] == "70e3f644"
 
 

@@ -23,7 +23,8 @@ Readings of the specification these tests commit to (beyond its letter):
   metadata-different trace (issue 4: "where the entry's HLO is already in L1 when the
   SDK asks, for its direct or canonical key").
 * A hit leaves the stock layout in L1: ``model.neff`` holding the NEFF and a 0-byte
-  ``model.done`` (facts §3.1) under the stock address of the module the SDK asked for.
+  ``model.done`` (docs/neuron-sdk.md#entry-layout) under the stock address of the module
+  the SDK asked for.
 * The ``neffcache+`` URL is never used as a directory: nothing named ``neffcache*``
   appears in the working directory.
 * Whichever variable carries the URL (``NEURON_COMPILE_CACHE_URL``, ``--cache_dir=`` in

@@ -1,13 +1,13 @@
 """End to end: the callers of the living Neuron stacks through the shim, black-box.
 
-TorchNeuron, vLLM Neuron and ``torch_neuronx.trace`` (neuron-cache-facts.md section 18)
-never go through libneuronxla's cache: they run ``neuronx-cc`` from PATH. Here each is
-its stand-in script (tests/standins/torchneuron_like.py, vllm_neuron_like.py,
-trace_like.py), run with the ``neuronx-cc`` of ``neffcache shim-dir`` first on PATH and
-the stand-in compiler after it, against a real ``neffcache serve``, with
-``NEFFCACHE_URL`` set (how users of these stacks turn neffcache on: the SDK variables
-belong to libneuronxla). See e2e_harness.py for how processes and environments are
-built.
+TorchNeuron, vLLM Neuron and ``torch_neuronx.trace``
+(docs/neuron-sdk.md#the-sdk-in-late-2026-torchneuron-vllm-neuron) never go through
+libneuronxla's cache: they run ``neuronx-cc`` from PATH. Here each is its stand-in
+script (tests/standins/torchneuron_like.py, vllm_neuron_like.py, trace_like.py), run
+with the ``neuronx-cc`` of ``neffcache shim-dir`` first on PATH and the stand-in
+compiler after it, against a real ``neffcache serve``, with ``NEFFCACHE_URL`` set (how
+users of these stacks turn neffcache on: the SDK variables belong to libneuronxla). See
+e2e_harness.py for how processes and environments are built.
 
 A "host" is its own L1 (``NEFFCACHE_LOCAL_DIR``), its own working directory and its
 own work directories (TorchNeuron's ``mkdtemp`` root, vLLM's work dir, trace's
@@ -83,7 +83,8 @@ VLLM = STANDINS / "vllm_neuron_like.py"
 TRACE = STANDINS / "trace_like.py"
 MLIR_DIR = TESTS / "fixtures" / "mlir"
 OTHER_VERSION = "2.21.4242.0+1a2b3c4d"
-# Section 18.2: what TorchNeuron puts between the input and NEURON_CC_FLAGS.
+# docs/neuron-sdk.md#torchneurons-compiler-call: what TorchNeuron puts between the input
+# and NEURON_CC_FLAGS.
 TORCHNEURON_OPTIONS = [
     "--framework",
     "XLA",
@@ -171,7 +172,7 @@ class Host:
     def run(self, argv: list[str], env: dict[str, str] | None = None) -> Done:
         return self.sandbox.run(argv, env or self.env(), cwd=self.cwd, timeout=120)
 
-    # TorchNeuron (section 18.2)
+    # TorchNeuron (docs/neuron-sdk.md#torchneurons-compiler-call)
 
     def torchneuron(
         self, module: Path, *options: str, env: dict[str, str] | None = None
@@ -192,7 +193,7 @@ class Host:
         assert list(tmp_root.iterdir()) == [], "TorchNeuron's temporary directory was left"
         return done, out
 
-    # vLLM Neuron (section 18.4)
+    # vLLM Neuron (docs/neuron-sdk.md#vllm-neuron)
 
     def vllm(
         self, graph: Path, *compiler_args: str, env: dict[str, str] | None = None
@@ -203,7 +204,7 @@ class Host:
             argv += ["--", *compiler_args]
         return self.run(argv, env), wd
 
-    # torch_neuronx.trace (section 18.5)
+    # torch_neuronx.trace (docs/neuron-sdk.md#torch-neuronx-tracing)
 
     def trace(self, graph: Path, seed: int, env: dict[str, str] | None = None) -> tuple[Done, Path]:
         workdir = self.new_work("trace")
@@ -292,7 +293,8 @@ def test_without_the_shim_every_call_compiles(server: Server, sandbox: Sandbox) 
 # --- TorchNeuron ----------------------------------------------------------------------
 
 
-# name -> (module, options): the kinds of input TorchNeuron sends (section 18.2).
+# name -> (module, options): the kinds of input TorchNeuron sends
+# (docs/neuron-sdk.md#torchneurons-compiler-call).
 TORCHNEURON_FORMS: dict[str, tuple[Callable[[], Path], tuple[str, ...]]] = {
     "stablehlo-bytecode": (lambda: mlir("block_a"), ()),
     # A portable artifact (VHLO): keyed by its bytes alone, still cached.

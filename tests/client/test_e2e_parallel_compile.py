@@ -4,8 +4,9 @@
 
 Every child has a ``neffcache+`` URL in its environment, the stand-in ``libneuronxla``
 on PYTHONPATH and its own ``NEFFCACHE_LOCAL_DIR``, so the installed ``.pth`` arms the
-hook in the training-like script, in the stand-in ``neuron_parallel_compile`` and in
-the small cache-API children below alike. The flow follows facts §8:
+hook in the training-like script, in the stand-in ``neuron_parallel_compile`` and in the
+small cache-API children below alike. The flow follows
+docs/neuron-sdk.md#neuron_parallel_compile:
 
 1. a trial run (``NEURON_EXTRACT_GRAPHS_ONLY=1``) writes the HLOs into L1 in the stock
    layout and compiles nothing;
@@ -14,9 +15,10 @@ the small cache-API children below alike. The flow follows facts §8:
    hook publishes each finished entry (``model.done`` written) to the server;
 3. a fresh host (a new, empty L1) running the real training compiles nothing.
 
-And facts §6.2: a stale stock entry lock (an empty ``model.hlo_module.pb.lock``, as a
-crashed compile leaves it) is reported as locked by ``get_hlos``, is skipped by
-parallel compile, is removed by ``clear_locks()`` and the entry then compiles.
+And docs/neuron-sdk.md#per-entry-compile-lock: a stale stock entry lock (an empty
+``model.hlo_module.pb.lock``, as a crashed compile leaves it) is reported as locked by
+``get_hlos``, is skipped by parallel compile, is removed by ``clear_locks()`` and the
+entry then compiles.
 
 Readings of the specification these tests commit to (beyond its letter):
 
@@ -116,7 +118,8 @@ def _hlo_path(l1: Path, name: str) -> str:
 
 
 def _extract(sandbox: Sandbox, l1: Path, url: str, names: Sequence[str]) -> None:
-    """The trial run (facts §8.1): nothing compiles, only placeholders come back."""
+    """The trial run (docs/neuron-sdk.md#trial-run): nothing compiles, only placeholders
+    come back."""
     before = sandbox.compiles()
     trial = sandbox.train(_env(sandbox, l1, url, {"NEURON_EXTRACT_GRAPHS_ONLY": "1"}), names)
     trial.done.check()
@@ -127,7 +130,8 @@ def _extract(sandbox: Sandbox, l1: Path, url: str, names: Sequence[str]) -> None
 
 
 def _assert_extracted(l1: Path, name: str) -> None:
-    """An "Empty" entry (facts §3.2) in the stock layout: HLO and flags, no result."""
+    """An "Empty" entry (docs/neuron-sdk.md#entry-states) in the stock layout: HLO and
+    flags, no result."""
     entry = _entry(l1, name)
     assert (entry / HLO_FILE).read_bytes() == hlo(name).read_bytes(), f"{entry}: wrong HLO"
     assert json.loads((entry / "compile_flags.json").read_text()) == HASHED_FLAGS
@@ -267,7 +271,8 @@ def test_stale_stock_lock_is_locked_then_cleared_then_compiled(
     _extract(sandbox, l1, url, names)
     for name in names:
         _assert_extracted(l1, name)
-    # What a compile killed mid-run leaves (facts §6.2): an empty lock file.
+    # What a compile killed mid-run leaves (docs/neuron-sdk.md#per-entry-compile-lock): an
+    # empty lock file.
     lock = _entry(l1, stuck) / LOCK_FILE
     lock.touch()
 

@@ -150,12 +150,11 @@ def test_back_off_is_shared_by_the_processes_of_one_l1(
     assert tried >= 1, "the first run never tried the server"
     assert first.seconds >= timeout, first.describe()
 
-    second = run(l1, VARIANT)
-    assert second.seconds < first.seconds - 0.5, (first.seconds, second.seconds)
+    # Counted, not timed: the silent server's connections are the requests that waited.
+    run(l1, VARIANT)
     assert silent_server.accepted == tried, "the second run asked the server again"
 
-    third = run(sandbox.new_dir("l1"), OTHER)  # another L1: another host, as far as it knows
-    assert third.seconds > second.seconds + 0.5, (second.seconds, third.seconds)
+    run(sandbox.new_dir("l1"), OTHER)  # another L1: another host, as far as it knows
     assert silent_server.accepted > tried, "the run with another L1 did not ask the server"
     assert sandbox.compiles() == 3, sandbox.invocations()
 
@@ -263,9 +262,11 @@ def test_a_name_alone_claims_no_stock_address(server: Server, sandbox: Sandbox) 
 
 
 @pytest.mark.parametrize("shim", [False, True], ids=["hook", "hook+shim"])
-def test_an_l1_that_cannot_be_created_falls_back_to_a_private_directory(
+def test_an_l1_that_cannot_be_created_is_read_only(
     server: Server, sandbox: Sandbox, shim: bool
 ) -> None:
+    """The job compiles as without neffcache; the SDK's cache works in the process's
+    staging directory, gone when it exits."""
     blocker = sandbox.root / "not-a-directory"
     blocker.write_text("a regular file: nothing can be created below it, even by root\n")
     env = sandbox.env(
@@ -275,10 +276,10 @@ def test_an_l1_that_cannot_be_created_falls_back_to_a_private_directory(
     training.done.check()
     assert training.neffs == [reference_neff(BLOCK_A)]
     stderr = training.done.stderr
-    found = re.search(r"is not writable \(.*\); using (\S+)", stderr)
+    found = re.search(r"is read-only: .* the SDK's cache works in (\S+) until", stderr)
     assert found is not None, training.done.describe()
-    private = Path(found[1])
-    assert (private / stock_address(BLOCK_A) / "model.done").is_file(), stderr
+    assert not Path(found[1]).exists(), "the staging directory outlived its process"
+    assert [p.name for p in Path(env["TMPDIR"]).iterdir() if "neffcache" in p.name] == []
     assert sandbox.compiles() == 1
 
 

@@ -1,5 +1,6 @@
-"""End to end: how real sessions reach libneuronxla's cache (neuron-cache-facts.md §19),
-black-box, each on two "hosts" (two L1 directories) sharing one server.
+"""End to end: how real sessions reach libneuronxla's cache
+(docs/neuron-sdk.md#the-libneuronxla-path-in-practice), black-box, each on two "hosts"
+(two L1 directories) sharing one server.
 
 * A script sets the cache URL after start-up (NxD Training exports it from its YAML in
   each worker and appends ``--verbose=35`` to ``NEURON_CC_FLAGS``; the SDK's caching

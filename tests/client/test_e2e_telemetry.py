@@ -387,7 +387,7 @@ def test_hook_and_shim_count_each_graph_once(private_server: Server, sandbox: Sa
     by_via = {(line["via"], line["result"], line.get("resolved_by")) for line in lines}
     assert by_via == {
         ("wrapper", "miss", None),
-        ("hook", "miss", "wrapper"),
+        ("hook", "delegated", "wrapper"),
         ("wrapper", "hit", None),
     }, lines
     assert len(lines) == 4

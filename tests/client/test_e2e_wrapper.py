@@ -152,7 +152,8 @@ def test_shim_on_path_runs_the_real_compiler_after_it(server: Server, sandbox: S
     assert first_out.read_bytes() == reference_neff(BLOCK_A)
     assert "Compiler status PASS" in first.stdout
 
-    # --output=PATH, as transformers-neuronx writes it (facts §5).
+    # --output=PATH, as transformers-neuronx writes it
+    # (docs/neuron-sdk.md#neuronx-cc-invocation-and-outputs).
     fresh = sandbox.env(l1=sandbox.new_dir("l1"), url=url, shim=True)
     second_out = _out(sandbox)
     sandbox.wrap(fresh, BLOCK_B, second_out, via_shim=True, output_form="equals").check()

@@ -80,6 +80,7 @@ SUMMARY_FIELDS = {
     "failed",
     "bytes",
     "seconds",
+    "interrupted",
 }
 
 
@@ -96,6 +97,7 @@ def summary(done: Done) -> dict[str, Any]:
     assert len(lines) == 1, done.describe()
     result: dict[str, Any] = json.loads(lines[0])
     assert set(result) == SUMMARY_FIELDS
+    assert result["interrupted"] is False
     assert result["graphs"] == sum(result[s] for s in ("in_l1", "fetched", "missing", "failed"))
     last = done.stderr.splitlines()[-1]
     assert last.startswith(f"neffcache prewarm: {result['graphs']} graphs"), done.describe()
@@ -104,7 +106,7 @@ def summary(done: Done) -> dict[str, Any]:
 
 
 def counts(result: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in result.items() if k != "seconds"}
+    return {k: v for k, v in result.items() if k not in ("seconds", "interrupted")}
 
 
 def distinct_bytes(*entries: dict[str, Any] | None) -> int:
@@ -288,7 +290,7 @@ def test_bytes_that_do_not_match_fail_and_leave_nothing(server: Server, sandbox:
 
 
 @pytest.mark.parametrize("kind", ["refused", "silent"])
-def test_an_unreachable_server_fails_quickly_and_leaves_nothing(
+def test_an_unreachable_server_is_one_line_and_leaves_nothing(
     sandbox: Sandbox, silent_server: SilentServer, unused_port: int, kind: str
 ) -> None:
     port = unused_port if kind == "refused" else silent_server.port
@@ -298,9 +300,11 @@ def test_an_unreachable_server_fails_quickly_and_leaves_nothing(
     env = sandbox.env(l1=l1, url=cache_url(port, sandbox.namespace), extra=extra)
     done = prewarm(sandbox, env, manifest)
     assert done.returncode == 1, done.describe()
-    assert done.seconds < 10, done.describe()
-    result = summary(done)
-    assert (result["graphs"], result["failed"], result["missing"]) == (5, 5, 0)
+    # Given up on at the first graph, not tried for each of the five.
+    assert silent_server.accepted <= 1, done.describe()
+    assert done.stdout == "", done.describe()
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"neffcache prewarm: cannot reach http://127.0.0.1:{port}"), line
     assert stored_files(l1) == []
 
 
@@ -626,14 +630,14 @@ def test_ctrl_c_exits_130_at_once_and_leaves_no_partial_file(
         env = sandbox.env(l1=l1, url=cache_url(proxy.port, sandbox.namespace), extra=extra)
         running = sandbox.start([*NEFFCACHE, "prewarm", "--manifest", str(manifest)], env)
         wait_for(lambda: len(list(l1.rglob(".fetch-*"))) == 2, 30, "both downloads to begin")
-        interrupted = time.monotonic()
         os.kill(running.pid, signal.SIGINT)
         done = running.wait(30)
     finally:
         proxy.close()
     assert done.returncode == 130, done.describe()
-    assert time.monotonic() - interrupted < prewarm_module.STOP_WAIT / 2, done.describe()
     assert "neffcache prewarm: interrupted" in done.stderr
+    # Cut at once, not waited out: a download left to STOP_WAIT would still be stalled
+    # when the process exits, its temporary file left behind.
     assert list(l1.rglob(".fetch-*")) == []
     assert not LocalStore(l1).blob_path(keyed["files"]["model.neff"]["digest"]).exists()
     assert not (l1 / TRACE_A / "model.done").exists()
@@ -678,14 +682,14 @@ URL = "neffcache+http://127.0.0.1:9/ns"
     ("env", "args", "message"),
     [
         ({}, [], "set NEFFCACHE_URL"),
-        ({"NEFFCACHE_URL": "/a/directory"}, [], "set NEFFCACHE_URL"),
+        ({"NEFFCACHE_URL": "/a/directory"}, [], "use http://HOST:PORT"),
         ({"NEFFCACHE_URL": "neffcache+ftp://h/ns"}, [], "neffcache+http://HOST:PORT/NAMESPACE"),
         ({"NEURON_COMPILE_CACHE_URL": URL, "NEFFCACHE_DISABLE": "1"}, [], "NEFFCACHE_DISABLE"),
         ({"NEFFCACHE_URL": URL}, ["--parallel", "0"], "--parallel '0'"),
         ({"NEFFCACHE_URL": URL}, ["--parallel", "65"], "--parallel '65'"),
         ({"NEFFCACHE_URL": URL}, ["--parallel", "many"], "--parallel 'many'"),
         ({"NEFFCACHE_URL": URL}, ["--", "extra"], "unexpected arguments: extra"),
-        ({}, ["--url", "neffcache+http://h:1/Bad Name"], "namespace"),
+        ({}, ["--server", "neffcache+http://h:1/Bad Name"], "NAMESPACE"),
     ],
     ids=[
         "no-url",
@@ -717,7 +721,9 @@ def test_bad_options_are_one_line_and_exit_2(
     assert message in err
 
 
-@pytest.mark.parametrize("case", ["absent", "directory", "all-malformed", "no-option", "l1-file"])
+@pytest.mark.parametrize(
+    "case", ["absent", "directory", "all-malformed", "no-option", "l1-file", "l1-read-only"]
+)
 def test_bad_input_files_are_one_line_and_exit_2(
     no_neffcache_env: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -735,6 +741,9 @@ def test_bad_input_files_are_one_line_and_exit_2(
         args = ["--manifest", str(write_lines(tmp_path / "junk.txt", "a", "b", "[]"))]
     elif case == "no-option":
         args = []
+    elif case == "l1-read-only":  # a baked image's L1: prewarm would fill it
+        monkeypatch.setenv("NEFFCACHE_LOCAL_READ_ONLY", "1")
+        args += ["--local-dir", str(tmp_path / "baked")]
     else:
         (tmp_path / "a-file").write_text("")
         args += ["--local-dir", str(tmp_path / "a-file")]
@@ -744,6 +753,9 @@ def test_bad_input_files_are_one_line_and_exit_2(
     assert len(err.splitlines()) == 1, err
     assert err.startswith("neffcache prewarm: error: ")
     assert "Traceback" not in err
+    if case == "l1-read-only":
+        assert "declared read-only (NEFFCACHE_LOCAL_READ_ONLY)" in err
+        assert not (tmp_path / "baked").exists()
 
 
 @pytest.mark.parametrize("parallel", ["1", "64"])

@@ -1,5 +1,5 @@
-"""Unit tests: what real sessions do to libneuronxla's cache (neuron-cache-facts.md §19)
-and what the hook makes of it.
+"""Unit tests: what real sessions do to libneuronxla's cache
+(docs/neuron-sdk.md#the-libneuronxla-path-in-practice) and what the hook makes of it.
 
 The URL comparison of the ``NEFFCACHE_URL`` override runs in-process on explicit
 environments. Everything that imports ``libneuronxla`` runs in a ``python -S`` child

@@ -41,6 +41,7 @@ from client.e2e_harness import (
 )
 
 from neffcache.client import hoststats, hosttally
+from neffcache.client.cli import main
 from neffcache.client.stats import STATS
 
 # docs/client.md: a miss the cache could not help with for a reason of the client's own.
@@ -268,6 +269,25 @@ def test_zero_resets_the_counters_not_l1(sandbox: Sandbox) -> None:
     assert after["zeroed_at"] == shown["counters"]["zeroed_at"]
 
 
+def test_zero_refuses_a_read_only_l1_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    l1 = tmp_path / "baked"
+    _count(l1, 3)
+    before = sorted(p.name for p in l1.rglob("*"))
+    for name in [n for n in os.environ if n.startswith("NEFFCACHE_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("NEFFCACHE_LOCAL_DIR", str(l1))
+    monkeypatch.setenv("NEFFCACHE_LOCAL_READ_ONLY", "1")
+    assert main(["stats", "--zero"]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "neffcache stats: cannot zero the counters: L1 is declared read-only "
+        "(NEFFCACHE_LOCAL_READ_ONLY)"
+    ]
+    assert sorted(p.name for p in l1.rglob("*")) == before
+
+
 def test_corrupt_records_and_summary_are_skipped(sandbox: Sandbox) -> None:
     l1 = sandbox.new_dir("l1")
     _count(l1, 3)
@@ -379,26 +399,28 @@ def test_graphs_that_are_no_outcome_are_not_counted(tmp_path: Path) -> None:
 # --- the command ------------------------------------------------------------------------
 
 
-def test_a_server_that_cannot_answer_is_one_line_and_exit_0(
+def test_a_server_that_cannot_answer_is_one_line_and_exit_1_after_the_hosts_part(
     sandbox: Sandbox, unused_port: int
 ) -> None:
     l1 = sandbox.new_dir("l1")
     _count(l1, 1)
     url = f"neffcache+http://127.0.0.1:{unused_port}/team-a"
     done = sandbox.run([*NEFFCACHE, "stats"], sandbox.env(l1=l1, url=url, url_var="NEFFCACHE_URL"))
-    assert done.returncode == 0, done.describe()
+    assert done.returncode == 1, done.describe()
     server_lines = [line for line in done.stdout.splitlines() if line.startswith("Server:")]
     assert len(server_lines) == 1
     assert "cannot reach" in server_lines[0]
     assert "Graphs:" in done.stdout
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"neffcache stats: cannot reach http://127.0.0.1:{unused_port}")
 
 
-def test_url_names_the_server_and_namespace(server: Server, sandbox: Sandbox) -> None:
+def test_the_server_option_names_the_server_and_namespace(server: Server, sandbox: Sandbox) -> None:
     l1 = sandbox.new_dir("l1")
     env = sandbox.env(l1=l1)
     direct = httpx.get(f"{server.url}/v1/status?namespace=NO", timeout=10, trust_env=False)
     assert direct.status_code == 400
-    shown = stats(sandbox, env, "--url", server.cache_url(sandbox.namespace))
+    shown = stats(sandbox, env, "--server", server.cache_url(sandbox.namespace))
     assert shown["server"]["error"] is None
     assert shown["server"]["status"]["namespace"]["exists"] is False
 
@@ -409,8 +431,8 @@ def test_url_names_the_server_and_namespace(server: Server, sandbox: Sandbox) ->
         ["--window", "0"],
         ["--window", "91d"],
         ["--window", "soon"],
-        ["--url", "http://127.0.0.1:1"],
-        ["--url", "neffcache+http://127.0.0.1:1/Not_A_Namespace"],
+        ["--server", "http://127.0.0.1:1"],  # no namespace to show
+        ["--server", "neffcache+http://127.0.0.1:1/Not_A_Namespace"],
         ["--", "unexpected"],
     ],
 )

@@ -18,6 +18,11 @@ from neffcache.client.http import Connection, HttpError, SinkError
 
 Handler = Callable[[socket.socket, "RawServer"], None]
 
+# Seconds: when a held-back answer comes after all, a whole answer that only a client
+# without a deadline would wait for. A deadline is shown by the request failing, not
+# by timing it: a loaded machine may be slow, never early.
+LATE = 30.0
+
 
 class RawServer:
     """Accepts connections on a loopback port and runs ``handler`` on each in a thread.
@@ -71,6 +76,10 @@ class RawServer:
             body += chunk
         self.requests.append((text, body))
         return text, body
+
+    def hold(self, seconds: float) -> None:
+        """Wait ``seconds``, or until the server closes (the test has ended)."""
+        self._stop.wait(seconds)
 
     def close(self) -> None:
         self._stop.set()
@@ -254,57 +263,61 @@ def test_a_fresh_connection_closed_without_an_answer_is_an_error() -> None:
 # --- time-boxing ----------------------------------------------------------------------
 
 
-def test_a_server_that_never_answers_hits_the_deadline() -> None:
-    def handler(conn: socket.socket, server: RawServer) -> None:
-        server.read_request(conn)
-        time.sleep(5)
+def answer_late(conn: socket.socket, server: RawServer) -> None:
+    server.read_request(conn)
+    server.hold(LATE)
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 
+
+def test_a_server_that_never_answers_hits_the_deadline() -> None:
     timeout = 0.5
-    with serving(handler) as server, connection(server.url, timeout=timeout) as conn:
+    with serving(answer_late) as server, connection(server.url, timeout=timeout) as conn:
         start = time.monotonic()
         with pytest.raises(HttpError):
             conn.request("GET", "/")
         elapsed = time.monotonic() - start
-    assert elapsed < timeout + 1.0
     assert elapsed >= timeout * 0.9
 
 
 def test_a_trickling_server_still_hits_the_deadline() -> None:
     # Each byte resets a per-read timeout; only a whole-request deadline ends this.
+    # A byte a tenth of a second: the whole body takes LATE seconds.
+    length = int(LATE * 10)
+
     def handler(conn: socket.socket, server: RawServer) -> None:
         server.read_request(conn)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
-        for _ in range(50):
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % length)
+        for _ in range(length):
             conn.sendall(b"x")
-            time.sleep(0.1)
+            server.hold(0.1)
 
-    timeout = 0.6
-    with serving(handler) as server, connection(server.url, timeout=timeout) as conn:
-        start = time.monotonic()
-        with pytest.raises(HttpError):
-            conn.request("GET", "/")
-        elapsed = time.monotonic() - start
-    assert elapsed < timeout + 1.0
+    with (
+        serving(handler) as server,
+        connection(server.url, timeout=0.6) as conn,
+        pytest.raises(HttpError),
+    ):
+        conn.request("GET", "/")
 
 
 def test_a_per_call_timeout_overrides_the_default() -> None:
-    def handler(conn: socket.socket, server: RawServer) -> None:
-        server.read_request(conn)
-        time.sleep(5)
-
-    with serving(handler) as server, connection(server.url, timeout=30) as conn:
-        start = time.monotonic()
-        with pytest.raises(HttpError):
-            conn.request("GET", "/", timeout=0.3)
-    assert time.monotonic() - start < 1.3
+    # The default outlasts the late answer: only the call's own timeout fails it.
+    with (
+        serving(answer_late) as server,
+        connection(server.url, timeout=2 * LATE) as conn,
+        pytest.raises(HttpError),
+    ):
+        conn.request("GET", "/", timeout=0.3)
 
 
 def test_connection_refused_fails_fast() -> None:
-    with connection(f"http://127.0.0.1:{free_port()}", connect_timeout=2, timeout=10) as conn:
+    # Timeouts of 2 x LATE: a client that waited one out, or retried until it ended,
+    # would take that long; a refusal is answered in a millisecond.
+    url = f"http://127.0.0.1:{free_port()}"
+    with connection(url, connect_timeout=2 * LATE, timeout=2 * LATE) as conn:
         start = time.monotonic()
         with pytest.raises(HttpError):
             conn.request("GET", "/")
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < LATE
 
 
 def test_a_bad_base_url_is_an_http_error() -> None:
@@ -414,14 +427,14 @@ def test_a_name_lookup_that_hangs_is_bounded(monkeypatch: pytest.MonkeyPatch) ->
 
     def stuck(host: object, *args: object) -> object:
         if host == b"stuck.example":
-            release.wait(10)
+            # Answers after LATE seconds: only a lookup without the bound gets this.
+            release.wait(LATE)
+            return real("127.0.0.1", *args)  # type: ignore[arg-type]
         return real(host, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(_socket, "getaddrinfo", stuck)
-    start = time.monotonic()
     with pytest.raises(TimeoutError, match=r"stuck\.example"):
         http_module._resolve("stuck.example", 80, 0.3)
-    assert time.monotonic() - start < 1.5
     release.set()
     # An address literal is not looked up on a thread at all.
     assert http_module._resolve("127.0.0.1", 80, 0.3)[0][4] == ("127.0.0.1", 80)

@@ -9,12 +9,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from client.unit_support import delta, digest
+from client.unit_support import Clock, delta, digest
 
 from neffcache.client.local import LocalStore, atomic_write, copy_atomic, file_digest, release
 from neffcache.client.stats import STATS
@@ -25,6 +24,13 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def store(tmp_path: Path) -> LocalStore:
     return LocalStore(tmp_path / "l1")
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    from neffcache.client import local
+
+    return Clock().install(monkeypatch, local)
 
 
 # --- blobs ----------------------------------------------------------------------------
@@ -173,30 +179,28 @@ def holder(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
 
 
 def test_a_held_lock_is_not_taken_by_another_process(
-    holder: subprocess.Popen[str], store: LocalStore
+    holder: subprocess.Popen[str], store: LocalStore, clock: Clock
 ) -> None:
     before = STATS.snapshot()
-    start = time.monotonic()
     with store.lock("k", "graph k", wait=0.3) as held:
-        elapsed = time.monotonic() - start
         assert held is False
-    assert 0.3 <= elapsed < 1.3
+    assert 0.3 <= clock.now < 0.4  # as long as asked, one poll more at most
     assert delta(before, "lock_wait_timeouts") == 1
     # The holder's pid is in the lock file, for the "held by pid" message.
     assert (store.root / "locks" / "k.flock").read_text().strip() == str(holder.pid)
 
 
 def test_a_killed_holder_releases_the_lock(
-    holder: subprocess.Popen[str], store: LocalStore
+    holder: subprocess.Popen[str], store: LocalStore, clock: Clock
 ) -> None:
     with store.lock("k", "graph k", wait=0.2) as held:
         assert held is False
     holder.send_signal(signal.SIGKILL)
     holder.wait(timeout=10)
-    start = time.monotonic()
+    waited = clock.now
     with store.lock("k", "graph k", wait=1.0) as held:
         assert held is True
-    assert time.monotonic() - start < 1.0
+    assert clock.now == waited  # taken at the first try: the kernel released it
 
 
 def test_other_keys_are_not_blocked(holder: subprocess.Popen[str], store: LocalStore) -> None:
@@ -222,16 +226,15 @@ def test_lock_file_is_not_one_clear_locks_removes(store: LocalStore) -> None:
     assert not any(name.endswith(".lock") for name in names)
 
 
-def test_lock_that_cannot_be_created_yields_false(tmp_path: Path) -> None:
+def test_lock_that_cannot_be_created_yields_false(tmp_path: Path, clock: Clock) -> None:
     # Root ignores permissions; a path under a regular file fails for everyone.
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     store = LocalStore(blocker / "l1")
     before = STATS.snapshot()
-    start = time.monotonic()
     with store.lock("k", "graph k") as held:
         assert held is False
-    assert time.monotonic() - start < 0.5
+    assert clock.now == 0.0  # no wait for a lock that cannot exist
     assert delta(before, "local_errors") == 1
 
 

@@ -186,14 +186,17 @@ def test_other_files_are_not_looked_up(tmp_path: Path) -> None:
 
 
 def test_done_with_the_server_refusing_is_false_and_quick(tmp_path: Path) -> None:
-    core, stock, entry = make_core(tmp_path)
+    # Timeouts of a minute: waiting one out would take that long, a refusal a
+    # millisecond (the bound below is only far from both).
+    slow = {"NEFFCACHE_CONNECT_TIMEOUT": "60", "NEFFCACHE_TIMEOUT": "60"}
+    core, stock, entry = make_core(tmp_path, **slow)
     start = time.monotonic()
     assert core.exists(str(entry / "model.done")) is False
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 30
     assert not core.remote.available()
-    start = time.monotonic()
+    before = STATS.snapshot()
     assert core.exists(str(entry / "model.done")) is False
-    assert time.monotonic() - start < 0.1
+    assert delta(before, "server_errors") == 0  # not asked again: it would refuse again
     assert stock.uploads == []
     assert not (entry / "model.done").exists()
 
@@ -215,7 +218,8 @@ def test_done_with_a_silent_server_ends_within_the_timeout(tmp_path: Path) -> No
         core, _, entry = make_core(tmp_path, url, NEFFCACHE_TIMEOUT="0.5")
         start = time.monotonic()
         assert core.exists(str(entry / "model.done")) is False
-        assert time.monotonic() - start < 0.5 + 1.0
+        # Only far from the 0.5 s it takes: a wait for the never-coming answer hangs.
+        assert time.monotonic() - start < 30
     finally:
         listener.close()
 
@@ -423,7 +427,7 @@ def test_a_killed_compile_frees_its_entry(tmp_path: Path) -> None:
         assert (entry / "model.hlo_module.pb.lock").exists()
         holder.kill()
         holder.wait(timeout=10)
-        waiter.join(2.0)
+        waiter.join(30)  # only ends the wait: the dead one's lock is seen at once
         assert not waiter.is_alive()
         assert not (entry / "model.hlo_module.pb.lock").exists()  # the dead one's lock
     finally:
@@ -548,7 +552,7 @@ def test_a_manifest_cannot_plant_a_lock_or_marker_in_an_l1_entry(name: str, tmp_
     assert marked == [entry / "model.done"]
 
 
-# --- the three eras of the stock layout (facts §19) -----------------------------------
+# --- the three eras of the stock layout (docs/neuron-sdk.md#layout-eras) --------------
 
 
 def _asked_direct_key(tmp_path: Path, flags_file: str, content: str) -> str | None:
@@ -576,8 +580,8 @@ def test_an_nxdi_two_word_target_keys_as_the_one_word_form(tmp_path: Path) -> No
 def test_a_raw_era_compile_flags_txt_entry_is_keyed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The oldest era wrote the raw string and no --target (facts §19): the platform's
-    # target comes from the environment, as for a JSON-era entry.
+    # The oldest era wrote the raw string and no --target (docs/neuron-sdk.md#layout-eras):
+    # the platform's target comes from the environment, as for a JSON-era entry.
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
     module = HLO_FIXTURE.read_bytes()
     flags = ["--model-type", "transformer", "--auto-cast=none"]

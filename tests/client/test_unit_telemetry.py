@@ -787,7 +787,8 @@ def test_a_compile_the_wrapper_ran_on_a_collected_graph_is_one_event(
     finally:
         core.remote.close()
     (line,) = [json.loads(x) for x in run.read_text().splitlines()]
-    assert (line["via"], line["result"], line["resolved_by"]) == ("hook", "miss", "wrapper")
+    assert (line["via"], line["result"], line["resolved_by"]) == ("hook", "delegated", "wrapper")
+    assert (line["source"], line["reason"]) == ("wrapper", None)  # the wrapper's line has them
     assert [e for _, e in sender._queue if e["kind"] == "graph"] == []
     # The wrapper's process counted it (a compile, or a hit), not this one.
     assert delta(before, "compiles") == 0

@@ -299,7 +299,8 @@ def test_parse_a_space_separated_compiler_flag() -> None:
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
-        # md5(json.dumps(["--target=trn1", "--model-type=transformer"]))[:8], facts §4.3
+        # md5(json.dumps(["--target=trn1", "--model-type=transformer"]))[:8],
+        # docs/neuron-sdk.md#flags-hash
         ("model.MODULE_123+3cc9a3cb.hlo_module.pb", "MODULE_123+3cc9a3cb"),
         ("model.MODULE_123+3cc9a3cb.hlo.pb", "MODULE_123+3cc9a3cb"),
         (
@@ -338,7 +339,8 @@ def test_neuron_address_of(name: str, expected: str | None) -> None:
                 *("--framework", "XLA"),
                 *("--auto-cast=none", "--enable-saturate-infinity", "--verbose", "35"),
             ],
-            # --logfile stays: the SDK hashes it as NxD passes it (facts §13.3).
+            # --logfile stays: the SDK hashes it as NxD passes it
+            # (docs/neuron-sdk.md#flags-hashed-verbatim).
             ["--logfile", "/w/l", "--auto-cast=none", "--enable-saturate-infinity"],
         ),
     ],

@@ -1,8 +1,9 @@
 """A training-like run for the client's end-to-end tests (not collected by pytest).
 
-It does what a transformers-neuronx-style caller does (neuron-cache-facts.md §1 path B,
-§5): import ``libneuronxla`` (the stand-in at tests/standins/libneuronxla when
-PYTHONPATH points there) and, for each HLO file named on the command line, call
+It does what a transformers-neuronx-style caller does (path B of
+docs/neuron-sdk.md#where-the-cache-sits, and #neuronx-cc-invocation-and-outputs): import
+``libneuronxla`` (the stand-in at tests/standins/libneuronxla when PYTHONPATH points
+there) and, for each HLO file named on the command line, call
 
     libneuronxla.neuron_xla_compile(module_bytes, ["--model-type=transformer"],
                                     platform_target="trn1", cache_dir=None)
@@ -19,7 +20,7 @@ the wall time of the ``neuron_xla_compile`` call.
 (ready) and wait (up to ``--pause-timeout`` s, then exit 3) until the resume file
 exists; tests use this to change the world (kill the server) between graphs.
 
-What real sessions do after start-up (neuron-cache-facts.md §19):
+What real sessions do after start-up (docs/neuron-sdk.md#the-libneuronxla-path-in-practice):
 
 * ``--set-env NAME=VALUE`` sets ``os.environ[NAME]`` in the script, and
   ``--append-env NAME=VALUE`` appends `` VALUE`` to it: NxD Training exports

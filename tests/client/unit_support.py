@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,28 @@ def digest(data: bytes) -> str:
 def delta(before: dict[str, int], name: str) -> int:
     """How much the counter ``name`` rose since the snapshot ``before``."""
     return STATS.snapshot().get(name, 0) - before.get(name, 0)
+
+
+class Clock:
+    """``time`` as one client module sees it (``install``): its monotonic time moves
+    only when that module sleeps, so how long a bounded wait lasted is exact on any
+    machine, however loaded. Everything else is the real ``time``."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    def install(self, monkeypatch: pytest.MonkeyPatch, module: object) -> Clock:
+        monkeypatch.setattr(module, "time", self)
+        return self
 
 
 def no_server_down(monkeypatch: pytest.MonkeyPatch) -> None:

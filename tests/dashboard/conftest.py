@@ -35,10 +35,11 @@ def events_clock() -> Clock:
     return Clock()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser() -> Iterator[Any]:
     """Headless Chromium through chromedriver, with the browser console and the
-    network log kept."""
+    network log kept; one per test process (each test opens its own server, another
+    origin, and drops the logs earlier tests left)."""
     missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
     if missing:
         why = (

@@ -72,3 +72,17 @@ def artifacts_dir() -> Path:
     folder = Path(configured) if configured else ROOT / "build" / "test-artifacts"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def publish(client: httpx.Client, namespace: str, key: str, data: bytes) -> None:
+    """An entry of one file, ``data``, under ``key`` in ``namespace``."""
+    import blake3
+
+    digest = blake3.blake3(data).hexdigest()
+    assert client.put(f"/v1/blobs/{digest}", content=data).status_code == 201
+    body = {
+        "key": key,
+        "files": {"model.neff": {"digest": digest, "size": len(data)}},
+        "compile_seconds": 600.0,
+    }
+    assert client.put(f"/v1/ns/{namespace}/entries/{key}", json=body).status_code == 201

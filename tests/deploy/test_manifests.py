@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
+import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +64,11 @@ def server_services() -> dict[str, dict[str, Any]]:
     }
     assert found
     return found
+
+
+def replica_services() -> dict[str, dict[str, Any]]:
+    """The server services of the default stack (no profile): the S3 replicas."""
+    return {name: svc for name, svc in server_services().items() if not svc.get("profiles")}
 
 
 def dockerfile_stages() -> list[list[str]]:
@@ -184,7 +192,7 @@ def test_ports_are_8787_everywhere() -> None:
     config = k8s("ConfigMap")["data"]
     assert int(config.get("NEFFCACHE_PORT", PORT)) == PORT
     # Compose: each replica's container port, and Prometheus' targets.
-    servers = server_services()
+    servers = replica_services()
     for service in servers.values():
         assert [str(p).rsplit(":", 1)[-1] for p in service["ports"]] == [str(PORT)]
     targets = [
@@ -285,7 +293,7 @@ def test_compose_redis_persists_and_never_evicts() -> None:
 
 def test_compose_replicas_share_redis_and_s3_with_a_bootstrap_token() -> None:
     services = compose()["services"]
-    servers = server_services()
+    servers = replica_services()
     assert len(servers) == 2
     for service in servers.values():
         assert service["build"]["context"] == ".."
@@ -362,8 +370,10 @@ def test_training_snippet_uses_one_install_and_the_documented_variable() -> None
     snippet = (DEPLOY / "training-image" / "Dockerfile.snippet").read_text()
     live = [line for line in snippet.splitlines() if line and not line.startswith("#")]
     assert [line for line in live if "pip install" in line] == [
-        "RUN pip install --no-cache-dir neffcache && neffcache shim-dir --dir /opt/neffcache/shim"
+        "RUN pip install --no-cache-dir /tmp/neffcache"
+        " && neffcache shim-dir --dir /opt/neffcache/shim"
     ]
+    assert "COPY neffcache /tmp/neffcache" in live  # from source: no package index has it
     # The shim first on PATH: the living stacks run neuronx-cc by name.
     assert "ENV PATH=/opt/neffcache/shim:$PATH" in live
     (env,) = [line for line in live if line.startswith("ENV NEFFCACHE_")]
@@ -371,3 +381,165 @@ def test_training_snippet_uses_one_install_and_the_documented_variable() -> None
     assert name == "NEFFCACHE_URL"
     assert f"`{name}`" in (ROOT / "docs" / "client.md").read_text()
     assert re.fullmatch(rf"neffcache\+https?://[\w.-]+:{PORT}/[\w.-]+", url)
+
+
+# --- nginx in front of a filesystem store (X-Accel-Redirect) ---------------------------
+
+NGINX_CONF = DEPLOY / "nginx" / "nginx.conf"
+OVERLAY = DEPLOY / "kubernetes-filesystem"
+
+
+@dataclass(frozen=True)
+class NginxFacts:
+    listen: int
+    upstream: str  # host:port
+    internal: str  # the internal location, e.g. /_neffcache/blobs/
+    alias: str  # where it reads the files
+    temp_paths: list[str]
+
+
+def nginx_facts() -> NginxFacts:
+    text = NGINX_CONF.read_text()
+    (listen,) = re.findall(r"^\s*listen (\d+);", text, re.M)
+    (upstream,) = re.findall(r"^\s*server (\S+);", text, re.M)
+    internal = re.search(r"location (\S+) \{\s*internal;\s*alias (\S+);", text)
+    assert internal, "no internal location with an alias"
+    temp = re.findall(r"^\s*(?:pid|\w+_temp_path) (\S+);", text, re.M)
+    return NginxFacts(int(listen), upstream, internal[1], internal[2], temp)
+
+
+def accel_store(env: dict[str, Any]) -> tuple[str, str]:
+    """The store's directory and the accel prefix a server's environment names."""
+    url = str(env["NEFFCACHE_BLOB_URL"])
+    assert url.startswith("file:///")
+    return url.removeprefix("file://"), str(env["NEFFCACHE_ACCEL_REDIRECT_PREFIX"])
+
+
+def check_nginx_agrees(store: str, prefix: str, nginx_store_mount: str) -> None:
+    """The server's store and prefix, and where nginx sees the store, agree with
+    nginx.conf: X-Accel-Redirect <prefix>/blobs/ab/D is the file <store>/blobs/ab/D."""
+    facts = nginx_facts()
+    assert facts.internal == f"{prefix}/blobs/"
+    assert facts.alias == f"{store}/blobs/"
+    assert facts.alias.startswith(nginx_store_mount.rstrip("/") + "/")
+    assert facts.upstream == f"127.0.0.1:{PORT}"
+    assert all(path.startswith("/tmp/") for path in facts.temp_paths)
+    assert len(facts.temp_paths) == 6  # pid and every temp path: a read-only root
+
+
+def test_the_nginx_config_asks_for_x_accel_only_from_its_own_requests() -> None:
+    text = NGINX_CONF.read_text()
+    assert 'proxy_set_header X-Neffcache-Accel "on";' in text
+    from neffcache.server.api.blobs import ACCEL_HEADER
+
+    assert ACCEL_HEADER == "x-neffcache-accel"
+    assert "add_header ETag $upstream_http_etag always;" in text
+    assert "etag off;" in text
+    assert "client_max_body_size 0;" in text  # uploads up to max_blob_bytes
+    assert "proxy_request_buffering off;" in text
+
+
+def test_compose_filesystem_variant_puts_nginx_in_front_of_the_store() -> None:
+    services = compose()["services"]
+    server, nginx = services["neffcache-fs"], services["nginx-fs"]
+    assert server["profiles"] == nginx["profiles"] == ["filesystem"]
+    assert server["build"]["dockerfile"] == "deploy/Dockerfile"
+    store, prefix = accel_store(server["environment"])
+    assert server["environment"]["NEFFCACHE_BOOTSTRAP_ADMIN_TOKEN"].startswith("${")
+    # nginx shares the server's network namespace (127.0.0.1:8787), whose port it serves.
+    assert nginx["network_mode"] == "service:neffcache-fs"
+    assert [str(p).rsplit(":", 1)[-1] for p in server["ports"]] == [str(nginx_facts().listen)]
+    mounts = dict(str(v).split(":", 1) for v in nginx["volumes"])
+    server_mounts = dict(str(v).split(":", 1) for v in server["volumes"])
+    (data_volume,) = [name for name, path in server_mounts.items() if store.startswith(path)]
+    assert mounts[data_volume].endswith(":ro")
+    check_nginx_agrees(store, prefix, mounts[data_volume].removesuffix(":ro"))
+    assert str(nginx["user"]).split(":")[0] == str(UID)  # reads the server's 0600 files
+    assert nginx["read_only"] is True
+    assert nginx["tmpfs"] == ["/tmp"]
+    argv = nginx["entrypoint"]
+    config = argv[argv.index("-c") + 1]
+    assert mounts["./nginx/nginx.conf"] == f"{config}:ro"
+    assert data_volume in compose()["volumes"]
+
+
+def overlay(name: str) -> dict[str, Any]:
+    (document,) = documents(OVERLAY / name)
+    result: dict[str, Any] = document
+    return result
+
+
+def test_kubernetes_filesystem_overlay_lists_its_files_and_ships_the_nginx_config() -> None:
+    kustomization = overlay("kustomization.yaml")
+    listed = set(kustomization["resources"]) | {p["path"] for p in kustomization["patches"]}
+    assert listed == {"../kubernetes"} | {p.name for p in OVERLAY.glob("*.yaml")} - {
+        "kustomization.yaml"
+    }
+    config = overlay("nginx-configmap.yaml")
+    assert config["data"]["nginx.conf"] == NGINX_CONF.read_text()
+
+
+def test_kubernetes_filesystem_overlay_puts_an_nginx_sidecar_in_front_of_the_store() -> None:
+    settings = overlay("configmap-patch.yaml")["data"]
+    store, prefix = accel_store(settings)
+    spec = overlay("deployment-patch.yaml")["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in spec["containers"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    claim = volumes["store"]["persistentVolumeClaim"]["claimName"]
+    assert overlay("persistentvolumeclaim.yaml")["metadata"]["name"] == claim
+    assert "ReadWriteMany" in overlay("persistentvolumeclaim.yaml")["spec"]["accessModes"]
+
+    def mount(container: str, volume: str) -> dict[str, Any]:
+        (found,) = [m for m in containers[container]["volumeMounts"] if m["name"] == volume]
+        return found
+
+    assert mount("neffcache", "store")["mountPath"] == store
+    assert mount("neffcache", "store").get("readOnly", False) is False
+    assert mount("nginx", "store")["readOnly"] is True
+    check_nginx_agrees(store, prefix, mount("nginx", "store")["mountPath"])
+    nginx = containers["nginx"]
+    command = nginx["command"]
+    assert command[0] == "nginx"
+    config_dir = mount("nginx", "nginx-config")["mountPath"]
+    assert command[command.index("-c") + 1] == f"{config_dir}/nginx.conf"
+    assert (
+        volumes["nginx-config"]["configMap"]["name"]
+        == overlay("nginx-configmap.yaml")["metadata"]["name"]
+    )
+    assert "emptyDir" in volumes[mount("nginx", "nginx-tmp")["name"]]
+    assert mount("nginx", "nginx-tmp")["mountPath"] == "/tmp"
+    own = nginx["securityContext"]
+    assert own["runAsUser"] == UID  # reads the server's 0600 files
+    assert own["readOnlyRootFilesystem"] is True
+    assert own["allowPrivilegeEscalation"] is False
+    (front,) = nginx["ports"]
+    assert front["containerPort"] == nginx_facts().listen
+    # The Service sends clients to nginx.
+    (port,) = overlay("service-patch.yaml")["spec"]["ports"]
+    assert port["targetPort"] == front["name"]
+    assert port["port"] == PORT
+
+
+def test_kubectl_renders_the_filesystem_overlay() -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed (the overlay's files are checked one by one)")
+    rendered = subprocess.run(
+        [kubectl, "kustomize", str(OVERLAY)], capture_output=True, text=True, timeout=60
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    docs = {
+        doc["metadata"]["name"] if doc["kind"] == "ConfigMap" else doc["kind"]: doc
+        for doc in yaml.safe_load_all(rendered.stdout)
+        if doc
+    }
+    (service_port,) = docs["Service"]["spec"]["ports"]
+    assert service_port["targetPort"] == "front"
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["containers"]] == ["neffcache", "nginx"]
+    for c in pod["containers"]:
+        assert "store" in {m["name"] for m in c["volumeMounts"]}, c["name"]
+    settings = docs["neffcache-config"]["data"]
+    assert settings["NEFFCACHE_ACCEL_REDIRECT_PREFIX"] == "/_neffcache"
+    assert settings["NEFFCACHE_INDEX_URL"].startswith("redis://")  # the base's, kept
+    assert docs["neffcache-nginx"]["data"]["nginx.conf"] == NGINX_CONF.read_text()

@@ -72,8 +72,8 @@ def cli_env(server: Serve, monkeypatch: pytest.MonkeyPatch) -> None:
     """The environment the guide assumes: its commands name no --server nor --token."""
     for name in [n for n in os.environ if n.startswith("NEFFCACHE_")]:
         monkeypatch.delenv(name)
-    monkeypatch.setenv("NEFFCACHE_SERVER", server.url)
-    monkeypatch.setenv("NEFFCACHE_ADMIN_TOKEN", ADMIN)
+    monkeypatch.setenv("NEFFCACHE_URL", server.url)
+    monkeypatch.setenv("NEFFCACHE_TOKEN", ADMIN)
     monkeypatch.setenv("NEFFCACHE_DATA_DIR", str(server.data_dir))
 
 

@@ -30,7 +30,8 @@ def test_a_correct_set_up_passes_with_exit_0(server: Server, tmp_path: Path) -> 
     assert results["hook.patched"]["status"] == "PASS", results["hook.patched"]
     assert results["server.round-trip"]["data"]["write"] == "ok"
     assert results["paths.version"]["data"]["compiler"] == "2.20.9961.0+0acef03a"
-    # The stand-in's surface: every method served; setup_args() as the facts say.
+    # The stand-in's surface: every method served; setup_args() as
+    # docs/neuron-sdk.md#setup_args has it.
     surface = results["hook.surface"]
     assert surface["status"] == "PASS", surface
     assert surface["data"]["unserved"] == []

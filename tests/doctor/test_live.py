@@ -72,7 +72,8 @@ def test_live_passes_and_every_second_run_is_a_server_hit(server: Server, tmp_pa
         assert entry["files"]["model.neff"] == 4096, entry
         assert "by the test drivers in" in said(live)
 
-    # TorchNeuron's command (section 18.2) reached the real compiler as it gave it.
+    # TorchNeuron's command (docs/neuron-sdk.md#torchneurons-compiler-call) reached the
+    # real compiler as it gave it.
     torchneuron = compiles(checks["live.torchneuron"]["data"]["runs"][0])[0]
     assert torchneuron[3:9] == ["--framework", "XLA", "--target", "trn2", "--lnc", "2"]
     assert torchneuron[2].endswith("/module.mlir")

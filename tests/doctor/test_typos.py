@@ -39,6 +39,12 @@ def test_correct_settings_are_not_mistakes(environ: dict[str, str]) -> None:
         ({"NEFFCACHE_URL": "neffcache://cache.internal:8787/team-a"}, f"NEFFCACHE_URL={GOOD}"),
         ({"NEFFCACHE_URL": "NEFFCACHE+HTTP://cache.internal:8787/team-a"}, f"NEFFCACHE_URL={GOOD}"),
         ({"NEFFCACHE_URL": "neffcache+https//h/ns"}, "NEFFCACHE_URL=neffcache+https://h/ns"),
+        # Without its namespace, the fix shows where it goes.
+        (
+            {"NEFFCACHE_URL": "http://cache.internal:8787"},
+            "NEFFCACHE_URL=neffcache+http://cache.internal:8787/NAMESPACE",
+        ),
+        ({"NEFFCACHE_URL": "neffcache://h:1/"}, "NEFFCACHE_URL=neffcache+http://h:1/NAMESPACE"),
         (
             {"NEURON_COMPILE_CACHE_URL": "https://h/ns"},
             "NEURON_COMPILE_CACHE_URL=neffcache+https://h/ns",

@@ -274,13 +274,13 @@ def test_bad_input_is_one_line_and_exit_2(server: Server, args: list[str], said:
     assert done.stdout == ""
 
 
-def test_no_url_is_exit_2_and_a_server_down_is_exit_1(server: Server) -> None:
+def test_no_namespace_is_exit_2_and_a_server_down_is_exit_1(server: Server) -> None:
     env = clean_env()
     done = subprocess.run(
         [*NEFFCACHE, "explain", "0" * 64], env=env, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 2
-    assert "no neffcache URL" in done.stderr
+    assert "no namespace" in done.stderr
     env["NEFFCACHE_URL"] = f"neffcache+http://127.0.0.1:{free_port()}/team-a"
     done = subprocess.run(
         [*NEFFCACHE, "explain", "0" * 64], env=env, capture_output=True, text=True, timeout=60

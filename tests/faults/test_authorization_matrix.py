@@ -107,6 +107,8 @@ TABLE: list[Case] = [
     case("HEAD", "/v1/blobs/{digest}", f"/v1/blobs/{NEFF_DIGEST}", ANY_TOKEN, {200}),
     case("POST", "/v1/blobs/missing", "/v1/blobs/missing", ANY_TOKEN, {200},
          json={"digests": [NEFF_DIGEST, FREE_KEY]}),
+    case("POST", "/v1/blobs/{digest}/mismatch", f"/v1/blobs/{NEFF_DIGEST}/mismatch",
+         ANY_TOKEN, {202}),
     # protocol.md, Entries: reads need read for the namespace; every write naming a key
     # in a trusted-writers-only namespace needs a trusted token.
     case("PUT", "/v1/ns/{namespace}/entries/{key}", f"{NS}/entries/{KEY}", TRUSTED_A,

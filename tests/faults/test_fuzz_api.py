@@ -108,6 +108,7 @@ OPERATIONS = (
     "HEAD /v1/blobs/{digest}",
     "GET /v1/blobs/{digest}",
     "POST /v1/blobs/missing",
+    "POST /v1/blobs/{digest}/mismatch",
     "PUT /v1/ns/{namespace}/entries/{key}",
     "GET /v1/ns/{namespace}/entries/{key}",
     "GET /v1/ns/{namespace}/entries/{key}/aliases",

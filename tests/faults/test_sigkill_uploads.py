@@ -1,4 +1,4 @@
-"""Fault suite item 1 (issue 8): SIGKILL the server during uploads at 150 random
+"""Fault suite item 1 (issue 8): SIGKILL the server during uploads at 100 random
 points, restarting it each time over the same data directory (filesystem blobs and a
 SQLite index: the defaults).
 
@@ -9,7 +9,7 @@ after a body was sent whole (hashing, fsync, link), just after a publish was sen
 (manifest checks, the index write, its durable document), at a random time, or when
 all is quiet. Then the next server starts over the same directory. Each server but the
 last is a child of ``forkserver.py``, which runs the start-up ``neffcache serve`` runs
-(``run_serve``: only the imports and the argument parser are shared), so 150 restarts
+(``run_serve``: only the imports and the argument parser are shared), so 100 restarts
 take about a minute, not four; the last start, which the final checks read through,
 is a cold ``neffcache serve``.
 
@@ -70,7 +70,7 @@ from loopback import free_port
 
 from neffcache.server.recovery import documents
 
-ROUNDS = int(os.environ.get("NEFFCACHE_SIGKILL_ROUNDS", "150"))
+ROUNDS = int(os.environ.get("NEFFCACHE_SIGKILL_ROUNDS", "100"))
 SEED_VARIABLE = "NEFFCACHE_SIGKILL_SEED"
 NAMESPACE = "sigkill"
 CLIENTS = 3
@@ -145,7 +145,7 @@ class Publish:
 def plain_http(base_url: str = "", timeout: float = 30) -> httpx.Client:
     """A client for plain HTTP on loopback. ``verify=False`` only skips loading the CA
     bundle (no TLS is spoken), which costs 20 ms of CPU per client: five clients a
-    round, 150 rounds."""
+    round, 100 rounds."""
     return httpx.Client(base_url=base_url, timeout=timeout, trust_env=False, verify=False)
 
 

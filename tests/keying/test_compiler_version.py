@@ -1,4 +1,5 @@
-"""compiler_version: ask ``neuronx-cc --version`` (facts §16) once per binary.
+"""compiler_version: ask ``neuronx-cc --version``
+(docs/neuron-sdk.md#neuronx-cc-version-output) once per binary.
 
 Uses the stand-in at tests/standins/neuronx-cc, not the real compiler.
 """

@@ -1,4 +1,5 @@
-"""Flag normalization (neffcache's key) and the stock Neuron flags hash (facts §2, §4.3)."""
+"""Flag normalization (neffcache's key) and the stock Neuron flags hash
+(docs/neuron-sdk.md#cache-location and #flags-hash)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from neffcache.keying import (
     stock_era_of,
 )
 
-# Wrapper-only flags that take no value (facts §2: --no_cache, --retry_failed_compilation).
+# Wrapper-only flags that take no value (docs/neuron-sdk.md#cache-location: --no_cache,
+# --retry_failed_compilation).
 BOOLEAN_WRAPPER_FLAGS = ("--no_cache", "--retry_failed_compilation")
 VALUE_WRAPPER_FLAGS = tuple(sorted(set(WRAPPER_ONLY_FLAGS) - set(BOOLEAN_WRAPPER_FLAGS)))
 
@@ -33,7 +35,8 @@ BASE = ["--model-type=transformer"]
 
 
 def test_wrapper_flag_sets_are_the_documented_ones() -> None:
-    # facts §2 and §15 list these as parsed by libneuronxla and never passed on.
+    # docs/neuron-sdk.md#cache-location and #open-questions list these as parsed by
+    # libneuronxla and never passed on.
     assert set(WRAPPER_ONLY_FLAGS) >= {
         "--cache_dir",
         "--no_cache",
@@ -92,7 +95,8 @@ def test_command_word_and_input_path_removed() -> None:
 
 
 def test_nxd_logfile_in_workdir_does_not_matter() -> None:
-    # facts §13.3: NxD appends --logfile=<workdir>/...; moving the workdir must not miss.
+    # docs/neuron-sdk.md#flags-hashed-verbatim: NxD appends --logfile=<workdir>/...; moving
+    # the workdir must not miss.
     a = normalize_flags("--model-type=transformer --logfile=/tmp/nxd_model/a/log-neuron-cc.txt")
     b = normalize_flags("--model-type=transformer --logfile=/scratch/run7/log-neuron-cc.txt")
     assert a == b == BASE
@@ -225,7 +229,7 @@ def test_non_string_token_is_keying_error() -> None:
         normalize_flags(["--model-type", 3])  # type: ignore[list-item]
 
 
-# --- neuron_flags_hash: every observed value of facts §4.3 ---------------------------
+# --- neuron_flags_hash: every observed value of docs/neuron-sdk.md#flags-hash ---------
 
 
 @pytest.mark.parametrize(
@@ -274,7 +278,7 @@ def test_neuron_flags_hash_json_golden(flags: list[str], expected: str) -> None:
 
 
 def test_neuron_flags_hash_is_spelling_and_order_sensitive() -> None:
-    # facts §4.3 item 8: the stock hash is token-exact, unlike neffcache's key.
+    # docs/neuron-sdk.md#flags-hash item 8: the stock hash is token-exact, unlike neffcache's key.
     assert neuron_flags_hash(["--model-type=transformer"]) != neuron_flags_hash(
         ["--model-type", "transformer"]
     )
@@ -331,7 +335,8 @@ def test_neuron_cache_flags_keeps_existing_target() -> None:
 
 
 def test_neuron_cache_flags_without_target() -> None:
-    # transformers-neuronx passes the target separately and does not hash it (§4.3.6).
+    # transformers-neuronx passes the target separately and does not hash it
+    # (docs/neuron-sdk.md#flags-hash item 6).
     assert neuron_cache_flags("--model-type=transformer --auto-cast=none", None) == [
         "--model-type=transformer",
         "--auto-cast=none",
@@ -339,8 +344,8 @@ def test_neuron_cache_flags_without_target() -> None:
 
 
 def test_nxd_llama_on_trn1_end_to_end() -> None:
-    # facts §4.3: NEURON_CC_FLAGS="--model-type=transformer --cache_dir=..." on trn1
-    # was stored under +3cc9a3cb.
+    # docs/neuron-sdk.md#flags-hash: NEURON_CC_FLAGS="--model-type=transformer
+    # --cache_dir=..." on trn1 was stored under +3cc9a3cb.
     neuron_cc_flags = "--model-type=transformer --cache_dir=/fsx/neuron-compile-cache"
     assert neuron_flags_hash(neuron_cache_flags(neuron_cc_flags, "trn1")) == "3cc9a3cb"
 
@@ -414,7 +419,7 @@ def test_option_names_and_arities(token: str, name: str, value: str | None, arit
     assert option_arity(name) == arity
 
 
-# --- the three eras of the stock layout (facts §19) -----------------------------------
+# --- the three eras of the stock layout (docs/neuron-sdk.md#layout-eras) --------------
 # Each value was recomputed with hashlib.md5 before it was pinned here.
 
 TNX = ["--model-type=transformer", "--auto-cast=none"]
@@ -481,7 +486,7 @@ def test_era_of_a_compile_from_its_flags8(
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [
-        # The nine of facts §4.3, each in the era its context names.
+        # The nine of docs/neuron-sdk.md#flags-hash, each in the era its context names.
         ("", "d41d8cd9"),
         ("--model-type=transformer", "abb26765"),
         ("--model-type=transformer --auto-cast=none", "2c2d707e"),

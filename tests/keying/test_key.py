@@ -400,7 +400,8 @@ def test_direct_key_rejects_bad_arguments() -> None:
 
 # --- stock Neuron addresses -----------------------------------------------------------
 
-# Addresses seen in public logs (facts §1, §7): PJRT decimal keys and a 20-hex one.
+# Addresses seen in public logs (docs/neuron-sdk.md#where-the-cache-sits and #s3-backend):
+# PJRT decimal keys and a 20-hex one.
 ADDRESSES = [
     ("2.20.9961.0+0acef03a", "16518787498567201059", "3cc9a3cb"),
     ("2.13.72.0+78a426937", "fefbaedf6fbc82fc61a8", "ede6753c"),

@@ -220,5 +220,5 @@ def test_a_huge_claimed_length_allocates_nothing(data: bytes) -> None:
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert elapsed < 5
+    assert elapsed < 30  # only far from milliseconds: a loop over the claim never ends
     assert peak < 4 * 2**20

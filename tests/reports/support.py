@@ -37,3 +37,32 @@ def miss(at: float, compiled: float | None = None, **fields: Any) -> Event:
     if compiled is not None:
         fields = {"compile_seconds": compiled, "outcome": "ok", **fields}
     return graph(at, result="miss", source="compiler", **fields)
+
+
+OLD = "2.21.18209.0+043b1bf7"  # the compiler in use
+NEW = "2.22.2026.0+1a2b3c4d"  # the compiler to come
+
+
+def keyed(program: int | str, version: str = OLD, **changed: Any) -> tuple[str, dict[str, Any]]:
+    """A key and the components that make it, as a client publishes them: program
+    ``program`` (its fingerprint) compiled by ``version``, other components changed."""
+    from neffcache.keying import CompileContext, KeyInputs, compute_key
+
+    components: dict[str, Any] = {
+        "fingerprint": hashlib.sha256(f"program {program}".encode()).hexdigest(),
+        "compiler_version": version,
+        "target": "trn2",
+        "flags": ["--model-type=transformer"],
+        "env": {},
+        "frameworks": {},
+        **changed,
+    }
+    context = CompileContext.create(
+        compiler_version=components["compiler_version"],
+        target=components["target"],
+        flags=components["flags"],
+        env=components["env"],
+        frameworks=components["frameworks"],
+    )
+    made = compute_key(KeyInputs(components["fingerprint"], context))
+    return made.key, {**components, "key_version": made.components["key_version"]}

@@ -149,7 +149,32 @@ def test_runs_are_cold_warm_or_mixed_per_job_and_namespace() -> None:
         "cold_compile_hours": 2.5,
         "warm_compile_hours": 0.0,
         "mixed_compile_hours": 0.5,
+        "lookups_without_job": 1,
+        "job_id_hint": None,  # some lookups named their job: runs are counted
     }
+
+
+def test_without_job_ids_the_runs_say_how_to_set_one() -> None:
+    answer = report([hit(T0, 100), miss(T0 + 1, HOUR)])
+    runs = answer["runs"]
+    assert (runs["cold"], runs["warm"], runs["mixed"]) == (0, 0, 0)
+    assert runs["lookups_without_job"] == 2
+    assert "NEFFCACHE_JOB_ID" in runs["job_id_hint"]
+    assert "SLURM_JOB_ID" in runs["job_id_hint"]
+    assert answer["notes"] == [runs["job_id_hint"]]
+
+
+def test_no_lookup_needs_no_job_id_hint() -> None:
+    answer = report([])
+    assert answer["runs"]["job_id_hint"] is None
+    assert answer["notes"] == []
+
+
+def test_the_hint_names_the_variables_the_client_reads() -> None:
+    from neffcache.client.config import JOB_ID_VARIABLES
+    from neffcache.server.reports.runs import JOB_ID_VARIABLES as NAMED
+
+    assert NAMED == JOB_ID_VARIABLES
 
 
 def test_runs_past_the_job_limit_are_left_out_and_the_report_says_so() -> None:

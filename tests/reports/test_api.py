@@ -16,7 +16,7 @@ import blake3
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from reports.support import HOUR, key
+from reports.support import HOUR, NEW, OLD, key, keyed
 
 from neffcache.server.app import create_app
 from neffcache.server.blobs import BlobStore, open_blob_store
@@ -114,12 +114,14 @@ class Cache:
         assert sent.status_code == 202, sent.text
         assert sent.json() == {"accepted": len(events)}
 
-    def publish(self, namespace: str, name: str, size: int, **fields: Any) -> str:
+    def publish(
+        self, namespace: str, name: str, size: int, entry_key: str | None = None, **fields: Any
+    ) -> str:
         data = hashlib.sha256(name.encode()).digest() * (size // 32)
         headers = {"Authorization": f"Bearer {self.admin}"}
         stored = self.client.put(f"/v1/blobs/{digest(data)}", content=data, headers=headers)
         assert stored.status_code in (200, 201), stored.text
-        entry_key = key(name)
+        entry_key = entry_key or key(name)
         body = {"key": entry_key, "files": {"model.neff": {"digest": digest(data), "size": size}}}
         made = self.client.put(
             f"/v1/ns/{namespace}/entries/{entry_key}", json={**body, **fields}, headers=headers
@@ -186,6 +188,8 @@ def test_every_namespace_for_an_admin_token(seeded: Cache) -> None:
         "cold_compile_hours": pytest.approx(3.25),
         "warm_compile_hours": 0.0,
         "mixed_compile_hours": 0.0,
+        "lookups_without_job": 0,
+        "job_id_hint": None,
     }
     assert [m["key"] for m in report["top_misses"]] == [key(3), key(5), key(4)]
     assert report["prices"]["unpriced_instance_types"] == ["x9.huge"]
@@ -359,6 +363,52 @@ def test_upgrade_lists_the_graphs_in_use_with_hours_money_and_a_plan(seeded: Cac
     assert done["namespaces"][0]["already_on_target"] is True
 
 
+def test_upgrade_counts_graphs_built_under_the_new_compiler_as_done(cache: Cache) -> None:
+    check_graphs_built_under_the_new_compiler_are_done(cache)
+
+
+def check_graphs_built_under_the_new_compiler_are_done(cache: Cache) -> None:
+    """Four graphs in use in team-a under OLD; a prewarm (published, not yet served)
+    built the first under NEW in team-a and the second in the namespace team-a reads
+    through; the third only under other flags, the fourth only in a namespace team-a
+    does not read."""
+    made = cache.client.post(
+        "/v1/admin/namespaces/team-a",
+        json={"read_through": ["shared"]},
+        headers={"Authorization": f"Bearer {cache.admin}"},
+    )
+    assert made.status_code == 201, made.text
+    in_use = []
+    for n in range(4):
+        entry_key, components = keyed(n)
+        fields = {"compile_seconds": HOUR, "model": "llama", "components": components}
+        in_use.append(cache.publish("team-a", f"old{n}", 320, entry_key, **fields))
+        assert cache.get(f"/v1/ns/team-a/entries/{entry_key}").status_code == 200
+    cache.backends.maintenance.flush()  # the hits into the index
+    for namespace, graph in (
+        ("team-a", keyed(0, NEW)),
+        ("shared", keyed(1, NEW)),
+        ("team-a", keyed(2, NEW, flags=["--model-type=transformer", "-O1"])),
+        ("team-c", keyed(3, NEW)),
+    ):
+        name = f"new-{namespace}-{graph[0][:8]}"
+        cache.publish(namespace, name, 320, graph[0], compile_seconds=HOUR, components=graph[1])
+    for wanted in ("2.22.*", NEW):
+        answer = cache.get("/v1/reports/upgrade", to_compiler=wanted, namespace="team-a")
+        assert answer.status_code == 200, answer.text
+        report = answer.json()
+        (part,) = report["namespaces"]
+        assert part["from_compiler"] == OLD  # the prewarm's entries serve no job yet
+        assert (part["graphs"], part["graphs_done"]) == (2, 2)
+        assert part["compile_hours"] == pytest.approx(2.0)
+        assert {g["key"] for g in part["prewarm"]["graphs"]} == {in_use[2], in_use[3]}
+        (step,) = part["prewarm"]["models"]
+        assert (step["graphs"], step["graphs_done"]) == (2, 2)
+        assert report["totals"]["graphs_done"] == 2
+    table = cache.get("/v1/reports/upgrade", to_compiler=NEW, namespace="team-a", format="table")
+    assert "(2 graphs built under the new version already)" in table.text
+
+
 @pytest.mark.parametrize(
     ("params", "message"),
     [
@@ -398,6 +448,7 @@ def test_reports_on_a_redis_index(redis_server: str, tmp_path: Path) -> None:
             (part,) = [p for p in upgrade["namespaces"] if p["namespace"] == "team-a"]
             assert [g["key"] for g in part["prewarm"]["graphs"]] == [entry]
             assert part["cost"] == pytest.approx(21.5)
+            check_graphs_built_under_the_new_compiler_are_done(cache)
     finally:
         for store in stores:
             store.close()

@@ -36,6 +36,7 @@ def upgrade() -> dict[str, Any]:
     step = {
         "model": "llama",
         "graphs": 2,
+        "graphs_done": 1,
         "compile_hours": 1.5,
         "unknown_compile_time": 0,
         "value_hours": 9.0,
@@ -56,6 +57,7 @@ def upgrade() -> dict[str, Any]:
         "from_compiler": "2.21.1",
         "already_on_target": False,
         "graphs": 2,
+        "graphs_done": 1,
         "compile_hours": 1.5,
         "unknown_compile_time": 0,
         "cost": 32.25,
@@ -63,7 +65,8 @@ def upgrade() -> dict[str, Any]:
         "instance_type": "trn1.32xlarge",
         "prewarm": {"models": [step], "graphs": [graph]},
     }
-    totals = {k: part[k] for k in ("graphs", "compile_hours", "unknown_compile_time", "cost")}
+    names = ("graphs", "graphs_done", "compile_hours", "unknown_compile_time", "cost")
+    totals = {k: part[k] for k in names}
     return {
         "to_compiler": "2.22.0",
         "namespaces": [part],
@@ -96,6 +99,26 @@ def test_cost_table_shows_totals_rows_runs_misses_and_storage() -> None:
     assert "Compile time only" in text
 
 
+def test_without_job_ids_the_table_and_the_page_say_how_to_set_one_once() -> None:
+    made = CostReport(T0 - DAY, T0 + HOUR, ("namespace",), load_prices(None), 5)
+    made.add_all([hit(T0, HOUR), miss(T0, HOUR, key=key(1))])
+    report = made.result([], generated_at=T0 + HOUR)
+    hint = report["runs"]["job_id_hint"]
+    text = cost_table(report)
+    assert f"RUNS  cold 0 (0.00 compile-hours), warm 0 (0.00), mixed 0 (0.00)\n  {hint}" in text
+    assert text.count("NEFFCACHE_JOB_ID") == 1
+    page = cost_html(report)
+    assert page.count("NEFFCACHE_JOB_ID") == 1
+    assert page.index("NEFFCACHE_JOB_ID") < page.index("Most expensive misses")
+
+
+def test_lookups_without_a_job_beside_runs_are_counted_in_the_runs_line() -> None:
+    text = cost_table(cost())
+    assert "mixed 0 (0.00); lookups naming no job (in no run): 1" in text
+    assert "NEFFCACHE_JOB_ID" not in text
+    assert "Lookups naming no job (in no run): 1." in cost_html(cost())
+
+
 def test_cost_html_is_self_contained_and_escapes_what_clients_sent() -> None:
     page = cost_html(cost())
     assert page.startswith("<!DOCTYPE html>")
@@ -118,6 +141,7 @@ def test_upgrade_renderings_carry_the_plan() -> None:
             "to_compiler": "2.22.0",
             "model": "llama",
             "graphs": "2",
+            "graphs_done": "1",
             "compile_hours": "1.5",
             "unknown_compile_time": "0",
             "value_hours": "9.0",
@@ -128,12 +152,24 @@ def test_upgrade_renderings_carry_the_plan() -> None:
     ]
     text = upgrade_table(report)
     assert "neffcache upgrade report: to neuronx-cc 2.22.0" in text
-    assert re.search(r"team-a\s+2\.21\.1\s+2\s+1\.50\s+\$32\.25", text)
-    assert "1. llama: 2 graphs, 1.50 compile-hours ($32.25)" in text
+    assert re.search(r"TO REBUILD\s+DONE", text)
+    assert re.search(r"team-a\s+2\.21\.1\s+2\s+1\s+1\.50\s+\$32\.25", text)
+    assert "most valuable first (1 graph built under the new version already)" in text
+    assert "1. llama: 2 graphs to rebuild (1 done), 1.50 compile-hours ($32.25)" in text
     assert "NEFFCACHE_URL=neffcache+http://h:1/team-a" in text
     page = upgrade_html(report)
     assert "<script" not in page
     assert "2.21.1" in page
+    assert "<th class=n>done</th>" in page or "<th>done</th>" in page
+
+
+def test_an_upgrade_with_every_graph_built_says_nothing_is_left() -> None:
+    report = upgrade()
+    part = report["namespaces"][0]
+    part.update(graphs=0, graphs_done=3, compile_hours=0.0, cost=0.0)
+    part["prewarm"] = {"models": [], "graphs": []}
+    text = upgrade_table(report)
+    assert "every graph in use of neuronx-cc 2.21.1 (3) is built under the new version" in text
 
 
 def test_csv_cells_from_clients_are_never_formulas() -> None:

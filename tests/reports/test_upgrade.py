@@ -1,14 +1,18 @@
-"""The upgrade plan's arithmetic, on entry stats and events built by hand."""
+"""The upgrade plan's arithmetic, on entry stats and events built by hand, and how it
+tells graphs built under the new compiler already (``programs.program_of``)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
-from reports.support import DAY, HOUR, hit, key, miss
+from reports.support import DAY, HOUR, NEW, OLD, hit, key, keyed, miss
 
 from neffcache.server.index import EntryFacts, EntryStats
+from neffcache.server.reports import upgrade as upgrade_module
 from neffcache.server.reports.prices import load_prices
+from neffcache.server.reports.programs import program_of
 from neffcache.server.reports.upgrade import NamespaceUpgrade, totals
 
 NOW = 1_800_000_000.0
@@ -168,3 +172,104 @@ def test_money_is_unknown_when_every_known_hour_is_unpriced() -> None:
     assert totals([answer, plan(ENTRIES, EVENTS)])["cost"] == pytest.approx(
         plan(ENTRIES, EVENTS)["cost"]
     )
+
+
+# --- graphs built under the target version already
+
+
+def manifest(components: dict[str, Any]) -> str:
+    return json.dumps({"components": components, "files": {}})
+
+
+def built(*graphs: tuple[str, dict[str, Any]]) -> list[bytes]:
+    found = [program_of(entry_key, manifest(components)) for entry_key, components in graphs]
+    assert None not in found
+    return [program for program in found if program is not None]
+
+
+def in_use(name: str, graph: tuple[str, dict[str, Any]], hits: int = 1) -> EntryStats:
+    facts = EntryFacts(1000, HOUR, graph[1]["compiler_version"], name, ())
+    return EntryStats("team-a", graph[0], NOW - 9 * DAY, "w", facts, NOW - HOUR, hits)
+
+
+def test_a_graph_built_under_the_target_is_done_and_only_an_exact_twin_counts() -> None:
+    same, flags, target, shapes = keyed("same"), keyed("flags"), keyed("target"), keyed("s")
+    made = NamespaceUpgrade("team-a", "2.22.*", NOW - 30 * DAY, 10)
+    made.add_built(
+        built(
+            keyed("same", NEW),
+            # The same program under other flags, for another target: other keys.
+            keyed("flags", NEW, flags=["--model-type=transformer", "-O1"]),
+            keyed("target", NEW, target="trn1"),
+            # Another program: another fingerprint (another shape, say).
+            keyed("s-other-shapes", NEW),
+        )
+    )
+    graphs = {"same": same, "flags": flags, "target": target, "shapes": shapes}
+    programs = {}
+    for name, graph in graphs.items():
+        stats = in_use(name, graph)
+        assert made.wants_program(stats)
+        programs[graph[0]] = program_of(graph[0], manifest(graph[1]))
+    made.add_entries([in_use(name, graph) for name, graph in graphs.items()], programs)
+    answer = made.result(load_prices(None), SERVER)
+    assert answer["from_compiler"] == OLD
+    assert (answer["graphs"], answer["graphs_done"]) == (3, 1)
+    assert answer["compile_hours"] == 3.0  # the done graph's hour is not to rebuild
+    assert {g["key"] for g in answer["prewarm"]["graphs"]} == {flags[0], target[0], shapes[0]}
+    steps = {step["model"]: step for step in answer["prewarm"]["models"]}
+    assert set(steps) == {"flags", "target", "shapes"}  # "same" has nothing to run
+    assert totals([answer])["graphs_done"] == 1
+
+
+def test_the_toolchain_s_frameworks_may_change_with_the_compiler() -> None:
+    old = keyed("nki", frameworks={"nki": "0.1.0"})
+    made = NamespaceUpgrade("team-a", NEW, NOW - 30 * DAY, 10)
+    made.add_built(built(keyed("nki", NEW, frameworks={"nki": "0.2.0"})))
+    made.add_entries([in_use("m", old)], {old[0]: program_of(old[0], manifest(old[1]))})
+    answer = made.result(load_prices(None), SERVER)
+    assert (answer["graphs"], answer["graphs_done"]) == (0, 1)
+    assert answer["prewarm"] == {"models": [], "graphs": []}
+
+
+def test_a_graph_whose_components_do_not_make_its_key_is_never_done() -> None:
+    entry_key, components = keyed("liar")
+    forged = {**components, "fingerprint": keyed("other")[1]["fingerprint"]}
+    assert program_of(entry_key, manifest(forged)) is None
+    assert program_of(entry_key, manifest({"compiler_version": OLD})) is None
+    assert program_of(entry_key, "not json") is None
+    assert program_of(entry_key, "[]") is None
+    assert program_of(entry_key, None) is None
+    wrong_version = {**components, "key_version": "0"}
+    assert program_of(entry_key, manifest(wrong_version)) is None
+
+
+def test_nothing_built_reads_no_manifest() -> None:
+    made = NamespaceUpgrade("team-a", NEW, NOW - 30 * DAY, 10)
+    assert not made.wants_program(in_use("m", keyed("x")))
+    made.add_built(built(keyed("y", NEW)))
+    assert made.wants_program(in_use("m", keyed("x")))
+    assert not made.wants_program(in_use("m", keyed("y", NEW)))  # the target's own
+
+
+def test_a_prewarm_s_entries_never_served_do_not_make_the_target_the_version_in_use() -> None:
+    # Published a minute ago by a prewarm (never served), vs served an hour ago.
+    prewarmed = stats("p", NEW, HOUR, hits=0, served=NOW - 60)
+    answer = plan([stats("a", OLD, HOUR, hits=3), prewarmed], to=NEW)
+    assert answer["from_compiler"] == OLD
+    assert answer["already_on_target"] is False
+    # Once jobs are served by the new version, it is the one in use.
+    answer = plan([stats("a", OLD, HOUR, hits=3), stats("p", NEW, HOUR, hits=1)], to=NEW)
+    assert answer["already_on_target"] is True
+    # With nothing served at all, the latest published.
+    answer = plan([stats("a", OLD, HOUR, hits=0), prewarmed], to=NEW)
+    assert answer["already_on_target"] is True
+
+
+def test_past_the_bound_of_built_graphs_the_report_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(upgrade_module, "MAX_BUILT", 1)
+    made = NamespaceUpgrade("team-a", NEW, NOW - 30 * DAY, 10)
+    made.add_built(built(keyed("a", NEW), keyed("b", NEW)))
+    assert len(made.built) == 1
+    (note,) = made.result(load_prices(None), SERVER)["notes"]
+    assert "may be built already" in note

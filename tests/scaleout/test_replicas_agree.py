@@ -22,8 +22,11 @@ from scaleout.replicas import Pair, create_token
 REPLICA_SETTINGS = {"NEFFCACHE_EVICTION_INTERVAL_SECONDS": "0"}
 KIB = 1024
 # The lease tests' bound on a wake-up that crosses replicas: a publish through A wakes
-# no one on B, whose waiters look again every lease_recheck_seconds (default 2 s).
-CROSS_REPLICA_WAKEUP_S = 10.0
+# no one on B, whose waiters look again every lease_recheck_seconds (default 2 s). A
+# waiter that never looked again would answer when its wait ends, WAIT_S (the
+# server's default lease_wait_max_seconds): the bound is far from both.
+CROSS_REPLICA_WAKEUP_S = 30.0
+WAIT_S = 55
 ADDRESS = "neuronxcc-2.20.9961.0+0acef03a/MODULE_{n}+3cc9a3cb"
 
 
@@ -156,7 +159,7 @@ def test_a_lease_taken_through_a_holds_on_b_and_its_release_wakes_b(pair: Pair) 
         assert ok(b.post(path, json={"take": False}), 202)["holder"] == "host-a pid 1"
         assert ok(b.put(path, params={"lease": lease}))["lease"] == lease
 
-        waiter = Waiter(b, path, {"holder": "host-b pid 2", "wait": 40})
+        waiter = Waiter(b, path, {"holder": "host-b pid 2", "wait": WAIT_S})
         asked_at = time.monotonic()
         waiter.start()
         time.sleep(0.5)
@@ -181,7 +184,7 @@ def test_a_lease_taken_through_a_holds_on_b_and_its_release_wakes_b(pair: Pair) 
         path = f"/v1/ns/leases/leases/{key('failing')}"
         lease = ok(b.post(path, json={"holder": "host-b pid 3"}), 201)["lease"]
         with pair.a.client(token, timeout=90) as a_waiting:
-            waiter = Waiter(a_waiting, path, {"holder": "host-a pid 4", "wait": 40})
+            waiter = Waiter(a_waiting, path, {"holder": "host-a pid 4", "wait": WAIT_S})
             waiter.start()
             time.sleep(0.5)
             assert waiter.is_alive()

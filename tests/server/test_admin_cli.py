@@ -75,7 +75,9 @@ def admin(
     with TestClient(app, base_url=SERVER) as client:
 
         def answer(method: str, url: str, **options: Any) -> httpx.Response:
-            options.pop("timeout")  # TestClient refuses one; how long the CLI waits is moot
+            # TestClient refuses these; how long the CLI waits, and its TLS, are moot here.
+            options.pop("timeout")
+            options.pop("verify")
             return client.request(method, url, **options)
 
         # The admin commands' one HTTP call (server/cli.py _request), answered in-process.

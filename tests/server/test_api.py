@@ -20,6 +20,7 @@ from fastapi.testclient import TestClient
 from neffcache.server.app import create_app
 from neffcache.server.blobs import BlobStore, open_blob_store
 from neffcache.server.blobs.memory import MemoryBlobStore
+from neffcache.server.blobs.s3 import S3BlobStore, make_client
 from neffcache.server.errors import StoreFull
 from neffcache.server.index import Index, open_index
 from neffcache.server.index.memory import MemoryIndex
@@ -36,6 +37,37 @@ def digest(data: bytes) -> str:
 BACKENDS = ["memory", "fs+sqlite", "fs+redis", "s3+sqlite"]
 
 
+class LentClient:
+    """The module's S3 client, lent to one test's store: the store's ``close`` must
+    leave it open for the next test (making a boto3 client takes from a quarter of a
+    second to a second, more than most of these tests)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def close(self) -> None:
+        """The module's fixture closes the client."""
+
+
+@pytest.fixture(scope="module")
+def s3_client(s3_endpoint: str) -> Iterator[Any]:
+    """One S3 client on moto for the module, made as ``S3BlobStore.from_url`` makes one."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)
+        client = make_client()
+    yield client
+    client.close()
+
+
+def s3_store(request: pytest.FixtureRequest) -> BlobStore:
+    """A store on a fresh bucket (``s3_bucket``) through the module's client."""
+    bucket, _, prefix = request.getfixturevalue("s3_bucket").removeprefix("s3://").partition("/")
+    return S3BlobStore(LentClient(request.getfixturevalue("s3_client")), bucket, prefix)
+
+
 @pytest.fixture(params=BACKENDS)
 def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[BlobStore, Index]]:
     blob_kind, _, index_kind = request.param.partition("+")
@@ -44,10 +76,8 @@ def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Blo
     if blob_kind == "memory":
         blobs, index = MemoryBlobStore(), MemoryIndex()
     else:
-        blob_url = (tmp_path / "store").as_uri()
-        if blob_kind == "s3":
-            blob_url = request.getfixturevalue("s3_bucket")
-        blobs = open_blob_store(blob_url)
+        local = (tmp_path / "store").as_uri()
+        blobs = s3_store(request) if blob_kind == "s3" else open_blob_store(local)
         if index_kind == "redis":
             redis_url = request.getfixturevalue("redis_server")
             redis.Redis.from_url(redis_url).flushdb()

@@ -523,7 +523,7 @@ def test_a_dead_redis_fails_fast_with_store_error(unused_port: int) -> None:
         started = time.monotonic()
         with pytest.raises(StoreError) as raised:
             call()
-        assert time.monotonic() - started < HANG_LIMIT_S / 4
+        assert time.monotonic() - started < HANG_LIMIT_S / 2  # a refusal takes ms
         assert "s3cret" not in str(raised.value)
     index.close()
 

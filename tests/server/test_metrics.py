@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import blake3
 import pytest
@@ -12,7 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from neffcache.server.app import create_app
 from neffcache.server.blobs.memory import MemoryBlobStore
 from neffcache.server.index.memory import MemoryIndex
+from neffcache.server.metrics import Metrics
 from neffcache.server.settings import ServerSettings
+
+ROOT = Path(__file__).parents[2]
 
 
 @pytest.fixture
@@ -48,7 +52,7 @@ def publish(client: TestClient, namespace: str, key: str, data: bytes, **fields:
     return status
 
 
-def test_lookups_publishes_blobs_and_usage_are_counted(client: TestClient) -> None:
+def test_entry_requests_publishes_blobs_and_usage_are_counted(client: TestClient) -> None:
     key, other = "ab" * 32, "cd" * 32
     assert publish(client, "team-a", key, b"x" * 700, compile_seconds=30) == 201
     assert publish(client, "team-a", key, b"x" * 700, compile_seconds=30) == 200
@@ -66,10 +70,11 @@ def test_lookups_publishes_blobs_and_usage_are_counted(client: TestClient) -> No
         found[("neffcache_publishes_total", (("namespace", "team-a"), ("result", "created")))] == 1
     )
     assert found[("neffcache_publishes_total", (("namespace", "team-a"), ("result", "same")))] == 1
-    assert found[("neffcache_lookups_total", (("namespace", "team-a"), ("result", "hit")))] == 1
-    assert found[("neffcache_lookups_total", (("namespace", "team-a"), ("result", "miss")))] == 1
-    read_through = (("namespace", "team-b"), ("result", "hit_read_through"))
-    assert found[("neffcache_lookups_total", read_through)] == 1
+    requests = "neffcache_entry_requests_total"
+    assert found[(requests, (("answer", "hit"), ("namespace", "team-a")))] == 1
+    assert found[(requests, (("answer", "absent"), ("namespace", "team-a")))] == 1
+    read_through = (("answer", "hit_read_through"), ("namespace", "team-b"))
+    assert found[(requests, read_through)] == 1
     assert found[("neffcache_blob_reads_total", (("result", "hit"),))] == 1
     assert found[("neffcache_blob_reads_total", (("result", "miss"),))] == 1
     assert found[("neffcache_blob_bytes_served_total", ())] == 700
@@ -123,10 +128,13 @@ def test_namespace_labels_are_bounded(monkeypatch: pytest.MonkeyPatch, client: T
         assert client.get(f"/v1/ns/ns-{n}/entries/{'ab' * 32}").status_code == 404
     found = samples(client)
     labelled = {
-        dict(labels)["namespace"] for name, labels in found if name == "neffcache_lookups_total"
+        dict(labels)["namespace"]
+        for name, labels in found
+        if name == "neffcache_entry_requests_total"
     }
     assert labelled == {"ns-0", "ns-1", "ns-2", "_other"}
-    assert found[("neffcache_lookups_total", (("namespace", "_other"), ("result", "miss")))] == 3
+    other = (("answer", "absent"), ("namespace", "_other"))
+    assert found[("neffcache_entry_requests_total", other)] == 3
 
 
 def test_metrics_can_require_a_token_for_every_namespace() -> None:
@@ -153,7 +161,7 @@ def test_metrics_can_require_a_token_for_every_namespace() -> None:
         assert "'*'" in refused.json()["detail"]
         shown = client.get("/metrics", headers={"Authorization": f"Bearer {scraper}"})
         assert shown.status_code == 200
-        assert "neffcache_lookups_total" in shown.text
+        assert "neffcache_entry_requests_total" in shown.text
     blobs.close()
 
 
@@ -161,3 +169,58 @@ def test_metrics_need_no_token_by_default(client: TestClient) -> None:
     made = client.post("/v1/admin/tokens", json={"scope": "admin", "namespaces": ["*"]})
     assert made.status_code == 201
     assert client.get("/metrics").status_code == 200
+
+
+def test_graphs_are_counted_once_however_many_requests_they_took(client: TestClient) -> None:
+    # One graph a client resolved: it probed the server three times (its direct key,
+    # its key, its stock address) before it compiled, and reported the graph once.
+    for _ in range(3):
+        assert client.get(f"/v1/ns/team-a/entries/{'ab' * 32}").status_code == 404
+    hit = {"kind": "graph", "namespace": "team-a", "result": "hit", "source": "l1"}
+    compiled = {"kind": "graph", "namespace": "team-a", "result": "miss", "source": "compiler"}
+    events = [
+        compiled | {"compile_seconds": 60.0, "outcome": "ok"},
+        compiled | {"compile_seconds": 5.0, "outcome": "failed"},
+        compiled | {"compile_seconds": 5.0},  # no outcome: it compiled all the same
+        {"kind": "graph", "namespace": "team-a", "result": "miss"},  # never compiled
+        hit,
+    ]
+    assert client.post("/v1/events", json={"events": events}).status_code == 202
+    found = samples(client)
+    absent = (("answer", "absent"), ("namespace", "team-a"))
+    assert found[("neffcache_entry_requests_total", absent)] == 3
+    graphs = "neffcache_client_graphs_total"
+    missed = (("namespace", "team-a"), ("result", "miss"), ("source", "compiler"))
+    assert found[(graphs, missed)] == 3
+    assert found[(graphs, (("namespace", "team-a"), ("result", "hit"), ("source", "l1")))] == 1
+    compiles = "neffcache_client_compiles_total"
+    assert found[(compiles, (("namespace", "team-a"), ("outcome", "ok")))] == 2
+    assert found[(compiles, (("namespace", "team-a"), ("outcome", "failed")))] == 1
+
+
+def test_the_probe_counter_says_it_is_no_hit_rate_and_the_docs_say_which_is() -> None:
+    exposed = Metrics(list).exposition().decode()
+    (help_line,) = [
+        line for line in exposed.splitlines() if line.startswith("# HELP neffcache_entry_requests")
+    ]
+    assert "not graphs" in help_line
+    assert "neffcache_client_graphs_total" in help_line
+    operations = (ROOT / "docs" / "operations.md").read_text()
+    assert "### What is our hit rate" in operations
+    section = operations.split("### What is our hit rate", 1)[1].split("\n#", 1)[0]
+    assert "neffcache_client_graphs_total" in section
+    assert "neffcache_entry_requests_total" in section
+    for name in ("neffcache_entry_requests_total", "neffcache_client_compiles_total"):
+        assert f"`{name}" in operations
+
+
+def test_no_doc_or_deploy_file_names_the_old_lookup_counter() -> None:
+    named = [
+        str(path.relative_to(ROOT))
+        for top in ("docs", "deploy", "server")
+        for path in (ROOT / top).rglob("*")
+        if path.is_file()
+        and path.suffix in (".md", ".yml", ".yaml", ".json", ".py", ".html", ".js")
+        and "neffcache_lookups_total" in path.read_text(errors="replace")
+    ]
+    assert named == []

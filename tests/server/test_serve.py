@@ -126,7 +126,7 @@ def test_admin_token_commands_local_and_remote(tmp_path: Path) -> None:
     server = Server(data_dir)
     server.start()
     try:
-        env = {"NEFFCACHE_ADMIN_TOKEN": admin["token"]}
+        env = {"NEFFCACHE_TOKEN": admin["token"]}
         remote = run(
             "admin", "token", "create", "--server", server.url,
             "--scope", "write", "--namespace", "team-a", "--json", env=env,

@@ -1,31 +1,34 @@
 """STAND-IN for torch-neuronx's ``neuron_parallel_compile``; NOT AWS's code.
 
-Written only from neuron-cache-facts.md sections 8 and 19.
+Written only from docs/neuron-sdk.md#neuron_parallel_compile and
+#the-libneuronxla-path-in-practice.
 
 ``collect-and-compile`` (the default when a training command follows ``--``):
 
-1. the trial run (section 8.1): the tool sets ``NEURON_EXTRACT_GRAPHS_ONLY=1`` and
+1. the trial run (#trial-run): the tool sets ``NEURON_EXTRACT_GRAPHS_ONLY=1`` and
    ``NEURON_PARALLEL_COMPILE_CACHE_PATH_LOG=<workdir>/cache_path_pid<pid>_log.txt`` in
-   its OWN ``os.environ`` (section 19) and runs the command, which inherits them;
-2. the hand-off (section 19): it reads the path the trial run wrote to that log and
-   calls ``CacheUrl.get_cache_url(path)`` with it;
-3. the compile (section 8.3) in the same process, so a ``ProcessPoolExecutor`` of
+   its OWN ``os.environ`` (#neuron_parallel_compiles-environment) and runs the command,
+   which inherits them;
+2. the hand-off (#neuron_parallel_compiles-environment): it reads the path the trial run
+   wrote to that log and calls ``CacheUrl.get_cache_url(path)`` with it;
+3. the compile (#parallel-compile) in the same process, so a ``ProcessPoolExecutor`` of
    ``--num_parallel`` workers, forked with ``NEURON_EXTRACT_GRAPHS_ONLY=1`` still set
-   (section 19), each calling ``create_compile_cache(cache_url)``, then for each of its
-   HLOs: ``try_lookup_for_compile`` → ``with entry:`` → re-check ``entry.exists`` →
+   (#neuron_parallel_compiles-environment), each calling
+   ``create_compile_cache(cache_url)``, then for each of its HLOs:
+   ``try_lookup_for_compile`` → ``with entry:`` → re-check ``entry.exists`` →
    ``neuron_cc_wrapper.compile_cache_entry``.
 
 ``compile`` (the default without a command; ``collect`` runs step 1 only): step 3 on
 the cache named by the optional ``CACHE_URL`` argument, else ``CacheUrl.get_cache_url()``.
 
 The HLO list is ``get_hlos()``'s "todo" in both modes: the real tool parses the trial
-run's log for ``Extracting graphs (`` lines instead (section 8.2); the stand-in's log
-lines are only logged at INFO, so the stand-in scans the cache as ``compile`` does.
-HLOs are dealt to the workers round-robin (the real tool slices the sorted list
-statically and steals; section 8.3). It prints a JSON summary
-``{hlo_path: {status, retry, compile_time}}`` (section 8.4) on stdout (the trial run's
-stdout goes to stderr); the exit code is the number of failed compiles, or the trial
-run's exit code when it failed.
+run's log for ``Extracting graphs (`` lines instead (#graph-list); the stand-in's log
+lines are only logged at INFO, so the stand-in scans the cache as ``compile`` does. HLOs
+are dealt to the workers round-robin (the real tool slices the sorted list statically
+and steals; #parallel-compile). It prints a JSON summary
+``{hlo_path: {status, retry, compile_time}}`` (#report-and-commands) on stdout (the
+trial run's stdout goes to stderr); the exit code is the number of failed compiles, or
+the trial run's exit code when it failed.
 
 Usage: ``python neuron_parallel_compile.py [CACHE_URL] [--workdir DIR]
 [--num_parallel N] [--command {collect,compile,collect-and-compile}] [-- CMD ...]``.
@@ -46,8 +49,9 @@ from concurrent.futures import ProcessPoolExecutor
 from libneuronxla import libncc, neuron_cc_wrapper
 from libneuronxla.neuron_cc_cache import CacheUrl, create_compile_cache
 
-# [GUESS] The real default is ceil(total RAM / 64 GiB) (section 8.3); two workers are
-# enough to make every graph's compile happen in a forked worker.
+# [GUESS] The real default is ceil(total RAM / 64 GiB)
+# (docs/neuron-sdk.md#parallel-compile); two workers are enough to make every graph's
+# compile happen in a forked worker.
 DEFAULT_NUM_PARALLEL = 2
 COMMANDS = ("collect", "compile", "collect-and-compile")
 
@@ -73,7 +77,8 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def _workdir(given: str | None) -> str:
-    """Section 8.3: ``/tmp/$USER/parallel_compile_workdir`` by default, wiped at start."""
+    """``/tmp/$USER/parallel_compile_workdir`` by default, wiped at start
+    (docs/neuron-sdk.md#parallel-compile)."""
     workdir = given or os.path.join(
         tempfile.gettempdir(), os.environ.get("USER") or "no-user", "parallel_compile_workdir"
     )
@@ -83,7 +88,8 @@ def _workdir(given: str | None) -> str:
 
 
 def run_train_script(command_line: list[str], workdir: str) -> tuple[int, str | None]:
-    """The trial run (section 8.1): its exit code and the cache path it logged."""
+    """The trial run (docs/neuron-sdk.md#trial-run): its exit code and the cache path it
+    logged."""
     path_log = os.path.join(workdir, f"cache_path_pid{os.getpid()}_log.txt")
     os.environ["NEURON_EXTRACT_GRAPHS_ONLY"] = "1"
     os.environ["NEURON_PARALLEL_COMPILE_CACHE_PATH_LOG"] = path_log
@@ -97,7 +103,7 @@ def run_train_script(command_line: list[str], workdir: str) -> tuple[int, str | 
 def _compile_slice(
     cache_url: CacheUrl, hlos: list[str], workdir: str, dump: str | None
 ) -> dict[str, Result]:
-    """One pool worker's share (section 8.3)."""
+    """One pool worker's share (docs/neuron-sdk.md#parallel-compile)."""
     cache = create_compile_cache(cache_url)
     results: dict[str, Result] = {}
     for hlo in hlos:
@@ -138,7 +144,7 @@ def parallel_compile(
 
 def main(argv: list[str]) -> int:
     options, command_line = _parse(argv)
-    ncc_args, _, _ = libncc.setup_args()  # section 19: a 3-tuple
+    ncc_args, _, _ = libncc.setup_args()  # docs/neuron-sdk.md#setup_args: a 3-tuple
     workdir = _workdir(options.workdir)
     if options.command == "compile":
         cache_url = (

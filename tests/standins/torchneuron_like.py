@@ -1,9 +1,9 @@
 """STAND-IN for TorchNeuron's compile step (native ``torch-neuronx``); NOT AWS's code.
 
-Written only from neuron-cache-facts.md section 18.2 ("TorchNeuron calls the compiler as
-a subprocess found on PATH"), so tests can see what a ``neuronx-cc`` first on PATH gets
-from TorchNeuron without PyTorch or the Neuron SDK. It imitates one compile of one
-graph, the way the Python path does it:
+Written only from docs/neuron-sdk.md#torchneurons-compiler-call (TorchNeuron calls the
+compiler as a subprocess found on PATH), so tests can see what a ``neuronx-cc`` first on
+PATH gets from TorchNeuron without PyTorch or the Neuron SDK. It imitates one compile of
+one graph, the way the Python path does it:
 
 * a fresh ``tempfile.mkdtemp(prefix="neuron_compile_", dir=TMP_ROOT)`` per compile
   (``/tmp/neuron_compile_XXXXXX`` in TorchNeuron; ``--tmp-root`` moves it for tests),
@@ -20,12 +20,13 @@ graph, the way the Python path does it:
   options as separate words (``-O2`` for ``torch.compile``, ``-O1`` for eager ops),
   the ``NEURON_CC_FLAGS`` tokens split with ``shlex`` and appended as they are, stdout
   and stderr piped, no ``cwd`` argument. [GUESS] Where exactly the ``NEURON_CC_FLAGS``
-  tokens go relative to ``--output``, and that they are split with shlex, are not in the
-  facts beyond the order shown in section 18.2;
+  tokens go relative to ``--output``, and that they are split with shlex, are not in
+  docs/neuron-sdk.md beyond the order shown in #torchneurons-compiler-call;
 * the NEFF copied to ``--output-neff`` (where a test can read it).
 
-Not imitated: TorchNeuron's own NEFF cache (section 18.3): every run is a miss of it,
-which is the only case in which the compiler (or a shim in its place) is called.
+Not imitated: TorchNeuron's own NEFF cache (docs/neuron-sdk.md#torchneurons-neff-cache):
+every run is a miss of it, which is the only case in which the compiler (or a shim in
+its place) is called.
 
 Usage: ``python3 torchneuron_like.py MODULE --output-neff PATH [--target trn2]
 [--lnc 2] [--opt-level 2] [--hlo-pb] [--tmp-root DIR]``.

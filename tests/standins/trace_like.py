@@ -1,8 +1,8 @@
 """STAND-IN for ``torch_neuronx.trace``'s compile step; NOT AWS's code.
 
-Written only from neuron-cache-facts.md section 18.5 ("``torch_neuronx.trace``"), so
-tests can see what a ``neuronx-cc`` first on PATH gets from tracing without PyTorch or
-the Neuron SDK. It imitates one trace:
+Written only from docs/neuron-sdk.md#torch-neuronx-tracing, so tests can see what a
+``neuronx-cc`` first on PATH gets from tracing without PyTorch or the Neuron SDK. It
+imitates one trace:
 
 * it builds ``<workdir>/model/`` holding ``graph.hlo`` (an HloModuleProto, copied here
   from the file given), ``metadata.json`` and ``weights/*.npy``: the weights sit beside
@@ -16,8 +16,8 @@ The weights are small float32 arrays in the NPY format (version 1.0: magic, head
 length, a Python-literal header padded to 64 bytes, then the raw little-endian data),
 written with the standard library; their values come from ``--weights-seed``, so tests
 can trace the same graph with other weights. [GUESS] The real files' names, shapes and
-``metadata.json`` content are not in the facts; the metadata here holds nothing that
-depends on the host or the work directory.
+``metadata.json`` content are not in docs/neuron-sdk.md; the metadata here holds nothing
+that depends on the host or the work directory.
 
 Usage: ``python3 trace_like.py GRAPH.pb --workdir DIR [--weights-seed N]
 [--target trn1] [--output-neff PATH] [-- COMPILER_ARGS...]``.

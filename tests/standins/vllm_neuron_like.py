@@ -1,8 +1,8 @@
 """STAND-IN for vLLM Neuron's compile step (``libtorch-neuronx-lite``); NOT AWS's code.
 
-Written only from neuron-cache-facts.md section 18.4 ("vLLM Neuron"), so tests can see
-what a ``neuronx-cc`` first on PATH gets from vLLM Neuron without vLLM, PyTorch or the
-Neuron SDK. It imitates one compile of one graph:
+Written only from docs/neuron-sdk.md#vllm-neuron, so tests can see what a ``neuronx-cc``
+first on PATH gets from vLLM Neuron without vLLM, PyTorch or the Neuron SDK. It imitates
+one compile of one graph:
 
 * the graph is written to ``<wd>/graph.hlo``: an HloModuleProto under the name
   ``.hlo`` (copied here from the file given);
@@ -16,10 +16,10 @@ Neuron SDK. It imitates one compile of one graph:
 * afterwards both ``<wd>/graph_<key>.neff`` and ``<wd>/log-neuron-cc.txt`` must exist,
   else the compile counts as failed here (exit 1).
 
-``<key>`` imitates vLLM's cache key (section 18.4: an MD5 over the graph, the versions
+``<key>`` imitates vLLM's cache key (#vllm-neuron: an MD5 over the graph, the versions
 and the canonical compiler args): here the MD5 of the graph's bytes, the target and the
-args. [GUESS] The exact key and how ``args`` are spelled are not in the facts; extra
-compiler args are given after ``--``.
+args. [GUESS] The exact key and how ``args`` are spelled are not in docs/neuron-sdk.md;
+extra compiler args are given after ``--``.
 
 Not imitated: vLLM's own two-tier cache (``.artifact_metadata_v0.json``,
 ``.compilation_complete``): every run is a miss of it, the only case in which the

@@ -1,12 +1,16 @@
-"""Pin the test stand-ins (tests/standins/) to neuron-cache-facts.md.
+"""Pin the test stand-ins (tests/standins/) to docs/neuron-sdk.md.
 
 The stand-ins replace the Neuron SDK, which cannot be installed here: ``neuronx-cc``
-(sections 2, 5, 16, 18), the ``libneuronxla`` package (sections 2, 3, 4.3, 5, 6, 8, 9),
-``neuron_parallel_compile.py`` (section 8.3), and the callers of the living stacks
-(section 18): ``torchneuron_like.py`` (18.2), ``vllm_neuron_like.py`` (18.4) and
-``trace_like.py`` (18.5). Code under test is only as well tested as these are faithful,
-so every test here checks a stand-in against a fact (or against a documented stand-in
-choice).
+(#cache-location, #neuronx-cc-invocation-and-outputs, #neuronx-cc-version-output and
+#the-sdk-in-late-2026-torchneuron-vllm-neuron), the ``libneuronxla`` package
+(#cache-location, #entry-layout, #flags-hash, #neuronx-cc-invocation-and-outputs,
+#locking, #neuron_parallel_compile and #libneuronxla-cache-api),
+``neuron_parallel_compile.py`` (#parallel-compile), and the callers of the living stacks
+(#the-sdk-in-late-2026-torchneuron-vllm-neuron): ``torchneuron_like.py``
+(#torchneurons-compiler-call), ``vllm_neuron_like.py`` (#vllm-neuron) and
+``trace_like.py`` (#torch-neuronx-tracing). Code under test is only as well tested as
+these are faithful, so every test here checks a stand-in against a fact (or against a
+documented stand-in choice).
 """
 
 from __future__ import annotations
@@ -154,7 +158,8 @@ def test_version_block_still_parses(stream: str, monkeypatch: pytest.MonkeyPatch
     match = VERSION_RE.search(text)
     assert match is not None
     assert match.group(1) == DEFAULT_VERSION
-    assert text.splitlines()[1] == ""  # section 16: a blank line after the version
+    # docs/neuron-sdk.md#neuronx-cc-version-output: a blank line after the version.
+    assert text.splitlines()[1] == ""
     assert getattr(done, "stderr" if stream == "stdout" else "stdout") == ""
 
 
@@ -204,14 +209,16 @@ def test_compile_is_deterministic(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_both_argv_forms(tmp_path: Path) -> None:
-    """Section 5: the >= 2.15 form and the 2024-01 form give the same NEFF."""
+    """docs/neuron-sdk.md#neuronx-cc-invocation-and-outputs: the >= 2.15 form and the
+    2024-01 form give the same NEFF."""
     hlo = write_input(tmp_path / "model.hlo.pb", b"some hlo bytes")
     new, old, tnx = tmp_path / "new.neff", tmp_path / "old.neff", tmp_path / "tnx.neff"
     flags = ["--model-type=transformer", "--auto-cast=none"]
     forms = [
         ["compile", "--target=trn1", "--framework=XLA", str(hlo), "--output", str(new)],
         ["--target=trn1", "compile", "--framework", "XLA", str(hlo), "--output", str(old)],
-        # transformers-neuronx's direct form (section 5), with --pipeline's two values.
+        # transformers-neuronx's direct form (docs/neuron-sdk.md#neuronx-cc-invocation-and-outputs),
+        # with --pipeline's two values.
         ["compile", "--framework=XLA", "--target", "trn1", str(hlo), f"--output={tnx}"],
     ]
     tails = [["--verbose=35"], ["--verbose=35"], ["--verbose=INFO"]]
@@ -346,7 +353,7 @@ def test_setup_args_strips_wrapper_flags(monkeypatch: pytest.MonkeyPatch) -> Non
         "--model-type=transformer --cache_dir='/a dir' --no_cache --retry_failed_compilation "
         "--log_level INFO --dump=/d --compile_workdir /w --optlevel 1",
     )
-    args, compiler_flags, parsed = libncc.setup_args()  # section 19: a 3-tuple
+    args, compiler_flags, parsed = libncc.setup_args()  # a 3-tuple (docs/neuron-sdk.md#setup_args)
     assert args.cache_dir == "/a dir"
     assert args.no_cache is True
     assert args.retry_failed_compilation is True
@@ -363,7 +370,7 @@ def test_setup_args_strips_wrapper_flags(monkeypatch: pytest.MonkeyPatch) -> Non
 # --------------------------------------------------------------------------- keys
 
 
-# Section 4.3: every json-era suffix with its preimage.
+# docs/neuron-sdk.md#flags-hash: every json-era suffix with its preimage.
 JSON_ERA_GOLDENS = [
     ("39f12043", ["--model-type=transformer", "--auto-cast=none", "--execute-repetition=1"]),
     ("3cc9a3cb", ["--target=trn1", "--model-type=transformer"]),
@@ -389,10 +396,11 @@ def test_flags_hash_goldens(suffix: str, flags: list[str]) -> None:
 
 
 def test_flags_hash_follows_the_json_era_not_the_raw_string_era() -> None:
-    # Section 4.3: md5("--model-type=transformer") = abb26765 belongs to neuronxcc <= 2.13.
+    # docs/neuron-sdk.md#flags-hash: md5("--model-type=transformer") = abb26765 belongs to
+    # neuronxcc <= 2.13.
     assert CompileCache.get_compiler_flags_hash("--model-type=transformer") != "abb26765"
     assert CompileCache.get_compiler_flags_hash([]) == md5_8([]) != "d41d8cd9"
-    # Section 4.3 item 8: token-exact.
+    # docs/neuron-sdk.md#flags-hash item 8: token-exact.
     assert CompileCache.get_compiler_flags_hash(
         ["--model-type=transformer"]
     ) != CompileCache.get_compiler_flags_hash(["--model-type", "transformer"])
@@ -401,7 +409,7 @@ def test_flags_hash_follows_the_json_era_not_the_raw_string_era() -> None:
 @pytest.mark.parametrize(
     ("target", "env", "caller_flags", "suffix"),
     [
-        # Section 4.3 rows, reproduced through neuron_xla_compile.
+        # Rows of docs/neuron-sdk.md#flags-hash, reproduced through neuron_xla_compile.
         ("trn1", {}, [], "e30acd3a"),
         (
             "trn1",
@@ -477,8 +485,8 @@ def test_str_flags_warn_and_key_like_a_list(cache_root: Path) -> None:
 
 
 def test_cache_url_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Section 2: argument > --cache_dir in NEURON_CC_FLAGS > NEURON_COMPILE_CACHE_URL >
-    /var/tmp/neuron-compile-cache."""
+    """docs/neuron-sdk.md#cache-location: argument > --cache_dir in NEURON_CC_FLAGS >
+    NEURON_COMPILE_CACHE_URL > /var/tmp/neuron-compile-cache."""
     assert CacheUrl.get_cache_url() == CacheUrl("/var/tmp/neuron-compile-cache", "fs")
     monkeypatch.setenv("NEURON_COMPILE_CACHE_URL", "/from/env")
     assert CacheUrl.get_cache_url().url == "/from/env"
@@ -548,14 +556,16 @@ def test_successful_entry_layout(
     ]
     assert (entry / "model.neff").read_bytes() == neff
     assert (entry / "model.done").stat().st_size == 0
-    assert (cache_root / "lock").is_file()  # section 3.1: the cache-wide lock file
-    # Section 3.3: a miss probes model.done, then model.log. Section 5: model.neff is
-    # copied back before model.done.
+    # The cache-wide lock file (docs/neuron-sdk.md#entry-layout).
+    assert (cache_root / "lock").is_file()
+    # A miss probes model.done, then model.log (docs/neuron-sdk.md#hit-detection);
+    # model.neff is copied back before model.done (#neuronx-cc-invocation-and-outputs).
     assert spy.calls[:2] == [("exists", "model.done"), ("exists", "model.log")]
     uploads = [name for kind, name in spy.calls if kind.startswith("upload")]
     assert uploads == ["model.hlo_module.pb", "compile_flags.json", "model.neff", "model.done"]
     assert compile_runs(counter) == 1
-    # Section 5 argv; the NEFF is what the compiler makes of the module and the flags.
+    # The argv of docs/neuron-sdk.md#neuronx-cc-invocation-and-outputs; the NEFF is what
+    # the compiler makes of the module and the flags.
     (line,) = [x for x in counter.read_text().splitlines() if " compile " in x]
     stem = f"model.{entry.name}"
     assert re.fullmatch(
@@ -617,7 +627,8 @@ def test_failure_is_replayed_until_retry(
     with pytest.raises(RuntimeError, match=r"Compilation failed for \S+ after 0 retries\."):
         libneuronxla.neuron_xla_compile(b"module", [], cache_dir=str(cache_root))
     (entry,) = entry_dirs(cache_root)
-    # Section 3.2 "Failed": model.log, no model.neff, no model.done, no lock.
+    # docs/neuron-sdk.md#entry-states, "Failed": model.log, no model.neff, no model.done,
+    # no lock.
     assert sorted(p.name for p in entry.iterdir()) == [
         "compile_flags.json",
         "model.hlo_module.pb",
@@ -673,7 +684,8 @@ def test_no_cache(tmp_path: Path, counter: Path, monkeypatch: pytest.MonkeyPatch
 def test_same_graph_compiled_once_by_concurrent_callers(
     cache_root: Path, counter: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Section 6.5: callers serialize on the entry lock; one compiles, the others hit."""
+    """docs/neuron-sdk.md#per-entry-compile-lock: callers serialize on the entry lock; one
+    compiles, the others hit."""
     monkeypatch.setenv("NEFFCACHE_STANDIN_DELAY", "0.3")
     results: list[bytes] = []
 
@@ -702,7 +714,8 @@ def make_entry(root: Path, name: str, files: dict[str, bytes]) -> Path:
 
 
 def test_get_hlos_classifies_the_four_states(cache_root: Path) -> None:
-    """Section 3.2's table, plus the pre-2.12 HLO name model.hlo.pb (section 3.1)."""
+    """The table of docs/neuron-sdk.md#entry-states, plus the pre-2.12 HLO name
+    model.hlo.pb (#entry-layout)."""
     hlo = "model.hlo_module.pb"
     success = make_entry(
         cache_root, "MODULE_1+e30acd3a", {hlo: b"h", "model.neff": b"n", "model.done": b""}
@@ -746,7 +759,8 @@ def test_stale_lock_blocks_until_clear_locks(
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Section 6.2: an existence-based lock left by a killed compile never expires."""
+    """docs/neuron-sdk.md#per-entry-compile-lock: an existence-based lock left by a killed
+    compile never expires."""
     module = b"module"
     key = f"MODULE_{u64_fingerprint(module)}+{md5_8(['--target=trn1'])}"
     entry = make_entry(cache_root, key, {"model.hlo_module.pb": module})
@@ -855,7 +869,8 @@ def test_file_operations(cache_root: Path, tmp_path: Path) -> None:
 def test_wrapper_uses_its_own_create_compile_cache_binding(
     cache_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Section 9.1: patching create_compile_cache means patching every binding."""
+    """docs/neuron-sdk.md#libneuronxla-cache-api: patching create_compile_cache means
+    patching every binding."""
     seen: list[CacheUrl] = []
     real = neuron_cc_cache.create_compile_cache
 
@@ -877,7 +892,8 @@ def test_wrapper_uses_its_own_create_compile_cache_binding(
 
 
 def test_every_method_takes_the_root_lock(cache_root: Path) -> None:
-    """Section 6.1: even exists() waits for <root>/lock; the lock is re-entrant."""
+    """docs/neuron-sdk.md#cache-wide-lock: even exists() waits for <root>/lock; the lock is
+    re-entrant."""
     cache = create_compile_cache(CacheUrl(str(cache_root)))
     assert isinstance(cache, CompileCacheFs)
     with cache.lock_dir, cache.lock_dir:
@@ -892,7 +908,7 @@ def test_every_method_takes_the_root_lock(cache_root: Path) -> None:
         assert thread.is_alive()
         assert answers == []
         fcntl.flock(held.fileno(), fcntl.LOCK_UN)
-    thread.join(timeout=5)
+    thread.join(timeout=30)  # only ends the wait: the lock is free now
     assert answers == [True]
 
 
@@ -955,8 +971,8 @@ def _python_for_nobody() -> str | None:
 
 
 def test_read_only_cache_dir_fails_on_the_root_lock() -> None:
-    """Section 6.1: a read-only cache directory fails outright, even for exists(),
-    because every method opens <root>/lock for writing."""
+    """docs/neuron-sdk.md#cache-wide-lock: a read-only cache directory fails outright,
+    even for exists(), because every method opens <root>/lock for writing."""
     base = Path(tempfile.mkdtemp(prefix="neffcache-ro-", dir="/tmp"))
     try:
         base.chmod(0o755)
@@ -994,7 +1010,7 @@ def test_read_only_cache_dir_fails_on_the_root_lock() -> None:
         shutil.rmtree(base)
 
 
-# --------------------------------------------------------------------------- section 8
+# ------------------------------------------ docs/neuron-sdk.md#neuron_parallel_compile
 
 
 def test_extract_then_parallel_compile(
@@ -1080,8 +1096,8 @@ def test_compile_cache_entry(
     )
 
 
-# Section 19: a trial run that sets the cache URL itself (NxD), and records what the
-# tool put in its environment.
+# docs/neuron-sdk.md#when-the-cache-url-is-set: a trial run that sets the cache URL itself
+# (NxD), and records what the tool put in its environment.
 _TRIAL_RUN = """
 import json, os, sys
 with open(sys.argv[1], "w") as f:
@@ -1098,9 +1114,10 @@ for module in (b"graph one", b"graph two"):
 def test_parallel_compile_hands_the_logged_path_to_its_pool(
     cache_root: Path, counter: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path_log: str
 ) -> None:
-    """Sections 8 and 19: the trial run inherits NEURON_EXTRACT_GRAPHS_ONLY=1 and the
-    path-log variable from the tool's own environment; the pool compiles in the cache
-    the log names, not in the one the tool's environment names."""
+    """docs/neuron-sdk.md#neuron_parallel_compile and #neuron_parallel_compiles-environment:
+    the trial run inherits NEURON_EXTRACT_GRAPHS_ONLY=1 and the path-log variable from
+    the tool's own environment; the pool compiles in the cache the log names, not in the
+    one the tool's environment names."""
     decoy = tmp_path / "decoy"
     monkeypatch.setenv("NEURON_COMPILE_CACHE_URL", str(decoy))
     monkeypatch.setenv("NEFFCACHE_STANDIN_PATH_LOG", path_log)
@@ -1132,8 +1149,9 @@ def test_parallel_compile_hands_the_logged_path_to_its_pool(
 def test_parallel_compile_leaves_extraction_on_for_its_pool(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Section 19: the trial run's variables are set in the tool's own environment and
-    stay there, so the pool it forks afterwards inherits them."""
+    """docs/neuron-sdk.md#neuron_parallel_compiles-environment: the trial run's variables
+    are set in the tool's own environment and stay there, so the pool it forks afterwards
+    inherits them."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("standin_npc", PARALLEL_COMPILE)
@@ -1150,14 +1168,15 @@ def test_parallel_compile_leaves_extraction_on_for_its_pool(
     assert npc.ProcessPoolExecutor.__module__ == "concurrent.futures.process"
 
 
-# --------------------------------------------------------------------------- section 18
+# --------------------- docs/neuron-sdk.md#the-sdk-in-late-2026-torchneuron-vllm-neuron
 
 TORCHNEURON = STANDINS / "torchneuron_like.py"
 VLLM = STANDINS / "vllm_neuron_like.py"
 TRACE = STANDINS / "trace_like.py"
 HLO_FIXTURE = STANDINS.parent / "fixtures" / "hlo" / "block_a.pb"
 OTHER_HLO_FIXTURE = STANDINS.parent / "fixtures" / "hlo" / "variant_op.pb"
-# Section 18.2: TorchNeuron's options, between the input and NEURON_CC_FLAGS.
+# docs/neuron-sdk.md#torchneurons-compiler-call: TorchNeuron's options, between the input
+# and NEURON_CC_FLAGS.
 TORCHNEURON_OPTIONS = [
     "--framework",
     "XLA",
@@ -1191,7 +1210,8 @@ def _replace_option(options: list[str], old: str | list[str], new: list[str]) ->
 
 
 def test_torchneuron_argv_form_and_its_flags(tmp_path: Path) -> None:
-    """Section 18.2: input first, options as separate words, -O2 without a value."""
+    """docs/neuron-sdk.md#torchneurons-compiler-call: input first, options as separate
+    words, -O2 without a value."""
     module = write_input(tmp_path / "module.mlir", b"ML\xefR\x00stablehlo bytecode")
     outs = itertools.count()
 
@@ -1248,7 +1268,8 @@ TRACE_FILES = {
 
 
 def test_directory_input(tmp_path: Path) -> None:
-    """Section 18.5: a directory is the input; every file's relative name and bytes count."""
+    """docs/neuron-sdk.md#torch-neuronx-tracing: a directory is the input; every file's
+    relative name and bytes count."""
     outs = itertools.count()
 
     def neff(input_path: Path) -> bytes:
@@ -1318,7 +1339,8 @@ def test_directory_input_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 def test_logfile_is_written_and_is_not_part_of_the_neff(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Section 18.4: vLLM Neuron passes --logfile <wd>/log-neuron-cc.txt."""
+    """docs/neuron-sdk.md#vllm-neuron: vLLM Neuron passes --logfile
+    <wd>/log-neuron-cc.txt."""
     hlo = write_input(tmp_path / "graph.hlo", b"hlo")
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -1362,7 +1384,8 @@ def test_logfile_is_written_and_is_not_part_of_the_neff(
 
 @pytest.mark.parametrize("tokens", LIBNEURONXLA_OPTIONS, ids=lambda t: " ".join(t))
 def test_libneuronxla_options_are_refused(tokens: list[str], tmp_path: Path) -> None:
-    """Section 2: libneuronxla parses these out; they never reach the compiler CLI."""
+    """docs/neuron-sdk.md#cache-location: libneuronxla parses these out; they never reach
+    the compiler CLI."""
     hlo = write_input(tmp_path / "in.pb", b"hlo")
     out = tmp_path / "out.neff"
     done = run_compiler("compile", str(hlo), "--framework", "XLA", *tokens, "--output", str(out))
@@ -1422,7 +1445,7 @@ def test_torchneuron_like_compiles_every_time(tmp_path: Path, counter: Path) -> 
     argvs = counter_argvs(counter)
     assert len(argvs) == 2
     for argv in argvs:
-        # Section 18.2's argv, in its order.
+        # The argv of docs/neuron-sdk.md#torchneurons-compiler-call, in its order.
         assert argv[:2] == ["neuronx-cc", "compile"]
         work = Path(argv[2]).parent
         assert work.parent == tmp_root

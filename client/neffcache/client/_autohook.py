@@ -5,11 +5,11 @@ The ``.pth`` line costs almost nothing when no cache is configured: it imports n
 neffcache module, and puts one finder on ``sys.meta_path`` that does nothing until
 ``libneuronxla`` is imported; then it imports this module, which arms the hook, and
 lets the hook's finder load libneuronxla (:func:`find_spec`). Arming does not depend
-on the environment at start-up because the cache URL is often set later, in the
-script itself (facts §19: NxD Training exports it inside each worker, the SDK's own
-caching page sets ``os.environ``); which URL is in force is settled when libneuronxla
-asks for a cache. When the start-up environment already names a ``neffcache+`` URL,
-the ``.pth`` line imports this module at once.
+on the environment at start-up because the cache URL is often set later, in the script
+itself (docs/neuron-sdk.md#when-the-cache-url-is-set: NxD Training exports it inside
+each worker, the SDK's own caching page sets ``os.environ``); which URL is in force is
+settled when libneuronxla asks for a cache. When the start-up environment already names
+a ``neffcache+`` URL, the ``.pth`` line imports this module at once.
 
 Any error here is reported and swallowed: neither start-up nor the import of
 libneuronxla may fail because of the cache.

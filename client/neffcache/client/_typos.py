@@ -9,7 +9,7 @@ after a URL) rather than failing, which is why they are worth naming:
   ``neffcache+http://`` and ``neffcache+https://`` turn neffcache on (config.py);
 * ``http://HOST/NS`` as a cache URL: the SDK takes it for a directory;
 * ``--cache-dir=`` in ``NEURON_CC_FLAGS``: libneuronxla reads ``--cache_dir`` only
-  (facts §2), and the compiler is handed an option it does not know;
+  (docs/neuron-sdk.md#cache-location), and the compiler is handed an option it does not know;
 * a bare URL in ``NEURON_CC_FLAGS``: the SDK hands it to the compiler as a word;
 * a value in quotes or with spaces around it (``docker run --env-file`` and some
   YAML keep quotes as part of the value): the URL then does not start with the
@@ -112,7 +112,7 @@ def _url_value(where: str, spelled: str, value: str) -> list[Finding]:
             Finding(
                 f"{where} {redact_url(bare)}: only neffcache+http:// or neffcache+https:// "
                 "(in lowercase) turns neffcache on",
-                f"{spelled}{redact_url(_respelled(bare))}",
+                f"{spelled}{redact_url(_with_namespace(_respelled(bare)))}",
             )
         )
     elif lower.startswith(("http://", "https://")):
@@ -120,10 +120,18 @@ def _url_value(where: str, spelled: str, value: str) -> list[Finding]:
             Finding(
                 f"{where} {redact_url(bare)}: an http URL is no cache URL the SDK knows "
                 "(it takes it for a directory), and neffcache needs the neffcache+ prefix",
-                f"{spelled}neffcache+{redact_url(bare)}",
+                f"{spelled}neffcache+{redact_url(_with_namespace(bare))}",
             )
         )
     return found
+
+
+def _with_namespace(url: str) -> str:
+    """``url`` with a ``/NAMESPACE`` placeholder where it names no path: a neffcache URL
+    without its namespace would be refused next."""
+    from urllib.parse import urlsplit
+
+    return url.rstrip("/") + "/NAMESPACE" if urlsplit(url).path in ("", "/") else url
 
 
 def _respelled(url: str) -> str:

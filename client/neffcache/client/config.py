@@ -1,7 +1,7 @@
 """Where the cache is and how the client behaves, read from the environment once.
 
 The URL lives where a Neuron user already puts a cache URL, with the SDK's precedence
-(facts §2): ``--cache_dir=`` inside ``NEURON_CC_FLAGS``, then
+(docs/neuron-sdk.md#cache-location): ``--cache_dir=`` inside ``NEURON_CC_FLAGS``, then
 ``NEURON_COMPILE_CACHE_URL``; ``NEFFCACHE_URL`` overrides both. Only a
 ``neffcache+http(s)://HOST:PORT/NAMESPACE`` URL turns neffcache on: anything else (a
 directory, ``s3://``) leaves the stock cache alone.
@@ -49,8 +49,9 @@ def cache_url(environ: Mapping[str, str]) -> str | None:
 def sdk_urls(environ: Mapping[str, str]) -> list[str]:
     """Every cache location the SDK's own settings name, whatever their precedence:
     ``--cache_dir`` in ``NEURON_CC_FLAGS``, ``NEURON_COMPILE_CACHE_URL`` and the
-    default. Callers resolve these themselves and disagree on the order (facts §2:
-    optimum-neuron passes the default as ``cache_dir`` while the variable is set)."""
+    default. Callers resolve these themselves and disagree on the order
+    (docs/neuron-sdk.md#cache-location: optimum-neuron passes the default as
+    ``cache_dir`` while the variable is set)."""
     sdk_env = {k: v for k, v in environ.items() if k != "NEFFCACHE_URL"}
     found = [cache_url(sdk_env), environ.get("NEURON_COMPILE_CACHE_URL"), DEFAULT_LOCAL_DIR]
     return [url for url in dict.fromkeys(found) if url]
@@ -59,8 +60,8 @@ def sdk_urls(environ: Mapping[str, str]) -> list[str]:
 def location(url: str) -> str:
     """``url`` in a form to compare: ``file://`` dropped, ``~`` expanded, absolute,
     no trailing slash; an ``s3://`` URL only loses its trailing slash. The SDK's
-    handling of these spellings is not documented (facts §2), so each counts as one
-    location."""
+    handling of these spellings is not documented (docs/neuron-sdk.md#cache-location),
+    so each counts as one location."""
     if url.startswith("s3://"):
         return url.rstrip("/")
     path = url.removeprefix("file://")
@@ -103,6 +104,9 @@ class ClientConfig(NamedTuple):
     # NEFFCACHE_LOCAL_MAX_SIZE in bytes: None for the default (l1limit.default_limit,
     # which needs the filesystem, so not read here), 0 for no limit.
     local_max_size: int | None = None
+    # NEFFCACHE_LOCAL_READ_ONLY: never write to L1 (an image's baked entries, served as
+    # they are); a directory this process cannot write is treated the same (local.py).
+    local_read_only: bool = False
 
     @property
     def url(self) -> str:
@@ -138,7 +142,13 @@ class ClientConfig(NamedTuple):
             job_id=job_id(env),
             instance_type=_name(env.get("NEFFCACHE_INSTANCE_TYPE")),
             local_max_size=_size(env, "NEFFCACHE_LOCAL_MAX_SIZE"),
+            local_read_only=local_read_only(env),
         )
+
+
+def local_read_only(env: Mapping[str, str]) -> bool:
+    """Whether ``NEFFCACHE_LOCAL_READ_ONLY`` declares L1 read-only."""
+    return _flag(env, "NEFFCACHE_LOCAL_READ_ONLY")
 
 
 def parse_url(url: str) -> tuple[str, str]:

@@ -1,18 +1,20 @@
 """The persistent-cache hook: when ``libneuronxla`` is imported, its
 ``create_compile_cache`` is replaced wherever libneuronxla binds it (the way
-optimum-neuron patches it, facts §9), by one that returns a server-backed cache for a
-``neffcache+`` URL, so the SDK never treats that URL as a directory.
+optimum-neuron patches it, docs/neuron-sdk.md#libneuronxla-cache-api), by one that
+returns a server-backed cache for a ``neffcache+`` URL, so the SDK never treats that URL
+as a directory.
 
 ``install()`` puts a finder on ``sys.meta_path`` that lets every ``libneuronxla``
 module load normally and then patches it: modules that libneuronxla imports later,
 with their own ``from ... import create_compile_cache``, are patched as they load.
-The SDK's cache classes are guarded too: code that builds ``CompileCacheFs(url)``
-itself (optimum-neuron's sessions replace ``create_compile_cache`` by such a function,
-facts §19) gets a stock cache on the L1 directory for a ``neffcache+`` URL.
+The SDK's cache classes are guarded too: code that builds ``CompileCacheFs(url)`` itself
+(optimum-neuron's sessions replace ``create_compile_cache`` by such a function,
+docs/neuron-sdk.md#optimum-neuron-sessions) gets a stock cache on the L1 directory for a
+``neffcache+`` URL.
 
 Which URL is in force is read each time libneuronxla asks for a cache, from the
 environment as it is then (scripts and NxD Training set the URL after start-up,
-facts §19) and from the URL the SDK hands over.
+docs/neuron-sdk.md#when-the-cache-url-is-set) and from the URL the SDK hands over.
 
 Every process that imports libneuronxla imports this module (one started with a
 ``neffcache+`` URL in its environment, at start-up), so it imports almost nothing: the
@@ -145,11 +147,12 @@ def _replacement(original: Any) -> Any:
             # become a directory named "neffcache+http:": L1 serves, as a stock cache.
             return original(_local_url(_usable_l1(_configured_l1())), *args, **kwargs)
         try:
-            config = _writable_l1(config)
+            configured, config = config, _writable_l1(config)
             stock = original(_local_url(config.local_dir), *args, **kwargs)
             cls = _proxy_class(stock)
             _flush_at_worker_exit()
-            return cls(stock, config, url)
+            staged = config.local_dir != configured.local_dir
+            return cls(stock, config, url, lower=configured.local_dir if staged else None)
         except Exception:
             from neffcache.client.stats import STATS
 
@@ -164,9 +167,10 @@ def _replacement(original: Any) -> Any:
 
 
 def _served_by_neffcache(url: str) -> bool:
-    """A neffcache URL (anywhere in ``url``: an SDK may have made it absolute); L1's
-    own directory while neffcache is configured (``neuron_parallel_compile`` hands
-    the pool the path its trial run logged, facts §19); or a location of the SDK's
+    """A neffcache URL (anywhere in ``url``: an SDK may have made it absolute); L1's own
+    directory while neffcache is configured (``neuron_parallel_compile`` hands the pool
+    the path its trial run logged,
+    docs/neuron-sdk.md#neuron_parallel_compiles-environment); or a location of the SDK's
     own settings that ``NEFFCACHE_URL`` overrides."""
     from neffcache.client.config import SCHEME_PREFIX, location, overridden, wants_neffcache
 
@@ -182,10 +186,11 @@ def _config_for(url: str) -> Any:
     as it is now; when that names no neffcache URL, from ``url`` itself, which is then
     exported as ``NEFFCACHE_URL``. None: disabled or malformed (the reason is logged).
 
-    ``neuron_parallel_compile`` hands its pool the URL its trial run resolved when
-    only the training script set it (NxD Training, facts §19): exported, it reaches
-    the pool it forks next and the compiler shim under it, which vouches for the
-    pool's NEFFs (the pool inherits ``NEURON_EXTRACT_GRAPHS_ONLY``)."""
+    ``neuron_parallel_compile`` hands its pool the URL its trial run resolved when only
+    the training script set it (NxD Training,
+    docs/neuron-sdk.md#the-libneuronxla-path-in-practice): exported, it reaches the pool
+    it forks next and the compiler shim under it, which vouches for the pool's NEFFs
+    (the pool inherits ``NEURON_EXTRACT_GRAPHS_ONLY``)."""
     from neffcache.client.config import SCHEME_PREFIX, ClientConfig, ConfigError, wants_neffcache
 
     handed = None
@@ -254,11 +259,12 @@ _worker_flushes: set[int] = set()  # processes whose multiprocessing exit flushe
 
 
 def _flush_at_worker_exit() -> None:
-    """In a multiprocessing worker (``neuron_parallel_compile``'s pool, facts §8.3),
-    have its exit wait for the background publishes: a worker ends in ``os._exit``
-    after multiprocessing's finalizers, so the ``atexit`` flush never runs there and
-    the graphs it compiled last would never reach the server. Once per process: the
-    finalizers are per process too (a fork starts with none)."""
+    """In a multiprocessing worker (``neuron_parallel_compile``'s pool,
+    docs/neuron-sdk.md#parallel-compile), have its exit wait for the background
+    publishes: a worker ends in ``os._exit`` after multiprocessing's finalizers, so the
+    ``atexit`` flush never runs there and the graphs it compiled last would never reach
+    the server. Once per process: the finalizers are per process too (a fork starts with
+    none)."""
     multiprocessing = sys.modules.get("multiprocessing")
     if multiprocessing is None or multiprocessing.parent_process() is None:
         return
@@ -282,16 +288,21 @@ _l1_dirs: dict[str, str] = {}  # configured L1 -> the directory used, once per p
 
 
 def _writable_l1(config: Any) -> Any:
-    """``config``, with its L1 replaced as :func:`_usable_l1` says."""
+    """``config``, with its L1 replaced as :func:`_usable_l1` says (a staging directory
+    is the process's own: no size limit, writable)."""
     chosen = _usable_l1(config.local_dir)
-    return config if chosen == config.local_dir else config._replace(local_dir=chosen)
+    if chosen == config.local_dir:
+        return config
+    return config._replace(local_dir=chosen, local_max_size=0, local_read_only=False)
 
 
 def _usable_l1(local_dir: str) -> str:
-    """``local_dir``, or a private temporary directory when it cannot be written (a
-    read-only mount): the SDK's filesystem cache takes a lock file even to read
-    (facts §6.1) and would fail the job. Decided once per process: the SDK asks for a
-    cache per graph, and every graph of a run must find the ones before it in the same
+    """``local_dir``, or this process's staging directory when L1 is read-only
+    (``NEFFCACHE_LOCAL_READ_ONLY``, or a directory it cannot write): the SDK's
+    filesystem cache takes a lock file even to read (docs/neuron-sdk.md#cache-wide-lock)
+    and would fail the job, so the SDK's cache works there while the proxy serves L1's
+    own entries (``lower``). Decided once per process: the SDK asks for a cache per
+    graph, and every graph of a run must find the ones before it in the same
     directory."""
     chosen = _l1_dirs.get(local_dir)
     if chosen is None:
@@ -300,21 +311,25 @@ def _usable_l1(local_dir: str) -> str:
 
 
 def _probe_l1(local_dir: str) -> str:
-    import tempfile
+    from neffcache.client.config import local_read_only
+    from neffcache.client.local import SDK_CACHE_VARIABLE, l1_read_only, staging_dir
 
-    try:
-        os.makedirs(local_dir, exist_ok=True)
-        with tempfile.TemporaryFile(dir=local_dir):
-            pass
+    if not l1_read_only(local_dir, local_read_only(os.environ)):
         return local_dir
-    except OSError as exc:
-        from neffcache.client._log import log
-        from neffcache.client.stats import STATS
+    from neffcache.client.stats import STATS
 
-        STATS.count("l1_unwritable")
-        private = tempfile.mkdtemp(prefix="neffcache-l1-")
-        log.warning("neffcache: %s is not writable (%s); using %s", local_dir, exc, private)
-        return private
+    STATS.count("l1_unwritable")
+    cache = staging_dir() / "cache"
+    cache.mkdir(exist_ok=True)
+    staged = str(cache)
+    os.environ[SDK_CACHE_VARIABLE] = staged  # for the shim the SDK runs
+    log.warning(
+        "neffcache: L1 %s is read-only: its entries are served as they are, and the SDK's "
+        "cache works in %s until this process exits",
+        local_dir,
+        staged,
+    )
+    return staged
 
 
 def _local_url(local_dir: str | None) -> Any:

@@ -72,6 +72,9 @@ def stats_dir(local_dir: str) -> str:
 def count(local_dir: str, fields: Mapping[str, Any]) -> None:
     """Add one graph's outcome (a run-manifest line's fields) to L1's counters."""
     try:
+        from neffcache.client.local import refuse_if_read_only
+
+        refuse_if_read_only(local_dir)  # a declared read-only L1, as an unwritable one
         record = encode(fields)
         size = 0 if record is None else append(stats_dir(local_dir), record)
     except Exception:  # OSError, or a bug: the counters' trouble is never the job's

@@ -104,12 +104,13 @@ def grew(config: ClientConfig, *, background: bool = False) -> None:
     """L1 grew: evict if a run is due (one ``stat`` when it is not). ``background``
     runs the eviction on a daemon thread, for a process whose caller is waiting (the
     hook's); the shim's process, which ends soon after, runs it inline (at most
-    ``BUDGET`` seconds, once per ``INTERVAL`` per host). Never raises."""
+    ``BUDGET`` seconds, once per ``INTERVAL`` per host). Never raises. A read-only L1
+    is never evicted from (it did not grow: nothing was written to it)."""
     try:
-        if config.local_max_size == 0:
+        if config.local_max_size == 0 or config.local_read_only:
             return
         evictor = Evictor(config.local_dir, config.local_max_size)
-        if not evictor.due():
+        if not evictor.due() or not _writable(config.local_dir):
             return
         if background:
             import threading
@@ -120,6 +121,12 @@ def grew(config: ClientConfig, *, background: bool = False) -> None:
     except Exception:  # the cache's trouble is never the job's
         STATS.count("l1_eviction_errors")
         log.exception("neffcache: the L1 size limit could not be applied")
+
+
+def _writable(local_dir: str) -> bool:
+    from neffcache.client.local import l1_read_only
+
+    return not l1_read_only(local_dir, declared=False)
 
 
 def default_limit(local_dir: Path) -> int:

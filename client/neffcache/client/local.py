@@ -10,6 +10,13 @@ persistent-cache hook serves)::
 
 Names end in ``.flock``, not ``.lock``: the SDK's ``clear_locks`` removes ``*.lock``
 files, and removing a held flock file would let a second holder in.
+
+A read-only L1 (``l1_read_only``: declared by ``NEFFCACHE_LOCAL_READ_ONLY``, or a
+directory this process cannot write) is served as it is, verified as any L1 is, and
+never written: no hit is marked, no damaged copy removed, no manifest, lock or note
+made. What must be written somewhere meanwhile (the SDK's own cache, which takes a lock
+file even to look up, docs/neuron-sdk.md#cache-wide-lock) goes to this process's
+``staging_dir``, removed when it exits.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import blake3
 
@@ -32,13 +39,73 @@ from neffcache.client.l1limit import used
 from neffcache.client.manifests import checked, is_digest
 from neffcache.client.stats import STATS
 
+if TYPE_CHECKING:
+    from neffcache.client.config import ClientConfig
+
 _POLL = 0.05
 _LOG_EVERY = 60.0
+# Set by the hook for the processes it starts while its SDK's cache is a staging
+# directory over a read-only L1: where the shim looks for the SDK's entries (to vouch
+# for a stock address) and leaves its notes for the hook (runlog's delegated lines).
+SDK_CACHE_VARIABLE = "NEFFCACHE_SDK_CACHE_DIR"
+
+# L1 directories declared read-only in this process (absolute paths). local.py's
+# writers refuse to write below them as a read-only filesystem does (EROFS), so every
+# best-effort writer (down marks, the compiler's version memo, failure notes) goes on
+# exactly as it does on a read-only mount: a declared L1 and an unwritable one behave
+# the same.
+_DECLARED_READ_ONLY: set[str] = set()
+_ACCESS_AS_EFFECTIVE = os.access in os.supports_effective_ids
+
+
+def l1_read_only(local_dir: str | Path, declared: bool) -> bool:
+    """Whether neffcache must not write to the L1 at ``local_dir``: ``declared`` so
+    (``NEFFCACHE_LOCAL_READ_ONLY``), or a directory this process cannot write (a
+    read-only mount, another user's files: asked of the kernel with ``access``, so root
+    writes wherever it may). An L1 that does not exist yet is made here, as its first
+    write would make it; one that cannot be made is read-only (and empty)."""
+    top = os.path.abspath(local_dir)
+    if declared:
+        _DECLARED_READ_ONLY.add(top)
+        return True
+    return not _writable(top)
+
+
+def _writable(top: str) -> bool:
+    seen = False
+    for path in (os.path.join(top, ".neffcache"), top):
+        try:
+            os.stat(path)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False
+        seen = True
+        if not os.access(path, os.W_OK | os.X_OK, effective_ids=_ACCESS_AS_EFFECTIVE):
+            return False
+    if seen:
+        return True
+    try:
+        os.makedirs(top, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(top, os.W_OK | os.X_OK, effective_ids=_ACCESS_AS_EFFECTIVE)
+
+
+def refuse_if_read_only(directory: str | Path) -> None:
+    """OSError (EROFS) when ``directory`` lies in an L1 declared read-only."""
+    if not _DECLARED_READ_ONLY:
+        return
+    here = os.path.abspath(directory)
+    for top in _DECLARED_READ_ONLY:
+        if here == top or here.startswith(top + os.sep):
+            raise OSError(errno.EROFS, "L1 is read-only (NEFFCACHE_LOCAL_READ_ONLY)", here)
 
 
 def new_temp(directory: Path, prefix: str) -> tuple[int, Path]:
     """A new, empty, private file in ``directory`` (``tempfile.mkstemp`` without
     ``tempfile``, whose import costs a wrapper hit milliseconds)."""
+    refuse_if_read_only(directory)
     while True:
         path = directory / f"{prefix}{os.getpid()}.{os.urandom(6).hex()}"
         try:
@@ -50,6 +117,7 @@ def new_temp(directory: Path, prefix: str) -> tuple[int, Path]:
 def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename, so readers
     see the old file or the whole new one."""
+    refuse_if_read_only(path.parent)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = new_temp(path.parent, f".{path.name}.")
     try:
@@ -67,6 +135,7 @@ def copy_atomic(src: Path, dest: Path) -> None:
     rename; the kernel copies (``sendfile``). Never a hard link: a file the SDK serves
     or a compiler's ``--output`` must not share its bytes with an L1 blob, or an
     in-place write to one would change the other."""
+    refuse_if_read_only(dest.parent)
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = new_temp(dest.parent, f".{dest.name}.")
     try:
@@ -99,8 +168,14 @@ def file_digest(path: Path) -> str:
 
 
 class LocalStore:
-    def __init__(self, local_dir: str | Path) -> None:
+    def __init__(self, local_dir: str | Path, read_only: bool = False) -> None:
         self.root = Path(local_dir) / ".neffcache"
+        self.read_only = read_only  # served as it is, never written (l1_read_only)
+
+    @classmethod
+    def of(cls, config: ClientConfig) -> LocalStore:
+        """The L1 ``config`` names, read-only when it must be (``l1_read_only``)."""
+        return cls(config.local_dir, l1_read_only(config.local_dir, config.local_read_only))
 
     def blob_path(self, digest: str) -> Path:
         """Where the blob ``digest`` lives. ValueError for anything but 64 hex digits:
@@ -116,7 +191,8 @@ class LocalStore:
         if not is_digest(digest):
             return False
         path = self.blob_path(digest)
-        used(path)  # first: l1limit's handshake with an eviction under way
+        if not self.read_only:
+            used(path)  # first: l1limit's handshake with an eviction under way
         try:
             status = path.stat()
             if not stat.S_ISREG(status.st_mode):
@@ -129,13 +205,17 @@ class LocalStore:
             return False
         except (OSError, ValueError):
             STATS.count("bad_local_blobs")
-            with contextlib.suppress(OSError):
-                path.unlink()
+            if not self.read_only:  # else it stays, and is never served
+                with contextlib.suppress(OSError):
+                    path.unlink()
             return False
         return True
 
     def add_blob(self, src: Path, digest: str) -> Path:
-        """Copy a verified file in (no-op when present); returns the stored path."""
+        """Copy a verified file in (no-op when present); returns the stored path.
+        OSError when L1 is read-only."""
+        if self.read_only:
+            raise OSError(errno.EROFS, "L1 is read-only", str(self.root))
         dest = self.blob_path(digest)
         used(dest)  # present: it is about to be published from
         if not dest.exists():
@@ -160,7 +240,7 @@ class LocalStore:
     def put_manifest(self, key: str, manifest: dict[str, Any]) -> bool:
         """Remember ``manifest`` under ``key``; best effort (a full or read-only L1
         costs a later lookup, never the current call): False when it could not."""
-        if not is_digest(key):
+        if not is_digest(key) or self.read_only:
             return False
         path = self.root / "keys" / key[:2] / f"{key}.json"
         try:
@@ -181,7 +261,11 @@ class LocalStore:
     def note_wrapped(self, address: str) -> None:
         """The wrapper resolved (served or compiled) the graph at ``address`` now: the
         note is the file's modification time, set to this clock's time by one ``utime``
-        (it runs on every wrapper hit: no temporary file and rename)."""
+        (it runs on every wrapper hit: no temporary file and rename). Never in a
+        read-only L1: the hook then works in a staging directory, and the shim notes
+        there (``SDK_CACHE_VARIABLE``)."""
+        if self.read_only:
+            return
         path = self._wrapped_path(address)
         now = time.time()
         with contextlib.suppress(OSError):  # then the graph is counted twice, no worse
@@ -214,7 +298,10 @@ class LocalStore:
 
     def acquire(self, name: str, what: str, wait: float = 0.0) -> int | None:
         """The lock ``name`` as an open descriptor (``release`` it), or None when it
-        could not be taken (see ``lock``)."""
+        could not be taken (see ``lock``). None at once in a read-only L1, where no
+        lock file can be made: each process goes on alone."""
+        if self.read_only:
+            return None
         path = self.root / "locks" / f"{name}.flock"
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -268,3 +355,123 @@ def _holder(fd: int) -> str:
         return os.pread(fd, 32, 0).decode().strip() or "?"
     except OSError:
         return "?"
+
+
+# -- this process's staging directory -----------------------------------------------------
+
+_STAGING_HELD = ".held"
+_staging: dict[int, Path] = {}  # pid -> its directory (a forked child makes its own)
+
+
+def staging_parent() -> Path:
+    """Where every process of this user stages: ``<TMPDIR>/neffcache-staging-<uid>``."""
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"neffcache-staging-{os.getuid()}"
+
+
+def staging_dir() -> Path:
+    """This process's directory for what must be written while L1 is read-only:
+    ``staging_parent()/<pid>.<random>``, made on first use and removed when the process
+    exits (with the parent, once empty). The process holds a flock on a file in it for
+    its lifetime, so one left by a killed process is removed by the next process that
+    makes one. OSError when it cannot be made."""
+    pid = os.getpid()
+    made = _staging.get(pid)
+    if made is not None:
+        return made
+    parent = staging_parent()
+    parent.mkdir(mode=0o700, exist_ok=True)
+    _sweep(parent)
+    made = parent / f"{pid}.{os.urandom(6).hex()}"
+    made.mkdir(mode=0o700)
+    held = os.open(made / _STAGING_HELD, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)  # kept open: released when the process ends
+    _staging[pid] = made
+    _remove_at_exit(pid, made)
+    return made
+
+
+def _remove_at_exit(pid: int, made: Path) -> None:
+    import atexit
+
+    def remove() -> None:
+        if os.getpid() == pid and _staging.pop(pid, None) is not None:  # not a fork's exit
+            _remove_staging(made)
+
+    atexit.register(remove)
+    # A multiprocessing worker ends in os._exit after multiprocessing's finalizers,
+    # never running atexit (neuron_parallel_compile's pool).
+    import sys
+
+    multiprocessing = sys.modules.get("multiprocessing")
+    if multiprocessing is not None and multiprocessing.parent_process() is not None:
+        from multiprocessing.util import Finalize
+
+        Finalize(None, remove, exitpriority=0)
+
+
+def _remove_staging(made: Path) -> None:
+    import shutil
+
+    shutil.rmtree(made, ignore_errors=True)
+    tidy_staging()
+
+
+def tidy_staging() -> None:
+    """Remove ``staging_parent()`` if it is empty (another process may stage there)."""
+    with contextlib.suppress(OSError):
+        os.rmdir(staging_parent())
+
+
+def _sweep(parent: Path) -> None:
+    """Remove the staging directories of processes that are gone: a free flock."""
+    with contextlib.suppress(OSError), os.scandir(parent) as found:
+        for entry in found:
+            try:
+                fd = os.open(os.path.join(entry.path, _STAGING_HELD), os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue  # being made (no flock file yet), or not a staging directory
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # its process lives
+            finally:
+                os.close(fd)
+            import shutil
+
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def link_entry(source: Path, entry: Path) -> bool:
+    """Serve the stock entry ``source`` of a read-only L1 at ``entry`` (in the SDK's
+    cache, a staging directory) by symbolic links to its files, ``model.done`` last:
+    nothing is copied, nothing in ``source`` written. Only a complete entry
+    (``model.done`` and ``model.neff``) is linked, and only its regular files with an
+    artifact's name: anything on the host may have put it there, and a link out of it
+    or a FIFO would be served or hang a read. Names ``entry`` already has stay (the
+    SDK may have written the graph's HLO first). True when linked."""
+    from neffcache.keying import STOCK_DONE, STOCK_NEFF, is_stock_artifact
+
+    names = []
+    try:
+        with os.scandir(source) as found:
+            for item in found:
+                wanted = item.name == STOCK_DONE or is_stock_artifact(item.name)
+                if wanted and item.is_file(follow_symlinks=False):
+                    names.append(item.name)
+    except OSError:
+        return False
+    if STOCK_DONE not in names or STOCK_NEFF not in names:
+        return False
+    names.sort(key=lambda name: name == STOCK_DONE)
+    try:
+        entry.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            if not os.path.lexists(entry / name):
+                os.symlink(os.path.abspath(source / name), entry / name)
+    except OSError as exc:
+        STATS.count("local_errors")
+        log.warning("neffcache: cannot serve %s from the read-only L1: %s", source, exc)
+        return False
+    return True

@@ -32,12 +32,14 @@ compiles (another ``XLA_FLAGS``): neither's manifest is recorded under the other
 The server is never skipped on a timer and no host-wide "down" mark is read or
 written (``PrewarmRemote``): a job's back-off lets its graphs compile meanwhile, while
 prewarm has nothing to do but ask, and the job that follows must not skip the server
-because prewarm met a hiccup. A graph that fails is tried once more; after
-``GIVE_UP`` graphs in a row have failed the rest count as failed without being tried.
+because prewarm met a hiccup. Its first request, made by the first graph not whole in
+L1, asks whether the server can answer (``GET /readyz``); when it cannot, prewarm stops
+and raises ``Unanswered``. A graph that fails is tried once more; after ``GIVE_UP``
+graphs in a row have failed the rest count as failed without being tried.
 Ctrl-C (``KeyboardInterrupt``) stops the threads, cuts their downloads (each removes
-its temporary file) and waits for them up to ``STOP_WAIT`` seconds. Temporary
-download files more than an hour old, which only a killed process leaves, are removed
-when prewarm starts.
+its temporary file), waits for them up to ``STOP_WAIT`` seconds and raises
+``Interrupted`` with the counts so far. Temporary download files more than an hour
+old, which only a killed process leaves, are removed when prewarm starts.
 
 Every file is written under a temporary name and renamed, so a job may start while
 prewarm runs. Nothing here writes run-manifest lines or publishes. A graph ends as
@@ -62,7 +64,7 @@ from typing import Any, NamedTuple, TextIO
 
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
-from neffcache.client.http import Connection
+from neffcache.client.http import Connection, HttpError, error_detail
 from neffcache.client.l1limit import grew
 from neffcache.client.local import LocalStore, atomic_write
 from neffcache.client.manifests import BadManifest, Manifest, check, is_digest
@@ -122,6 +124,9 @@ class Summary(NamedTuple):
     failed: int
     bytes: int
     seconds: float
+    # Ctrl-C stopped the run: the counts are of the graphs finished by then, so they
+    # add up to fewer than ``graphs``.
+    interrupted: bool = False
 
     def line(self) -> str:
         return (
@@ -133,6 +138,21 @@ class Summary(NamedTuple):
 
     def as_json(self) -> dict[str, Any]:
         return {**self._asdict(), "seconds": round(self.seconds, 3)}
+
+
+class Unanswered(Exception):
+    """The server could not answer prewarm's first request (not reached, a timeout, its
+    stores down); the message is one line. Raised by ``prewarm`` once its threads have
+    stopped: every graph would have failed for the same reason, each with a warning."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, raised again by ``prewarm`` once its threads have stopped, with the
+    summary of what was done by then."""
+
+    def __init__(self, summary: Summary) -> None:
+        super().__init__()
+        self.summary = summary
 
 
 # -- the run manifest --------------------------------------------------------------------
@@ -270,9 +290,36 @@ class PrewarmRemote(Remote):
         self._redirects: weakref.WeakSet[Connection] = weakref.WeakSet()
         self._connections_lock = threading.Lock()
         self._counts = threading.local()
+        self._asked_lock = threading.Lock()
+        self._asked = False
+        self.unanswered: str | None = None
 
     def available(self, scope: str | None = None) -> bool:
-        return not self.stop.is_set()
+        """False once ``stop`` is set. The first call asks the server whether it can
+        answer (the others wait for that); when it cannot, ``unanswered`` says why and
+        ``stop`` is set. Graphs found whole in L1 never ask: a prewarm with nothing to
+        fetch needs no server."""
+        if self.stop.is_set():
+            return False
+        with self._asked_lock:
+            if not self._asked:
+                self._asked = True
+                self.unanswered = self._readyz()
+                if self.unanswered is not None:
+                    self.stop.set()
+        return self.unanswered is None
+
+    def _readyz(self) -> str | None:
+        """Why ``GET /readyz`` got no answer (a 5xx: a store is down), or None. On this
+        thread's connection, which ``abort`` cuts."""
+        server = self.config.server
+        try:
+            answer = self._connection().request("GET", "/readyz", headers=self._headers)
+        except HttpError as exc:
+            return f"cannot reach {server}: {exc}"
+        if answer.status >= 500:
+            return f"{server} answered {answer.status}: {error_detail(answer.body)}"
+        return None
 
     def _mark_down(self, what: str, reason: object, scope: str | None = None) -> None:
         STATS.count("server_errors")
@@ -430,8 +477,9 @@ class Prewarmer:
 
     def _stock_entry(self, address: str, manifest: Manifest) -> bool | None:
         """Write ``<L1>/<address>/`` for the hook (the caller checked the manifest's
-        environment: facts §4.4); True when written, False when present, None on
-        failure. Files L1's blob store lacks are fetched straight into the entry."""
+        environment, which the address does not cover: docs/neuron-sdk.md#stock-address);
+        True when written, False when present, None on failure. Files L1's blob store
+        lacks are fetched straight into the entry."""
         entry = self.root / address
         with self.local.lock(entry_lock_name(address), f"entry {address}"):
             if (entry / DONE).exists():
@@ -503,8 +551,9 @@ def prewarm(
     progress: TextIO | None = None,
 ) -> Summary:
     """Put every graph of ``run`` into L1 on ``parallel`` threads; ``progress`` gets a
-    progress bar when it is a terminal. A KeyboardInterrupt is raised again once the
-    threads have stopped (or ``STOP_WAIT`` has passed)."""
+    progress bar when it is a terminal. A KeyboardInterrupt is raised again, as
+    ``Interrupted`` with the summary so far, once the threads have stopped (or
+    ``STOP_WAIT`` has passed); ``Unanswered`` when the server could not answer."""
     start = time.monotonic()
     worker = Prewarmer(config)
     removed = remove_temps(worker.root)
@@ -536,7 +585,7 @@ def prewarm(
             counts[outcome.status] += 1
             fetched += outcome.bytes
             in_a_row = in_a_row + 1 if outcome.status == "failed" else 0
-            if in_a_row == GIVE_UP:
+            if in_a_row == GIVE_UP and not worker.stop.is_set():
                 log.warning(
                     "neffcache: %d graphs in a row could not be fetched; "
                     "prewarm gives up (the rest count as failed)",
@@ -546,17 +595,29 @@ def prewarm(
     except KeyboardInterrupt:
         bar.close()
         stop_threads(worker, threads)
-        raise
+        raise Interrupted(_summary(run, counts, fetched, start, interrupted=True)) from None
     finally:
         bar.close()  # an interrupt, too, leaves the terminal's line clean
+    if worker.remote.unanswered is not None:
+        raise Unanswered(worker.remote.unanswered)
     grew(config)  # after the downloads: young files are never evicted, older ones may be
+    return _summary(run, counts, fetched, start)
+
+
+def _summary(
+    run: RunManifest, counts: dict[str, int], fetched: int, start: float, interrupted: bool = False
+) -> Summary:
     return Summary(
         lines=run.lines,
         malformed=run.malformed,
         graphs=len(run.graphs),
+        in_l1=counts["in_l1"],
+        fetched=counts["fetched"],
+        missing=counts["missing"],
+        failed=counts["failed"],
         bytes=fetched,
         seconds=time.monotonic() - start,
-        **counts,
+        interrupted=interrupted,
     )
 
 

@@ -1,11 +1,12 @@
-"""The ``CompileCache`` the persistent-cache hook hands to libneuronxla (facts §9).
+"""The ``CompileCache`` the persistent-cache hook hands to libneuronxla
+(docs/neuron-sdk.md#libneuronxla-cache-api).
 
 It wraps the SDK's own filesystem cache over the L1 directory (``NEFFCACHE_LOCAL_DIR``,
 the stock layout), so locks, ``get_hlos``, ``try_lookup_for_compile`` and
 ``clear_locks`` behave exactly as the SDK's do for ``neuron_parallel_compile``. Three
 methods add the server:
 
-* ``exists(<entry>/model.done)`` (and ``model.neff``, which older SDKs probe, §3.3):
+* ``exists(<entry>/model.done)`` (and ``model.neff``, which older SDKs probe, #hit-detection):
   true if L1 has it; else the server is asked for the entry by its Neuron address
   and, when the entry's HLO is already in L1, by its direct and canonical keys; a
   found entry is written into L1 (``model.done`` last) before the answer is true.
@@ -16,9 +17,10 @@ methods add the server:
   ``model.log`` is reported to the server as a failure record.
 
 The order in which the SDK writes the HLO and probes ``model.done`` is not public
-(facts §3.3): when the probe comes first, only the address can be looked up; a trace
-that differs in metadata then misses here and is caught by the compiler wrapper, which
-is why both interception points are meant to be enabled together.
+(docs/neuron-sdk.md#hit-detection): when the probe comes first, only the address can be
+looked up; a trace that differs in metadata then misses here and is caught by the
+compiler wrapper, which is why both interception points are meant to be enabled
+together.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from neffcache.client.config import ClientConfig
 from neffcache.client.l1limit import grew as _grew
 from neffcache.client.l1limit import used as _used
 from neffcache.client.reasons import UNKNOWN
-from neffcache.client.runlog import saved_seconds
+from neffcache.client.runlog import DELEGATED_FIELDS, saved_seconds
 from neffcache.client.stats import STATS
 from neffcache.keying import (
     STOCK_DONE,
@@ -57,7 +59,7 @@ if TYPE_CHECKING:
 DONE = STOCK_DONE
 NEFF = STOCK_NEFF
 LOG = STOCK_LOG
-# compile_flags.json, or the oldest era's compile_flags.txt (facts §19).
+# compile_flags.json, or the oldest era's compile_flags.txt (docs/neuron-sdk.md#layout-eras).
 FLAGS_NAMES = STOCK_FLAGS_NAMES
 HLO_NAMES = STOCK_HLO_NAMES
 
@@ -68,11 +70,14 @@ def make_proxy_class(base: type) -> type:
     class NeffcacheCompileCache(base):  # type: ignore[misc]
         """Server-backed; see the module docstring."""
 
-        def __init__(self, stock: Any, config: ClientConfig, original_url: Any) -> None:
+        def __init__(
+            self, stock: Any, config: ClientConfig, original_url: Any, lower: str | None = None
+        ) -> None:
             # Not base.__init__: the stock cache already parsed its URL, and every path
-            # the SDK builds from ``cache_path`` must point into L1.
+            # the SDK builds from ``cache_path`` must point into L1 (or, while L1 is
+            # read-only, into the staging directory over it: ``lower`` is L1).
             self._stock = stock
-            self._core = Core(stock, config)
+            self._core = Core(stock, config, lower)
             self.cache_url = stock.cache_url
             self.cache_path = stock.cache_path
             self.cache_type = getattr(stock, "cache_type", "fs")
@@ -170,14 +175,17 @@ def _delegate(name: str) -> Any:
 class Core:
     """The proxy's logic, independent of the SDK's classes (tested directly)."""
 
-    def __init__(self, stock: Any, config: ClientConfig) -> None:
+    def __init__(self, stock: Any, config: ClientConfig, lower: str | None = None) -> None:
         from neffcache.client.local import LocalStore
         from neffcache.client.remote import Remote
 
         self.stock = stock
         self.config = config
         self.root = Path(stock.cache_path)
-        self.local = LocalStore(config.local_dir)
+        self.local = LocalStore.of(config)
+        # A read-only L1 under the SDK's cache (a staging directory): its complete
+        # entries are linked in as the SDK first asks for them, and never written.
+        self.lower = None if lower is None else Path(lower)
         self.remote = Remote(config)
         self._hlo_seen: dict[str, float] = {}  # entry dir -> when its HLO was written
         self._entry_locks: dict[str, int] = {}  # HLO path -> held flock descriptor
@@ -193,12 +201,13 @@ class Core:
 
     # -- the SDK's per-entry compile lock, made safe against dead holders ---------------
     #
-    # The SDK's lock is a file that exists while someone compiles (facts §6.2); a killed
-    # compile leaves it forever. Here a neffcache process first takes a flock (which
-    # the kernel drops when the process dies), then the SDK's lock, and writes its
-    # pid into the lock file. So a lock file with a pid, found while holding the
-    # flock, belongs to a dead neffcache process and is removed; an empty one was made
-    # by a process without neffcache and is waited for, as the SDK does.
+    # The SDK's lock is a file that exists while someone compiles
+    # (docs/neuron-sdk.md#per-entry-compile-lock); a killed compile leaves it forever.
+    # Here a neffcache process first takes a flock (which the kernel drops when the
+    # process dies), then the SDK's lock, and writes its pid into the lock file. So a
+    # lock file with a pid, found while holding the flock, belongs to a dead neffcache
+    # process and is removed; an empty one was made by a process without neffcache and
+    # is waited for, as the SDK does.
 
     def acquire_entry(self, hlo_path: str, timeout: float | None = None) -> None:
         import blake3
@@ -236,8 +245,9 @@ class Core:
         """Just before the SDK compiles (it holds its entry lock now): hold the fleet's
         lease on the graph, or wait for the host that holds it and put its entry into
         L1, where an SDK that probes again under the lock finds it. Here, not in a
-        probe: whether the SDK probes again after taking the lock is not public (facts
-        §3.3), and a probe may be followed by no compile at all."""
+        probe: whether the SDK probes again after taking the lock is not public
+        (docs/neuron-sdk.md#hit-detection), and a probe may be followed by no compile at
+        all."""
         if (entry / DONE).exists() or not self.config.leases:
             return
         address = self._address(entry)
@@ -280,6 +290,7 @@ class Core:
             return self._failed_while_waiting(path)
         if name in (DONE, NEFF):
             _used(path)  # before the probe: l1limit's handshake with an eviction under way
+            self._from_lower(path)
         if self.stock.exists(path):
             if name == DONE:
                 entry = _dir_of(path)
@@ -304,13 +315,29 @@ class Core:
         has no complete one. Never raises: a read the server cannot serve is the SDK's
         own miss."""
         entry = self._entry_of(path)
-        if entry is None or (entry / DONE).exists():
+        if entry is None or (entry / DONE).exists() or self._from_lower(path):
             return
         try:
             self._fetch(entry)
         except Exception:  # the cache's trouble is never the job's
             STATS.count("hook_errors")
             log.exception("neffcache: fetching %s failed", entry)
+
+    def _from_lower(self, path: str) -> bool:
+        """Link the read-only L1's entry for ``path`` into the SDK's cache when it has a
+        complete one and the SDK's cache has none (``local.link_entry``); True when
+        linked now. Its compile time comes along, for the hit's line."""
+        entry = None if self.lower is None else self._entry_of(path)
+        if self.lower is None or entry is None or (entry / DONE).exists():
+            return False
+        from neffcache.client.local import LocalStore, link_entry
+
+        source = self.lower / entry.relative_to(self.root)
+        if not link_entry(source, entry):
+            return False
+        seconds = compile_seconds_of(LocalStore(self.lower, read_only=True), source)
+        remember_compile_seconds(self.local, entry, seconds)
+        return True
 
     def _entry_of(self, path: str) -> Path | None:
         """The entry folder ``path`` is or lies in (``<root>/neuronxcc-*/MODULE_*``)."""
@@ -404,8 +431,8 @@ class Core:
         found in L1, fetched from the server (``manifest``: what it found), compiled
         by the SDK (``outcome`` ``ok``) or failed to (``failed``), its inputs having
         come at ``began`` (monotonic). When the SDK's compiler was the wrapper's shim,
-        which resolved the graph meanwhile, the line says so and there is no event:
-        the wrapper's counts the graph."""
+        which resolved the graph meanwhile, the line says ``delegated`` (runlog.py)
+        and there is no event: the wrapper's line counts the graph."""
         from neffcache.client.runlog import graph
 
         address = self._address(entry)
@@ -452,8 +479,11 @@ class Core:
             if prepared is not None:
                 keys = {"key": prepared.key, "direct_key": prepared.direct_key}
                 components = prepared.components
+                # Not ``key``: prewarm fetches a line's graph by its key into the
+                # wrapper's side of L1, and the SDK looks for this one by address.
+                fields["explain_key"] = prepared.key
         if wrapped:
-            fields["resolved_by"] = "wrapper"
+            fields.update(DELEGATED_FIELDS)
         graph(self.config, components, event=not wrapped, also=keys, **fields)
 
     def _wrapped(self, entry: Path, address: str | None, began: float | None) -> bool:
@@ -611,30 +641,7 @@ class Core:
     def _inputs(
         self, entry: Path, address: str, environ: dict[str, str] | None = None
     ) -> tuple[bytes, Any] | None:
-        """The entry's HLO bytes and compile context, or None when they cannot be had
-        (no HLO or flags in L1, no target: neither ``--target`` among the flags, as
-        ``--target=trn2`` or NxDI's two words, nor NEURON_PLATFORM_TARGET_OVERRIDE).
-        The flags come from whichever era's file the entry has (facts §19)."""
-        hlo = next((entry / n for n in HLO_NAMES if (entry / n).is_file()), None)
-        read = None if hlo is None else stock_flags(entry)
-        if hlo is None or read is None:
-            return None
-        from neffcache.client.keys import context
-
-        target = read.target or os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE") or None
-        if target is None:
-            return None
-        try:
-            ctx = context(
-                _version_of(address) or "",
-                target,
-                read.flags,
-                os.environ if environ is None else environ,
-            )
-            module = hlo.read_bytes()
-        except (OSError, ValueError):
-            return None
-        return module, ctx
+        return entry_inputs(entry, address, environ)
 
     def _materialize(self, entry: Path, manifest: dict[str, Any]) -> bool:
         def mark_done(done: Path) -> None:
@@ -674,8 +681,10 @@ class Core:
             return False
         keys = self._keys(entry, address, environ)
         if keys is None:
-            STATS.count("unkeyable")  # no --target in the flags (facts §4.3 item 6): the
-            return False  # wrapper keys such graphs from the compiler's own command line
+            # No --target in the flags (docs/neuron-sdk.md#flags-hash item 6): the wrapper
+            # keys such graphs from the compiler's own command line.
+            STATS.count("unkeyable")
+            return False
         direct, canonical = keys
         files = {p.name: p for p in entry.iterdir() if p.is_file() and is_stock_artifact(p.name)}
         manifest, paths = make_manifest(
@@ -801,8 +810,9 @@ def compile_seconds_of(local: LocalStore, entry: Path) -> float | None:
 
 def same_environment(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
     """``manifest`` if it was compiled under this process's compile-affecting
-    environment, else None. A stock address does not cover the environment (facts
-    §4.4) while neffcache's key does: an entry found by address must agree."""
+    environment, else None. A stock address does not cover the environment
+    (docs/neuron-sdk.md#stock-address) while neffcache's key does: an entry found by
+    address must agree."""
     if manifest is None:
         return None
     from neffcache.keying import compile_env
@@ -843,6 +853,38 @@ def stock_flags(entry: Path) -> StockFlags | None:
         return read_stock_flags(path.name, path.read_bytes())
     except (OSError, KeyingError):
         return None
+
+
+def entry_inputs(
+    entry: Path, address: str, environ: dict[str, str] | None = None
+) -> tuple[bytes, Any] | None:
+    """The HLO bytes and compile context of the stock entry at ``entry`` (its address
+    ``address``), as the hook keys it, or None when they cannot be had (no HLO or
+    flags in L1, no target: neither ``--target`` among the flags, as ``--target=trn2``
+    or NxDI's two words, nor NEURON_PLATFORM_TARGET_OVERRIDE). The flags come from
+    whichever era's file the entry has (docs/neuron-sdk.md#layout-eras).
+    ``neffcache explain`` keys a stock entry with it too (explain_target.py), so both
+    say the same key."""
+    hlo = next((entry / n for n in HLO_NAMES if (entry / n).is_file()), None)
+    read = None if hlo is None else stock_flags(entry)
+    if hlo is None or read is None:
+        return None
+    from neffcache.client.keys import context
+
+    target = read.target or os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE") or None
+    if target is None:
+        return None
+    try:
+        ctx = context(
+            _version_of(address) or "",
+            target,
+            read.flags,
+            os.environ if environ is None else environ,
+        )
+        module = hlo.read_bytes()
+    except (OSError, ValueError):
+        return None
+    return module, ctx
 
 
 def entry_lock_name(address: str) -> str:

@@ -4,7 +4,8 @@ A miss is None. So is trouble (connection refused, a timeout, a 5xx, a malformed
 answer): it is counted, logged once, and the server is considered down for this
 process for ``NEFFCACHE_BACKOFF`` seconds, during which calls return at once and the
 graph compiles locally (sccache's and ccache's policy). Downloads are verified against
-their BLAKE3 digest before they become visible; a mismatch is a miss.
+their BLAKE3 digest before they become visible; a mismatch is a miss, and is reported
+to the server once (``report_mismatch``), so that it verifies its copy again.
 
 A refused token is backed off the same way, and said once per process whatever the
 back-off: a 401 (no token, an unknown one) or a 403 to a read (a namespace the token
@@ -64,6 +65,11 @@ _said: set[tuple[str, str]] = set()
 # The scope of telemetry and explanations: their trouble skips them, not the cache.
 TELEMETRY = "telemetry"
 _down_lock = threading.Lock()
+# Digests this process reported as arriving with other bytes: each is reported once.
+_reported: set[str] = set()
+_REPORTED_MAX = 1024
+# Seconds a mismatch report may take at most: the graph compiles next, and waits.
+_REPORT_TIMEOUT = 2.0
 
 
 def _after_fork_in_child() -> None:
@@ -354,6 +360,8 @@ class Remote:
             if received != size or hasher.hexdigest() != digest:
                 STATS.count("bad_downloads")
                 log.warning("neffcache: blob %s arrived with other bytes; discarded", digest)
+                if received == size:  # whole, and wrong: what the server holds may be
+                    self.report_mismatch(digest)
                 return False
             os.replace(tmp, dest)
             return True
@@ -401,6 +409,25 @@ class Remote:
                 return None
         self._mark_down(what, f"more than {_MAX_REDIRECTS} redirects")
         return None
+
+    def report_mismatch(self, digest: str) -> None:
+        """Tell the server that ``digest`` was downloaded whole with other bytes, so it
+        hashes its copy again and quarantines it if it is corrupt (its reads may trust
+        a file verified before, and rot beneath a filesystem changes no stamp). Once
+        per digest per process; best effort, within ``_REPORT_TIMEOUT``; trouble marks
+        down only telemetry's scope, never the cache."""
+        with _down_lock:
+            if digest in _reported or len(_reported) >= _REPORTED_MAX:
+                return
+            _reported.add(digest)
+        self._call(
+            "reporting a blob that did not match its digest",
+            "POST",
+            f"/v1/blobs/{digest}/mismatch",
+            body=b"",
+            timeout=min(self.config.timeout, _REPORT_TIMEOUT),
+            scope=TELEMETRY,
+        )
 
     def _redirect_connection(self, origin: str) -> Connection:
         """A connection of its own to a redirect's host, closed after its one request."""

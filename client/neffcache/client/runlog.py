@@ -8,23 +8,31 @@ Fields:
 
 * ``time`` (UTC, ISO 8601), ``via`` (``wrapper`` or ``hook``), ``pid``, ``host``;
 * ``key``, ``direct_key``, ``neuron_address``: each null when unknown;
-* ``result`` (``hit`` or ``miss``), ``source`` (``l1``, ``server`` or ``compiler``);
+* ``result`` (``hit``, ``miss`` or ``delegated``), ``source`` (``l1``, ``server``,
+  ``compiler``, or ``wrapper`` on a ``delegated`` line);
 * ``fetch_seconds``, ``compile_seconds`` (null on a hit; a failed compile's too),
   ``bytes`` (the NEFF's size, 0 when there is none);
 * ``saved_seconds`` (hits: the compile time of the entry served, null when unknown);
 * ``outcome`` (misses that compiled here: ``ok`` or ``failed``, else null);
 * ``reason`` and ``reason_summary`` (misses: why, reasons.py; null on hits);
+* ``explain_key`` (the hook's misses, when their key was computed): the key to give
+  ``neffcache explain``; not ``key``, which prewarm would fetch by;
 * ``compiler_version`` (null when unknown), ``exit_code`` (the wrapper's),
   ``fallback`` (why the cache could not help, or null);
-* ``resolved_by`` (hook lines only, when the SDK's compile ran the wrapper's shim,
-  which resolved the graph and wrote its own line): ``wrapper``;
+* ``resolved_by`` (``delegated`` lines only): ``wrapper``;
 * ``events``: this process's counters so far (hits, compiles, server errors,
   fall-backs; see ``stats.py``).
 
 The graph event carries the same facts but ``time`` (as ``at``), ``exit_code``,
 ``events`` and ``reason_summary``, plus a miss's key components (``components``,
-with the graph's summary when there is one), which the manifest leaves out. A line
-with ``resolved_by`` has no event: the wrapper's line counts that graph.
+with the graph's summary when there is one), which the manifest leaves out.
+
+A graph is one line, but when the hook's SDK compiled it through the wrapper's shim:
+the shim resolved it (a hit, or the compile) and wrote the line that counts it, and
+the hook's line for it says ``delegated`` (DELEGATED_FIELDS) and has no event; its
+``compile_seconds``, ``bytes`` and ``outcome`` are the SDK's call through the shim.
+Older clients wrote ``miss`` there; ``resolved_by`` is on both, so a reader that
+skips the lines having it counts old and new files alike (docs/client.md's recipes).
 """
 
 from __future__ import annotations
@@ -38,6 +46,18 @@ from typing import Any
 from neffcache.client import hoststats
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
+
+# What the hook's line for a graph the wrapper's shim resolved says in place of its own
+# view (a miss and its compile): a result no reader can take for a miss, and no miss
+# reason (the wrapper's line has it).
+DELEGATED = "delegated"
+DELEGATED_FIELDS: Mapping[str, Any] = {
+    "result": DELEGATED,
+    "source": "wrapper",
+    "resolved_by": "wrapper",
+    "reason": None,
+    "reason_summary": None,
+}
 
 # Every line has these (the interception points add their own, as ``exit_code``).
 _DEFAULTS: dict[str, Any] = {

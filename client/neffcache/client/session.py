@@ -46,13 +46,17 @@ if TYPE_CHECKING:
 
 class Session:
     def __init__(self, config: ClientConfig, real: str, call: CompileCall) -> None:
-        from neffcache.client.local import LocalStore
+        from neffcache.client.local import SDK_CACHE_VARIABLE, LocalStore
         from neffcache.client.remote import Remote
 
         self.config = config
         self.real = real
         self.call = call
-        self.local = LocalStore(config.local_dir)
+        self.local = LocalStore.of(config)
+        # The SDK's cache: L1, or the hook's staging directory over a read-only L1.
+        self.sdk_cache = LocalStore(os.environ.get(SDK_CACHE_VARIABLE) or config.local_dir)
+        if self.sdk_cache.root == self.local.root:
+            self.sdk_cache = self.local
         self.remote = Remote(config)
         self.outcome: int | None = None  # set once the compiler ran or --output is written
         from neffcache.keying import StockEra
@@ -128,7 +132,7 @@ class Session:
         data = getattr(graph, "data", None)
         if found is None or not isinstance(data, bytes):
             return None
-        entry = Path(self.config.local_dir) / found.address
+        entry = self.sdk_cache.root.parent / found.address
         from neffcache.keying import STOCK_HLO_NAMES
 
         for name in STOCK_HLO_NAMES:
@@ -148,6 +152,8 @@ class Session:
 
         mark = self.local.root / "warned" / blake3.blake3(f"{sdk} {real}".encode()).hexdigest()[:16]
         try:
+            if self.local.read_only:
+                raise OSError("L1 is read-only")
             mark.parent.mkdir(parents=True, exist_ok=True)
             os.close(os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         except FileExistsError:
@@ -251,7 +257,14 @@ class Session:
         digest, size = ref.get("digest"), ref.get("size")
         if not isinstance(digest, str) or not isinstance(size, int):
             return None
-        source = self.remote.fetch_into(self.local, digest, size)
+        if self.local.read_only and not self.local.has_blob(digest, size):
+            # Nowhere in L1 to keep it: from the server straight to --output, verified.
+            if not self.remote.fetch(digest, size, self.call.output):
+                return None
+            self.outcome = 0
+            self.report["bytes"] = size
+            return "server"
+        source = "l1" if self.local.read_only else self.remote.fetch_into(self.local, digest, size)
         if source is None:
             return None
         try:
@@ -358,11 +371,16 @@ class Session:
         folders' weights do not."""
         import tempfile
 
-        from neffcache.client.local import atomic_write
+        from neffcache.client.local import atomic_write, staging_parent
         from neffcache.client.publish import make_manifest
 
+        # A read-only L1 keeps nothing: the flags and the HLO are staged for the upload
+        # outside it, and removed after it (_publish).
+        where = staging_parent() if self.local.read_only else self.local.root
         try:
-            self._staged = tempfile.TemporaryDirectory(dir=self.local.root)
+            if self.local.read_only:
+                where.mkdir(mode=0o700, exist_ok=True)
+            self._staged = tempfile.TemporaryDirectory(dir=where)
             staged = Path(self._staged.name)
             flags_name, flags = flags_file(self.call, self._era)
             atomic_write(staged / flags_name, flags)
@@ -376,6 +394,10 @@ class Session:
             )
             self._manifest["stock_era"] = self._era.value
             digest = self._manifest["files"][NEFF]["digest"]
+            if self.local.read_only:
+                # The upload reads --output itself: it ends before we return, while the
+                # file is still ours.
+                return True
             # One copy, into L1; the upload reads that copy, which only we write, not
             # --output, which is the caller's once we return.
             self._paths[digest] = self.local.add_blob(self.call.output, digest)
@@ -385,8 +407,17 @@ class Session:
         except OSError as exc:
             STATS.count("local_errors")
             log.warning("neffcache: cannot keep the new NEFF: %s", exc)
+            if getattr(self, "_staged", None) is not None:
+                self._unstage()
             return False
         return True
+
+    def _unstage(self) -> None:
+        from neffcache.client.local import tidy_staging
+
+        self._staged.cleanup()
+        if self.local.read_only:
+            tidy_staging()
 
     def _publish(self) -> bool:
         from neffcache.client.publish import publish
@@ -394,7 +425,7 @@ class Session:
         try:
             return publish(self.remote, self._manifest, self._paths)
         finally:
-            self._staged.cleanup()
+            self._unstage()
             grew(self.config)  # the compile kept; after the per-key lock, so no rank waits
 
     # -- failures seen by ranks that waited ---------------------------------------------
@@ -491,7 +522,7 @@ class Session:
             fields["reason"], fields["reason_summary"] = self._reason(reason)
             components = self._components
         if fields["neuron_address"]:
-            self.local.note_wrapped(fields["neuron_address"])  # for the hook, if it called
+            self.sdk_cache.note_wrapped(fields["neuron_address"])  # for the hook, if it called
         graph(self.config, components, **fields)
 
     def _explain(self, canonical: CacheKey, direct: CacheKey | None, ctx: CompileContext) -> None:

@@ -43,10 +43,12 @@ NEFF = "model.neff"
 HLO = "model.hlo_module.pb"
 FLAGS = "compile_flags.json"
 _LOG_TAIL = 64 * 1024
-# Options the SDK adds to each call (facts §5), which its compile_flags.json lacks.
+# Options the SDK adds to each call, which its compile_flags.json lacks
+# (docs/neuron-sdk.md#neuronx-cc-invocation-and-outputs).
 _SDK_ADDED = frozenset({"--output", "--framework", "--target", "--verbose"})
 # Options that may repeat with other values without changing the NEFF: log verbosity
-# (NxD ModelBuilder and libneuronxla each append ``--verbose=35``, facts §18.6).
+# (NxD ModelBuilder and libneuronxla each append ``--verbose=35``,
+# docs/neuron-sdk.md#nxd-modelbuilder).
 _REPEATABLE = frozenset({"--verbose"})
 _HELP = frozenset({"-h", "--help", "--version", "-V"})
 
@@ -362,11 +364,12 @@ def neuron_address_of(call: CompileCall, version: str) -> str | None:
 
 def stock_address_of(call: CompileCall, version: str) -> StockAddress | None:
     """The stock address when the input follows the SDK's work-dir naming
-    (``model.MODULE_<key>+<flags8>.hlo_module.pb``, facts §5) and the ``<flags8>``
-    is the hash of this call's own flags in one of the three eras of the layout
-    (facts §19), so an entry compiled through the wrapper is also found by the
-    persistent-cache hook; else None. Without the hash check, a hand-run compile
-    with other flags on an SDK-named file would claim the address."""
+    (``model.MODULE_<key>+<flags8>.hlo_module.pb``,
+    docs/neuron-sdk.md#neuronx-cc-invocation-and-outputs) and the ``<flags8>`` is the
+    hash of this call's own flags in one of the three eras of the layout
+    (docs/neuron-sdk.md#layout-eras), so an entry compiled through the wrapper is also
+    found by the persistent-cache hook; else None. Without the hash check, a hand-run
+    compile with other flags on an SDK-named file would claim the address."""
     match = _SDK_INPUT.fullmatch(call.input.name)
     if match is None:
         return None
@@ -380,8 +383,9 @@ def stock_address_of(call: CompileCall, version: str) -> StockAddress | None:
 
 
 def flags_json(call: CompileCall) -> bytes:
-    """``compile_flags.json`` as the SDK writes it (facts §3.1, §4.3): the user's flags,
-    spelled as given, after ``--target``; not the options the SDK adds per call."""
+    """``compile_flags.json`` as the SDK writes it (docs/neuron-sdk.md#entry-layout and
+    #flags-hash): the user's flags, spelled as given, after ``--target``; not the options
+    the SDK adds per call."""
     from neffcache.keying import StockEra
 
     return flags_file(call, StockEra.TARGET)[1]

@@ -1,7 +1,7 @@
 """Canonical form and fingerprint of a serialized ``xla.HloModuleProto``.
 
 Two modules get the same fingerprint when they differ only in what cannot change the
-compiled program (facts §13, §17):
+compiled program (docs/neuron-sdk.md#what-changes-the-key and #names-and-ids-in-hlomoduleproto):
 
 * names: module, entry computation, computations, instructions, and the parameter
   names of every program shape;

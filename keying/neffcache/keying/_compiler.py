@@ -1,4 +1,5 @@
-"""The full build string of the installed ``neuronx-cc`` (facts §16).
+"""The full build string of the installed ``neuronx-cc``
+(docs/neuron-sdk.md#neuronx-cc-version-output).
 
 The stock cache puts every compiler build in its own directory
 (``neuronxcc-2.20.9961.0+0acef03a``), so the key needs the full string, git hash
@@ -17,7 +18,8 @@ from ._errors import KeyingError
 # Recent builds print "NeuronX Compiler version 2.25.3371.0+f524f7f8"; public callers
 # read it from stdout or stderr, so both are searched.
 _VERSION_LINE = re.compile(rb"NeuronX Compiler version ([0-9][0-9A-Za-z.]*\+[0-9A-Za-z]+)")
-# The git hash is required: builds with the same number can differ (facts §4.1).
+# The git hash is required: builds with the same number can differ
+# (docs/neuron-sdk.md#compiler-version-directory).
 VERSION_PATTERN = re.compile(r"[0-9]+(\.[0-9]+)+\+[0-9A-Za-z]+")
 
 _TIMEOUT_SECONDS = 60.0

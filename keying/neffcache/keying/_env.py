@@ -11,7 +11,7 @@ Deliberately left out, with the reason:
   key depend on where a flag was spelled.
 * ``NEURON_PLATFORM_TARGET_OVERRIDE``: resolved into the target field.
 * ``XLA_HLO_DEBUG``, ``XLA_IR_DEBUG``, ``ENABLE_PYHLO_FILE_METADATA``: they only add
-  metadata to the HLO, which the fingerprint ignores (facts §13.2).
+  metadata to the HLO, which the fingerprint ignores (docs/neuron-sdk.md#debug-metadata).
 * ``NEURON_COMPILE_CACHE_URL``, ``NEURON_RT_*``: where the cache is, and run-time
   settings that the compiler never reads.
 * ``NEURON_EXTRACT_GRAPHS_ONLY``, ``NEURON_FALL_BACK_TO_NULL_NEFF``: libneuronxla's

@@ -4,9 +4,10 @@ Neuron flags hash (the 8 hex digits after ``+`` in ``MODULE_<key>+<hash>``).
 Normalization (``normalize_flags``) answers "would the compiler produce the same NEFF?":
 
 * wrapper-only flags are removed: libneuronxla parses them out of NEURON_CC_FLAGS and
-  never passes them to neuronx-cc (facts §2, §15);
-* output-neutral flags are removed: they name files or set log verbosity (facts §4.3
-  item 7, §13 item 3), each listed below with its reason;
+  never passes them to neuronx-cc (docs/neuron-sdk.md#cache-location and #open-questions);
+* output-neutral flags are removed: they name files or set log verbosity
+  (docs/neuron-sdk.md#flags-hash item 7 and #flags-hashed-verbatim), each listed below
+  with its reason;
 * the ``compile`` command word and positional arguments (the input path) are removed;
 * spellings are unified: ``--k v`` becomes ``--k=v``, and documented aliases
   (``-O2``, ``-O 2``, ``--optlevel 2``; ``-lnc``, ``--lnc``) take one name;
@@ -33,7 +34,8 @@ from collections.abc import Mapping, Sequence
 
 from ._errors import KeyingError
 
-# Flags libneuronxla's wrapper consumes itself (facts §2): they never reach the compiler.
+# Flags libneuronxla's wrapper consumes itself (docs/neuron-sdk.md#cache-location): they
+# never reach the compiler.
 WRAPPER_ONLY_FLAGS: Mapping[str, str] = {
     "--cache_dir": "where the persistent cache lives; parsed by the wrapper",
     "--no_cache": "turns the persistent cache off; parsed by the wrapper",
@@ -45,9 +47,11 @@ WRAPPER_ONLY_FLAGS: Mapping[str, str] = {
 
 # Compiler flags that cannot change the NEFF's contents.
 OUTPUT_NEUTRAL_FLAGS: Mapping[str, str] = {
-    "--logfile": "a log path; NxD puts its per-run work dir here (facts §13.3), so keeping "
-    "it would miss whenever the work dir moves",
-    "--verbose": "log verbosity only; the wrapper adds --verbose=35 itself (facts §4.3.7)",
+    "--logfile": "a log path; NxD puts its per-run work dir here "
+    "(docs/neuron-sdk.md#flags-hashed-verbatim), so keeping it would miss whenever the "
+    "work dir moves",
+    "--verbose": "log verbosity only; the wrapper adds --verbose=35 itself "
+    "(docs/neuron-sdk.md#flags-hash)",
     "--output": "where to write the NEFF, not what it contains",
     "--framework": "the input format; neffcache only keys HloModuleProto input, which is "
     "always --framework=XLA",
@@ -233,7 +237,8 @@ def _split_token(token: str) -> tuple[str, str | None]:
 
 
 def neuron_cache_flags(flags: str | Sequence[str], target: str | None) -> list[str]:
-    """The flag list libneuronxla hashes for a stock cache address (facts §4.3, §4.4).
+    """The flag list libneuronxla hashes for a stock cache address
+    (docs/neuron-sdk.md#flags-hash and #stock-address).
 
     Wrapper-only flags are removed; everything else keeps its spelling and order;
     ``--target=<target>`` is prepended, as the torch-xla/PJRT path does, unless the
@@ -275,7 +280,7 @@ def flags_target(flags: Sequence[str]) -> str | None:
 
 
 def neuron_flags_hash(flags: Sequence[str], *, legacy: bool = False) -> str:
-    """The 8-hex flags suffix of a stock Neuron cache directory (facts §4.3).
+    """The 8-hex flags suffix of a stock Neuron cache directory (docs/neuron-sdk.md#flags-hash).
 
     Current libneuronxla: ``md5(json.dumps(flags))[:8]`` over the token list.
     ``legacy=True`` (neuronxcc up to about 2.13): ``md5(" ".join(flags))[:8]``; a string

@@ -1,11 +1,12 @@
 """Protobuf views of ``xla.HloModuleProto``, built at import time.
 
 Field numbers and wire types are the public ones of ``xla/service/hlo.proto`` and
-``xla/xla_data.proto`` (facts §17). Each view declares only the fields canonicalization
-reads or removes; every other field stays an *unknown field*, which protobuf keeps,
-in order, and writes back byte for byte. So opcodes, shapes, layouts, literals,
-shardings, replica groups, backend configs, and any field added to XLA after this was
-written, all reach the fingerprint unchanged: nothing semantic is dropped silently.
+``xla/xla_data.proto`` (docs/neuron-sdk.md#names-and-ids-in-hlomoduleproto). Each view
+declares only the fields canonicalization reads or removes; every other field stays an
+*unknown field*, which protobuf keeps, in order, and writes back byte for byte. So
+opcodes, shapes, layouts, literals, shardings, replica groups, backend configs, and any
+field added to XLA after this was written, all reach the fingerprint unchanged: nothing
+semantic is dropped silently.
 Name-like fields are ``bytes`` so parsing never fails on UTF-8; maps are declared as
 maps so deterministic serialization sorts them (XLA writes maps in hash order,
 pytorch/xla #8537).

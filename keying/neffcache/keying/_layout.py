@@ -1,7 +1,7 @@
-"""The stock Neuron cache's entry folder (facts §3.1, §3.2): its file names, and which
-files are a compile's artifacts, and the three eras of the layout. The client (which
-reads and writes entries in L1) and the server's bridge (which imports and exports
-stock caches) share these rules."""
+"""The stock Neuron cache's entry folder (docs/neuron-sdk.md#entry-layout and
+#entry-states): its file names, and which files are a compile's artifacts, and the three
+eras of the layout. The client (which reads and writes entries in L1) and the server's
+bridge (which imports and exports stock caches) share these rules."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ STOCK_NEFF = "model.neff"
 STOCK_DONE = "model.done"  # 0 bytes: the entry is complete
 STOCK_LOG = "model.log"  # a failed compile's log
 STOCK_FLAGS = "compile_flags.json"
-# The oldest era's flags file: the raw flags string (facts §19).
+# The oldest era's flags file: the raw flags string (docs/neuron-sdk.md#layout-eras).
 STOCK_FLAGS_TXT = "compile_flags.txt"
 STOCK_FLAGS_NAMES = (STOCK_FLAGS, STOCK_FLAGS_TXT)
-# The HLO's name changed across SDK versions (facts §3.1): the newer name first.
+# The HLO's name changed across SDK versions (docs/neuron-sdk.md#entry-layout): the
+# newer name first.
 STOCK_HLO_NAMES = ("model.hlo_module.pb", "model.hlo.pb")
 STOCK_LOCK_SUFFIX = ".lock"
 # Markers of an entry's state, never artifacts of a compile.
@@ -42,10 +43,10 @@ def is_stock_artifact(name: str) -> bool:
 
 
 class StockEra(enum.Enum):
-    """Which libneuronxla wrote a stock entry (facts §19): its flags file, that file's
-    content, the formula of the ``<flags8>`` in its address, and whether
-    ``model.done`` marks it complete. The era follows libneuronxla, not the compiler:
-    2.14.227 folders exist in both of the first two.
+    """Which libneuronxla wrote a stock entry (docs/neuron-sdk.md#layout-eras): its
+    flags file, that file's content, the formula of the ``<flags8>`` in its address, and
+    whether ``model.done`` marks it complete. The era follows libneuronxla, not the
+    compiler: 2.14.227 folders exist in both of the first two.
 
     ========  ======================  ===============================  ==========
     era       flags file              ``<flags8>``                     model.done
@@ -59,7 +60,8 @@ class StockEra(enum.Enum):
     'e30acd3a'
     """
 
-    RAW = "raw"  # compiler <= 2.14: the SDK probed model.neff itself (facts §3.3)
+    # compiler <= 2.14: the SDK probed model.neff itself (docs/neuron-sdk.md#hit-detection)
+    RAW = "raw"
     JSON = "json"  # 2.14.227 and 2.15
     TARGET = "target"  # 2.16 on, transformers-neuronx included
 
@@ -74,8 +76,9 @@ class StockEra(enum.Enum):
 
     def flags_list(self, flags: str | Sequence[str], target: str | None) -> list[str]:
         """The tokens this era writes and hashes for a compile of ``flags`` for
-        ``target``: wrapper-only flags removed in every era (facts §4.3 item 4), and
-        ``--target=<target>`` prepended only from TARGET on."""
+        ``target``: wrapper-only flags removed in every era
+        (docs/neuron-sdk.md#flags-hash item 4), and ``--target=<target>`` prepended only
+        from TARGET on."""
         return neuron_cache_flags(flags, target if self is StockEra.TARGET else None)
 
     def flags_hash(self, flags: str | Sequence[str]) -> str:

@@ -3,8 +3,8 @@
 neffcache stores this address beside its own key so existing caches, tools such as
 ``neuron_parallel_compile`` and exports interoperate. The ``<key>`` part is whatever
 the SDK chose (a decimal uint64 on the PJRT path, 20 hex digits for NxD and
-transformers-neuronx; facts §4.2): its algorithm is not public, so it is observed,
-never computed here.
+transformers-neuronx; docs/neuron-sdk.md#module_key): its algorithm is not public, so it
+is observed, never computed here.
 """
 
 from __future__ import annotations

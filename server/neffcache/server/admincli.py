@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -80,14 +79,9 @@ def since(text: str) -> float:
 
 def _one_line(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Bad input is one line on stderr and exit code 2, as every neffcache command
-    reports it, not argparse's usage block."""
-
-    def error(message: str) -> Any:
-        sys.stderr.write(f"{parser.prog}: error: {message} (see --help)\n")
-        raise SystemExit(2)
-
-    parser.error = error  # type: ignore[method-assign]
-    return parser
+    reports it, not argparse's usage block (the host CLI's own ``one_line``)."""
+    made: argparse.ArgumentParser = cli.host.one_line(parser)
+    return made
 
 
 def register(admin_sub: Any) -> None:

@@ -43,6 +43,7 @@ from neffcache.server.fastpath import FastPath
 from neffcache.server.index import Index, open_index
 from neffcache.server.recovery.durable import DurableIndex, check_at_start
 from neffcache.server.reports.prices import load_prices
+from neffcache.server.scrub import Integrity
 from neffcache.server.settings import ServerSettings, redact
 from neffcache.server.verified import VerifiedMemo
 
@@ -79,12 +80,15 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         backends: Backends = app.state.backends
+        integrity: Integrity = app.state.integrity
         backends.maintenance.start()
+        integrity.start()
         try:
             yield
         finally:
             # A thread: stopping waits for a pass under way and writes access times.
             await run_in_threadpool(backends.maintenance.stop)
+            await run_in_threadpool(integrity.stop)
             for store in owned:
                 store.close()
 
@@ -109,6 +113,7 @@ def create_app(
         verified=VerifiedMemo(settings.reverify_seconds),
     )
     app.state.backends.audit.write(changes)
+    app.state.integrity = Integrity.of(app.state.backends)
     for module in (
         health,
         blobs,

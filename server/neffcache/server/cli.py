@@ -3,7 +3,14 @@
 
 Importing this module is cheap (no FastAPI): the client's CLI imports it to list the
 commands even where the ``server`` extra is not installed; running ``serve`` then says
-which extra to install.
+which extra to install. The admin commands that ask a server need httpx alone; those
+that open the stores (``--local``, ``reindex``, ``fsck``) and ``serve`` need the whole
+extra.
+
+The host CLI hands ``register`` its server resolver and error types (``host``: the
+client's ``cli/_server.py``, which this package may not import by name): every admin
+command names its server and token as every other command does, and its errors map to
+the same exit codes (2 bad input or a refusal, 1 a server that cannot answer).
 """
 
 from __future__ import annotations
@@ -20,19 +27,29 @@ if TYPE_CHECKING:
 
     from .settings import ServerSettings
 
-DEFAULT_SERVER = "http://127.0.0.1:8787"
-
 
 class CommandError(Exception):
-    """Replaced at registration by the host CLI's own error type (one line, exit 2)."""
+    """Replaced at registration by the host CLI's own type (one line, exit 2)."""
 
 
-def register(sub: Any, error_type: type[Exception]) -> None:
-    """Add the server's commands to the ``neffcache`` parser; ``error_type`` is the
-    exception the host CLI reports as a one-line error."""
-    global CommandError
-    CommandError = error_type  # type: ignore[misc,assignment]
-    serve = sub.add_parser("serve", help="run the cache server", description=_SERVE_DOC)
+class ServerUnavailable(Exception):
+    """Replaced at registration by the host CLI's own type (one line, exit 1)."""
+
+
+# The host CLI's ``_server`` module, set at registration.
+host: Any = None
+
+
+def register(sub: Any, cli_host: Any) -> None:
+    """Add the server's commands to the ``neffcache`` parser; ``cli_host`` is the host
+    CLI's server resolver and error types (see the module docstring)."""
+    global CommandError, ServerUnavailable, host
+    host = cli_host
+    CommandError = cli_host.CommandError  # type: ignore[misc]
+    ServerUnavailable = cli_host.ServerUnavailable  # type: ignore[misc]
+    serve = sub.add_parser(
+        "serve", help="run the cache server", description=_SERVE_DOC, epilog=_SERVE_EXIT
+    )
     serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to bind (default 8787)")
     serve.add_argument("--data-dir", help="where the embedded stores live")
@@ -109,16 +126,15 @@ _SERVE_DOC = (
     "SQLite, both under --data-dir. Settings come from NEFFCACHE_* variables, then "
     "--config, then defaults (docs/configuration.md)."
 )
+_SERVE_EXIT = (
+    "Exit 2, with one line, when it cannot start: a bad setting, a store it cannot "
+    "open, a port in use, the server extra not installed."
+)
 
 
 def _target_arguments(parser: argparse.ArgumentParser, *, local: bool) -> None:
-    parser.add_argument(
-        "--server", default=os.environ.get("NEFFCACHE_SERVER", DEFAULT_SERVER), help="server URL"
-    )
-    parser.add_argument(
-        "--token",
-        default=os.environ.get("NEFFCACHE_ADMIN_TOKEN") or os.environ.get("NEFFCACHE_TOKEN"),
-        help="an admin token (default: NEFFCACHE_ADMIN_TOKEN, else NEFFCACHE_TOKEN)",
+    host.add_options(
+        parser, namespace=False, token_help="an admin token (default: NEFFCACHE_TOKEN)"
     )
     if local:
         parser.add_argument(
@@ -131,16 +147,12 @@ def _target_arguments(parser: argparse.ArgumentParser, *, local: bool) -> None:
 
 def run_serve(args: argparse.Namespace, extra: list[str]) -> int:
     _no_extra(extra)
-    try:
-        # The server extra's modules, imported here to name the extra when one is missing.
-        import uvicorn  # noqa: F401
+    # The server extra's modules first: where one is missing, the host CLI says which
+    # extra to install before anything else happens.
+    import uvicorn  # noqa: F401
 
-        from .app import create_app  # noqa: F401
-    except ImportError as exc:
-        raise CommandError(
-            f"neffcache serve needs the server extra: pip install 'neffcache[server]' ({exc})"
-        ) from None
     from . import serving
+    from .app import create_app  # noqa: F401
 
     # From the start: what opening the stores logs is shown as the server's log.
     with serving.server_logging():
@@ -222,22 +234,43 @@ def local_backends(args: argparse.Namespace) -> Any:
 def _request(
     args: argparse.Namespace, method: str, path: str, body: Any = None, timeout: float = 10.0
 ) -> Any:
+    """The admin API's JSON answer; a refusal is a CommandError (exit 2), no answer or
+    one that is not JSON a ServerUnavailable (exit 1)."""
     import httpx
 
-    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+    target = host.resolve(args, namespace=False)
+    headers = {"Authorization": f"Bearer {target.token}"} if target.token else {}
+    # Certificates are loaded for https only: loading them costs a fifth of a second,
+    # and a plain http server has no use for them.
+    verify = target.server.startswith("https://")
     try:
         response = httpx.request(
-            method, args.server.rstrip("/") + path, json=body, headers=headers, timeout=timeout
+            method,
+            target.server + path,
+            json=body,
+            headers=headers,
+            timeout=timeout,
+            verify=verify,
         )
     except httpx.HTTPError as exc:
-        raise CommandError(f"cannot reach {args.server}: {exc}") from None
-    if response.status_code >= 400:
-        try:
-            detail = response.json().get("detail", response.text)
-        except ValueError:
-            detail = response.text
-        raise CommandError(f"{args.server} answered {response.status_code}: {detail}")
-    return response.json() if response.content else None
+        raise ServerUnavailable(f"cannot reach {target.server}: {exc}") from None
+    if not 200 <= response.status_code < 300:
+        raise host.answer_error(target.server, response.status_code, _detail(response))
+    try:
+        return response.json() if response.content else None
+    except ValueError:
+        raise ServerUnavailable(
+            f"{target.server} answered with something other than JSON"
+        ) from None
+
+
+def _detail(response: Any) -> str:
+    """The server's reason, on one line: its ``detail``, else the body."""
+    try:
+        detail = response.json().get("detail", response.text)
+    except (ValueError, AttributeError):
+        detail = response.text
+    return " ".join(str(detail).split())[:300] or "no reason given"
 
 
 def _out(args: argparse.Namespace, answer: Any, text: Any) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 
 from starlette.responses import Response
 
-from neffcache.server.api.blobs import answer_blob
+from neffcache.server.api.blobs import ACCEL_HEADER, answer_blob
 from neffcache.server.api.entries import answer_entry
 from neffcache.server.deps import Backends, authenticate_request
 from neffcache.server.errors import ServerError
@@ -31,6 +31,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _BLOB = re.compile(f"/v1/blobs/({HEX64})")
 _ENTRY = re.compile(f"/v1/ns/({NAMESPACE})/entries/({HEX64})")
+_ACCEL = ACCEL_HEADER.encode()
 
 
 class FastPath:
@@ -78,6 +79,7 @@ class FastPath:
                 caller,
                 blob[1],
                 range_header.decode("latin-1") if range_header else None,
+                _ACCEL in headers,
             )
         assert entry is not None
         return await answer_entry(self.backends, caller, entry[1], entry[2])

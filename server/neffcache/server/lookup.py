@@ -46,10 +46,10 @@ def _first(backends: Backends, namespace: str, look: Callable[[str], Entry | Non
             if found is not None:
                 break
     if found is None:
-        result = "miss"
+        answer = "absent"
     else:
         backends.access.hit(found.namespace, found.key)
-        result = "hit" if found.namespace == namespace else "hit_read_through"
+        answer = "hit" if found.namespace == namespace else "hit_read_through"
     metrics = backends.metrics
-    metrics.lookups.labels(metrics.namespace(namespace), result).inc()
+    metrics.entry_requests.labels(metrics.namespace(namespace), answer).inc()
     return found

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -44,12 +44,17 @@ class Metrics:
         self._labelled: set[str] = set()
         self._label_lock = threading.Lock()
         r = self.registry
-        #: Entry lookups (by key, alias or lease name) by namespace asked and result:
-        #: ``hit`` (own namespace), ``hit_read_through`` (a namespace it reads), ``miss``.
-        self.lookups = Counter(
-            "neffcache_lookups_total",
-            "Entry lookups by result",
-            ["namespace", "result"],
+        #: Entry requests answered (a lookup by key or alias, a lease request naming an
+        #: entry), by namespace asked and answer: ``hit`` (own namespace),
+        #: ``hit_read_through`` (a namespace it reads), ``absent``. Requests, not graphs:
+        #: a client probes several addresses for one graph and polls leases, and hits
+        #: from a host's own cache never reach the server, so no hit rate comes from
+        #: these; ``client_graphs`` counts graphs.
+        self.entry_requests = Counter(
+            "neffcache_entry_requests_total",
+            "Entry requests answered, by answer: server probes, not graphs (no hit rate: "
+            "see neffcache_client_graphs_total)",
+            ["namespace", "answer"],
             registry=r,
         )
         #: Publishes by namespace and result: created, same, conflict, refused.
@@ -76,6 +81,43 @@ class Metrics:
         self.blob_bytes_redirected = Counter(
             "neffcache_blob_bytes_redirected_total",
             "Bytes of blobs redirected to the store",
+            registry=r,
+        )
+        #: Hits answered with X-Accel-Redirect (accel_redirect_prefix): nginx sent the
+        #: file, whose bytes are counted here (not in blob_bytes_served).
+        self.blob_accel = Counter(
+            "neffcache_blob_accel_total", "Blob downloads handed to nginx", registry=r
+        )
+        self.blob_bytes_accel = Counter(
+            "neffcache_blob_bytes_accel_total", "Bytes of blobs nginx sent", registry=r
+        )
+        #: Blobs found corrupt and quarantined, by what found them: ``read`` (a
+        #: download), ``scrub`` (the background pass), ``report`` (a client's report).
+        self.blob_mismatches = Counter(
+            "neffcache_blob_mismatches_total",
+            "Corrupt blobs quarantined",
+            ["found_by"],
+            registry=r,
+        )
+        #: Blobs and bytes the scrub read and hashed, and when this replica last ended
+        #: a full pass (epoch seconds; 0 until then).
+        self.scrub_blobs = Counter(
+            "neffcache_scrub_blobs_total", "Blobs the scrub verified", registry=r
+        )
+        self.scrub_bytes = Counter(
+            "neffcache_scrub_bytes_total", "Bytes the scrub verified", registry=r
+        )
+        self.scrub_last_pass = Gauge(
+            "neffcache_scrub_last_full_pass_timestamp_seconds",
+            "When this replica last ended a full scrub pass",
+            registry=r,
+        )
+        #: Clients' mismatch reports by what became of them: ``queued`` (rechecked),
+        #: ``recent`` (rechecked lately: ignored), ``busy`` (too many queued), ``absent``.
+        self.mismatch_reports = Counter(
+            "neffcache_mismatch_reports_total",
+            "Client reports of blobs that did not match their digest",
+            ["result"],
             registry=r,
         )
         #: Entries removed by eviction or expiry, and their bytes, by namespace and reason
@@ -118,11 +160,20 @@ class Metrics:
             "neffcache_events_received_total", "Telemetry events stored", ["kind"], registry=r
         )
         #: Graphs clients resolved, by namespace, result (hit, miss) and where the NEFF
-        #: came from (l1, server, compiler; unknown when the event does not say).
+        #: came from (l1, server, compiler; unknown when the event does not say): one
+        #: per graph, whatever it took to find it, so the hit rate is its hits over all.
         self.client_graphs = Counter(
             "neffcache_client_graphs_total",
-            "Graphs clients resolved",
+            "Graphs clients resolved, one per graph (the hit rate's counter)",
             ["namespace", "result", "source"],
+            registry=r,
+        )
+        #: Clients' compiles (misses that compiled), by namespace and outcome (ok,
+        #: failed): the graphs that cost compile time.
+        self.client_compiles = Counter(
+            "neffcache_client_compiles_total",
+            "Graphs clients compiled, by outcome",
+            ["namespace", "outcome"],
             registry=r,
         )
         #: Clients' misses by namespace and reason: one of the shared reason codes

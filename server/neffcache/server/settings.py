@@ -67,6 +67,30 @@ class ServerSettings(BaseSettings):
         description="how long a blob verified on read is served without hashing it "
         "again while its file is unchanged (0: hash on every read)",
     )
+    # Reads of a verified, unchanged file skip hashing (reverify_seconds): the scrub is
+    # what still reads every blob, so rot no stamp shows is found (scrub.py).
+    scrub_interval_seconds: float = Field(
+        7 * 86400.0,
+        ge=0,
+        le=366 * 86400,
+        allow_inf_nan=False,
+        description="filesystem store: how often one replica reads and hashes every blob "
+        "again, quarantining the corrupt (0: never)",
+    )
+    scrub_bytes_per_second: int = Field(
+        32 * 2**20,
+        ge=2**20,
+        le=2**40,
+        description="how fast the scrub reads at most (each blob counts as at least "
+        "64 KiB), so that it never competes with serving",
+    )
+    accel_redirect_prefix: str | None = Field(
+        None,
+        pattern=r"^/[A-Za-z0-9._~/-]*[A-Za-z0-9._~-]$",
+        description="filesystem store behind nginx: a verified blob's GET that nginx "
+        "marks is answered with X-Accel-Redirect: PREFIX/blobs/ab/DIGEST and no body, "
+        "for nginx to send the file (deploy/nginx/)",
+    )
     # At most 7 days: the longest a SigV4 presigned URL may live.
     blob_redirect_seconds: int = Field(
         0,

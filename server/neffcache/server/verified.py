@@ -7,8 +7,9 @@ that stamp (the kernel sets ctime on every change; no user can set it back). Whi
 the stamp is the one that was verified, and for at most ``reverify_seconds``, a read
 streams the file without hashing it again: hashing is most of what a large GET
 costs. Corruption beneath the filesystem (a disk's bit rot), which no stamp shows,
-is caught at the next re-verification, and by every client, which verifies each
-download itself.
+is caught at the next re-verification: by the scrub, which hashes every blob once per
+``scrub_interval_seconds`` and remembers the sound ones again, or at once when a
+client, which verifies each download itself, reports a mismatch (scrub.py).
 
 A file changed within ``_RACY`` seconds before its stamp was taken is not remembered
 (git's "racily clean" rule): a filesystem with coarse timestamps (one second on some)

@@ -12,9 +12,9 @@ The modelled compile times are minutes, as neuronx-cc takes for real models: two
 step graphs (training step, last partial batch) of 40-45 minutes, an optimizer step
 and an eval forward of 12-20 minutes, and small graphs (collectives, loss scaling,
 layout changes) of 1-8 minutes. They are a plausible shape, not measurements: the
-facts file has no compile times. The NEFF sizes (256 KiB to 2 MiB) are of the order
-of the 1.5 MiB NxDI NEFF in facts §3.1; big models' NEFFs are larger, which would move
-more bytes for every cache in proportion.
+SDK notes (docs/neuron-sdk.md) have no compile times. The NEFF sizes (256 KiB to 2 MiB)
+are of the order of the 1.5 MiB NxDI NEFF in docs/neuron-sdk.md#entry-layout; big
+models' NEFFs are larger, which would move more bytes for every cache in proportion.
 """
 
 from __future__ import annotations

@@ -1,31 +1,36 @@
 """STAND-IN for the stock ``libneuronxla`` S3 cache (``CompileCacheS3``): NOT AWS's code,
-written for the fleet benchmark only, from neuron-cache-facts.md §3.1, §3.3 and §7.
+written for the fleet benchmark only, from docs/neuron-sdk.md#entry-layout, #hit-detection
+and #s3-backend.
 
 The shared stand-in (tests/standins/libneuronxla) models only the S3 backend's paths
 and raises ``NotImplementedError`` for its I/O; it is not changed here. This module
 subclasses it and, when installed in a rank process (``install()``), makes every
 binding of ``create_compile_cache`` return the subclass for ``s3://`` URLs, as
-optimum-neuron patches it "everywhere it was imported" (facts §9).
+optimum-neuron patches it "everywhere it was imported"
+(docs/neuron-sdk.md#libneuronxla-cache-api).
 
 What it does, and how sure that is:
 
 * The layout under the prefix is the directory layout: ``<prefix>/neuronxcc-<ver>/
-  MODULE_<key>+<flags8>/model.neff`` and the rest (facts §7 [DOC], §2 [3P]).
-* Each file is its own object, written with boto3 (facts §7 [LOG]: the PutObject of
-  ``model.hlo_module.pb`` in the SlowDown error). One ``PutObject`` per file: the
-  files are far below boto3's multipart threshold, where ``upload_file`` also does one
-  PutObject.
+  MODULE_<key>+<flags8>/model.neff`` and the rest (docs/neuron-sdk.md#s3-backend [DOC],
+  #cache-location [3P]).
+* Each file is its own object, written with boto3 (docs/neuron-sdk.md#s3-backend [LOG]:
+  the PutObject of ``model.hlo_module.pb`` in the SlowDown error). One ``PutObject`` per
+  file: the files are far below boto3's multipart threshold, where ``upload_file`` also
+  does one PutObject.
 * A hit is ``model.done`` existing (a ``HeadObject``), then ``model.neff`` downloaded;
-  a miss probes ``model.log`` (facts §3.3 [GUESS], the order the stand-in SDK's
-  wrapper already follows). The probes are the SDK wrapper's; this class answers them.
-* Locks: none. [GUESS] Facts §7: "How locking works on S3 is not visible. Either there
-  is no cross-node lock, or a marker object is used. Either way there is no atomic
-  create-if-absent in classic S3." Nothing in the facts says ranks on one host share a
-  local lock for an S3 cache either (the cache-wide ``<root>/lock`` of §6.1 is the
-  filesystem backend's), so ``hlo_acquire_lock`` does nothing: every rank that misses
-  compiles. The 2.1-era SlowDown errors ("[GUESS] every rank was uploading the HLO
-  for every graph", §7) fit this. A marker-object lock would make the S3 peer look
-  better in compiles, at the price of the stale-lock hangs of §6.2.
+  a miss probes ``model.log`` (docs/neuron-sdk.md#hit-detection [GUESS], the order the
+  stand-in SDK's wrapper already follows). The probes are the SDK wrapper's; this class
+  answers them.
+* Locks: none. [GUESS] docs/neuron-sdk.md#s3-backend: "How locking works on S3 is not
+  visible: either there is no cross-node lock or a marker object is used; classic S3 has
+  no atomic create-if-absent." Nothing in docs/neuron-sdk.md says ranks on one host share
+  a local lock for an S3 cache either (the cache-wide ``<root>/lock`` of
+  #cache-wide-lock is the filesystem backend's), so ``hlo_acquire_lock`` does nothing:
+  every rank that misses compiles. The 2.1-era SlowDown errors (#s3-backend: "that every
+  rank uploaded the HLO of every graph is a GUESS") fit this. A marker-object lock would
+  make the S3 peer look better in compiles, at the price of the stale-lock hangs of
+  #per-entry-compile-lock.
 * Not modelled: S3 throttling (moto never answers SlowDown), and S3's latency (moto is
   on loopback).
 

@@ -11,7 +11,7 @@ stand-in ``libneuronxla`` and the stand-in compiler (via the per-graph wrapper
   per-host L1 (``NEFFCACHE_LOCAL_DIR``).
 * ``shared``: the stock cache in one directory shared by every host (as on NFS or
   EFS), here on one local filesystem, so its locks work as they would not on NFS
-  (facts §6.3): the peer's best case.
+  (docs/neuron-sdk.md#network-filesystems): the peer's best case.
 
 Each configuration runs three phases: ``cold`` (empty caches), ``warm`` (the same
 hosts again: their directories and L1s kept) and ``new hosts`` (the job again on

@@ -1,19 +1,20 @@
 """STAND-IN for ``libneuronxla.neuron_cc_cache``; this is NOT AWS's code (whose source is
-not public, facts section 0).
+not public, docs/neuron-sdk.md#provenance).
 
-Written only from neuron-cache-facts.md:
+Written only from docs/neuron-sdk.md:
 
-* section 2: how the cache location is chosen (:meth:`CacheUrl.get_cache_url`);
-* section 3.1: the on-disk layout of an entry; section 3.2: the four entry states
+* #cache-location: how the cache location is chosen (:meth:`CacheUrl.get_cache_url`);
+* #entry-layout: the on-disk layout of an entry; #entry-states: the four entry states
   (:meth:`CompileCacheFs.get_hlos`);
-* section 4.1 / 4.3: the ``neuronxcc-<version>/MODULE_<key>+<flags8>`` path and the
-  flags hash (the neuronxcc >= 2.15 ``md5(json.dumps(list))`` form);
-* section 6: the cache-wide ``<root>/lock`` taken by every ``CompileCacheFs`` method
+* #compiler-version-directory and #flags-hash: the
+  ``neuronxcc-<version>/MODULE_<key>+<flags8>`` path and the flags hash (the neuronxcc
+  >= 2.15 ``md5(json.dumps(list))`` form);
+* #locking: the cache-wide ``<root>/lock`` taken by every ``CompileCacheFs`` method
   (``with self.lock_dir:`` in a decorator, ``open(lock_path, 'w')``), and the
   existence-based per-entry ``<hlo>.lock`` that never expires;
-* section 9: the API surface (``CompileCache``, ``CompileCacheFs``, ``CompileCacheS3``,
-  ``CacheEntry``, ``create_compile_cache``);
-* section 16: the compiler version, parsed from ``neuronx-cc --version``.
+* #libneuronxla-cache-api: the API surface (``CompileCache``, ``CompileCacheFs``,
+  ``CompileCacheS3``, ``CacheEntry``, ``create_compile_cache``);
+* #neuronx-cc-version-output: the compiler version, parsed from ``neuronx-cc --version``.
 
 Stand-in environment variable (not a real SDK variable):
 
@@ -48,7 +49,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_CACHE_URL = "/var/tmp/neuron-compile-cache"
 ROOT_LOCK_NAME = "lock"
 HLO_FILENAME = "model.hlo_module.pb"
-# Section 3.1: logs from neuronxcc 2.0 to 2.12 name the HLO model.hlo.pb.
+# docs/neuron-sdk.md#entry-layout: logs from neuronxcc 2.0 to 2.12 name the HLO
+# model.hlo.pb.
 LEGACY_HLO_FILENAME = "model.hlo.pb"
 HLO_FILENAMES = (HLO_FILENAME, LEGACY_HLO_FILENAME)
 FLAGS_FILENAME = "compile_flags.json"
@@ -57,8 +59,8 @@ DONE_FILENAME = "model.done"
 LOG_FILENAME = "model.log"
 LOCK_SUFFIX = ".lock"
 
-# [GUESS] Neither interval is in the facts. The wait message repeats every minute because
-# it counts minutes; the poll is short so tests run fast.
+# [GUESS] Neither interval is in docs/neuron-sdk.md. The wait message repeats every
+# minute because it counts minutes; the poll is short so tests run fast.
 LOCK_POLL_SECONDS = 0.05
 LOCK_LOG_SECONDS = 60.0
 
@@ -75,7 +77,8 @@ _COMPILER_VERSIONS: dict[str, str] = {}
 
 
 def get_compiler_version() -> str:
-    """The full version of the ``neuronx-cc`` on PATH (section 16), cached per binary."""
+    """The full version of the ``neuronx-cc`` on PATH
+    (docs/neuron-sdk.md#neuronx-cc-version-output), cached per binary."""
     path = shutil.which("neuronx-cc")
     if path is None:
         raise RuntimeError("neuronx-cc was not found on PATH")
@@ -85,7 +88,8 @@ def get_compiler_version() -> str:
     done = subprocess.run(
         [path, "--version"], capture_output=True, text=True, timeout=120, check=False
     )
-    # Section 16: public callers read stdout or stderr; read both.
+    # docs/neuron-sdk.md#neuronx-cc-version-output: public callers read stdout or stderr;
+    # read both.
     match = VERSION_RE.search(done.stdout) or VERSION_RE.search(done.stderr)
     if done.returncode != 0 or match is None:
         raise RuntimeError(
@@ -97,7 +101,8 @@ def get_compiler_version() -> str:
 
 
 class CacheUrl:
-    """A cache location: a directory (``fs``) or an S3 prefix (``s3``), section 2."""
+    """A cache location: a directory (``fs``) or an S3 prefix (``s3``),
+    docs/neuron-sdk.md#cache-location."""
 
     def __init__(self, url: str, url_type: str = "fs") -> None:
         if url_type not in ("fs", "s3"):
@@ -123,15 +128,17 @@ class CacheUrl:
     def from_string(cls, url: str) -> CacheUrl:
         if url.startswith("s3://"):
             return cls(url, url_type="s3")
-        # Section 2: whether file:// is stripped is not documented. [GUESS] It is tolerated.
+        # docs/neuron-sdk.md#cache-location: whether file:// is stripped is not documented.
+        # [GUESS] It is tolerated.
         if url.startswith("file://"):
             url = url[len("file://") :]
         return cls(url, url_type="fs")
 
     @classmethod
     def get_cache_url(cls, cache_dir: str | None = None) -> CacheUrl:
-        """Section 2 precedence: the ``cache_dir`` argument, then ``--cache_dir`` in
-        ``NEURON_CC_FLAGS``, then ``NEURON_COMPILE_CACHE_URL``, then the default."""
+        """The precedence of docs/neuron-sdk.md#cache-location: the ``cache_dir``
+        argument, then ``--cache_dir`` in ``NEURON_CC_FLAGS``, then
+        ``NEURON_COMPILE_CACHE_URL``, then the default."""
         url = (
             cache_dir
             or libncc.setup_args()[0].cache_dir
@@ -154,11 +161,11 @@ def _held_locks() -> dict[str, tuple[TextIO, list[int]]]:
 
 
 class CacheLock:
-    """The cache-wide lock ``<root>/lock`` (section 6.1).
+    """The cache-wide lock ``<root>/lock`` (docs/neuron-sdk.md#cache-wide-lock).
 
     ``__enter__`` opens the file with ``open(lock_path, 'w')``, exactly as the real
     traceback shows, so a read-only cache directory fails with PermissionError / EROFS
-    even for a lookup. [GUESS] ``fcntl.flock`` on that descriptor (section 6.1). The
+    even for a lookup. [GUESS] ``fcntl.flock`` on that descriptor (#cache-wide-lock). The
     lock is re-entrant within one thread because cache methods call each other; other
     threads and processes open their own descriptor and wait.
     """
@@ -204,7 +211,8 @@ FsT = TypeVar("FsT", bound="CompileCacheFs")
 
 
 def with_cache_lock(method: Callable[Concatenate[FsT, P], R]) -> Callable[Concatenate[FsT, P], R]:
-    """Run ``method`` holding the cache-wide lock (section 6.1: ``with self.lock_dir:``)."""
+    """Run ``method`` holding the cache-wide lock (docs/neuron-sdk.md#cache-wide-lock:
+    ``with self.lock_dir:``)."""
 
     def wrapper(self: FsT, /, *args: P.args, **kwargs: P.kwargs) -> R:
         with self.lock_dir:
@@ -220,7 +228,8 @@ def _lock_timeout_from_env() -> float | None:
 
 
 class CompileCache:
-    """Base class with the section 9 surface. Backends override the I/O methods."""
+    """Base class with the surface of docs/neuron-sdk.md#libneuronxla-cache-api. Backends
+    override the I/O methods."""
 
     def __init__(self, cache_url: CacheUrl) -> None:
         self.cache_url = cache_url
@@ -232,9 +241,10 @@ class CompileCache:
 
     @staticmethod
     def get_compiler_flags_hash(compiler_flags: str | list[str]) -> str:
-        """8 hex digits: ``md5(json.dumps(list_of_flag_tokens))[:8]`` (section 4.3, the
-        neuronxcc >= 2.15 form). A string is split with ``shlex`` first; the raw-string
-        form of neuronxcc <= 2.13 is not reproduced."""
+        """8 hex digits: ``md5(json.dumps(list_of_flag_tokens))[:8]``
+        (docs/neuron-sdk.md#flags-hash, the neuronxcc >= 2.15 form). A string is split
+        with ``shlex`` first; the raw-string form of neuronxcc <= 2.13 is not
+        reproduced."""
         if isinstance(compiler_flags, str):
             compiler_flags = shlex.split(compiler_flags)
         preimage = json.dumps(list(compiler_flags)).encode("utf-8")
@@ -249,7 +259,8 @@ class CompileCache:
         self, model_hash: str | int, compile_flags_str: str | list[str]
     ) -> tuple[str, str]:
         """``(<root>/neuronxcc-<version>/<cache_key>, cache_key)`` with
-        ``cache_key = MODULE_<model_hash>+<flags8>`` (sections 3.1, 4.4)."""
+        ``cache_key = MODULE_<model_hash>+<flags8>`` (docs/neuron-sdk.md#entry-layout and
+        #stock-address)."""
         cache_key = f"MODULE_{model_hash}+{self.get_compiler_flags_hash(compile_flags_str)}"
         return self.get_cache_dir_with_cache_key(cache_key), cache_key
 
@@ -300,12 +311,14 @@ class CompileCache:
     def try_lookup_for_compile(self, hlo_path: str) -> CacheEntry | None:
         raise NotImplementedError
 
-    # download_artifacts(parent_dir, dst) exists only in newer SDKs (section 9, callers
-    # check hasattr). This stand-in models an SDK without it.
+    # download_artifacts(parent_dir, dst) exists only in newer SDKs
+    # (docs/neuron-sdk.md#libneuronxla-cache-api, callers check hasattr). This stand-in
+    # models an SDK without it.
 
 
 class CacheEntry:
-    """One entry, for the parallel-compile flow (sections 6.2, 8.3, 9).
+    """One entry, for the parallel-compile flow (docs/neuron-sdk.md#per-entry-compile-lock,
+    #parallel-compile and #libneuronxla-cache-api).
 
     ``with entry:`` holds the entry's compile lock (``<hlo path>.lock``); ``.exists`` is
     true when ``model.done`` is present.
@@ -355,7 +368,8 @@ def _atomic_write(path: str, write: Callable[[str], None]) -> None:
 
 
 class CompileCacheFs(CompileCache):
-    """The directory backend. Every public method holds ``<root>/lock`` (section 6.1)."""
+    """The directory backend. Every public method holds ``<root>/lock``
+    (docs/neuron-sdk.md#cache-wide-lock)."""
 
     def __init__(self, cache_url: CacheUrl) -> None:
         super().__init__(cache_url)
@@ -441,7 +455,8 @@ class CompileCacheFs(CompileCache):
 
     @with_cache_lock
     def clear_locks(self) -> None:
-        """Remove every ``*.lock`` file under the root (section 6.2, ``clear-locks``)."""
+        """Remove every ``*.lock`` file under the root
+        (docs/neuron-sdk.md#per-entry-compile-lock, ``clear-locks``)."""
         for directory, _, files in os.walk(self.cache_path):
             for name in files:
                 if name.endswith(LOCK_SUFFIX):
@@ -449,9 +464,9 @@ class CompileCacheFs(CompileCache):
 
     @with_cache_lock
     def clear_neffs(self) -> None:
-        """[GUESS] ``clear-neffs`` (section 8.5) removes the compile results
-        (``model.neff``, ``model.done``, ``model.log``) and keeps the HLO and flags, so
-        every entry goes back to the "Empty" state."""
+        """[GUESS] ``clear-neffs`` (docs/neuron-sdk.md#report-and-commands) removes the
+        compile results (``model.neff``, ``model.done``, ``model.log``) and keeps the
+        HLO and flags, so every entry goes back to the "Empty" state."""
         for hlo in self._all_hlos():
             entry_dir = os.path.dirname(hlo)
             for name in (NEFF_FILENAME, DONE_FILENAME, LOG_FILENAME):
@@ -468,10 +483,11 @@ class CompileCacheFs(CompileCache):
     def get_hlos(
         self, failed_neff_str: str = ""
     ) -> tuple[list[str], list[str], list[str], list[str]]:
-        """``(todo, locked, done, failed)`` HLO paths, by the section 3.2 state table.
+        """``(todo, locked, done, failed)`` HLO paths, by the state table of
+        docs/neuron-sdk.md#entry-states.
 
         [GUESS] The order of the checks is done, then locked, then failed, then todo; the
-        facts give the states, not which wins when files of two states are present.
+        docs give the states, not which wins when files of two states are present.
         [GUESS] ``failed_neff_str``: when non-empty, an entry whose ``model.neff``
         contains it also counts as failed (older SDKs named a "cached failed neff").
         """
@@ -509,11 +525,12 @@ class CompileCacheFs(CompileCache):
     def hlo_acquire_lock(self, hlo_path: str, timeout: float | None = None) -> None:
         """Create ``<hlo_path>.lock`` (O_CREAT|O_EXCL), waiting while it exists.
 
-        Faithful to section 6.2: the lock is existence-based and never expires, so a
-        lock left by a killed compile blocks forever. ``timeout`` (or
-        ``NEFFCACHE_STANDIN_LOCK_TIMEOUT``) is for tests only and raises TimeoutError.
-        The cache-wide lock is held for each attempt, not while waiting: holding it while
-        waiting would stop the lock's owner from ever releasing it.
+        Faithful to docs/neuron-sdk.md#per-entry-compile-lock: the lock is
+        existence-based and never expires, so a lock left by a killed compile blocks
+        forever. ``timeout`` (or ``NEFFCACHE_STANDIN_LOCK_TIMEOUT``) is for tests only
+        and raises TimeoutError. The cache-wide lock is held for each attempt, not while
+        waiting: holding it while waiting would stop the lock's owner from ever
+        releasing it.
         """
         if timeout is None:
             timeout = _lock_timeout_from_env()
@@ -545,8 +562,9 @@ class CompileCacheFs(CompileCache):
 
     @with_cache_lock
     def try_lookup_for_compile(self, hlo_path: str) -> CacheEntry | None:
-        """None if the HLO is already done or locked by another worker (section 6.2);
-        otherwise an unlocked :class:`CacheEntry` (``with entry:`` takes the lock)."""
+        """None if the HLO is already done or locked by another worker
+        (docs/neuron-sdk.md#per-entry-compile-lock); otherwise an unlocked
+        :class:`CacheEntry` (``with entry:`` takes the lock)."""
         entry_dir = os.path.dirname(hlo_path)
         if os.path.exists(os.path.join(entry_dir, DONE_FILENAME)):
             return None
@@ -561,16 +579,18 @@ def _read_bytes(path: str) -> bytes:
 
 
 class CompileCacheS3(CompileCache):
-    """The S3 backend (section 7). Only paths are implemented: every I/O method raises
-    NotImplementedError (inherited), because the stand-ins have no S3 behaviour to follow
-    beyond "one object per file" and locking on S3 is not visible (section 7)."""
+    """The S3 backend (docs/neuron-sdk.md#s3-backend). Only paths are implemented: every
+    I/O method raises NotImplementedError (inherited), because the stand-ins have no S3
+    behaviour to follow beyond "one object per file" and locking on S3 is not visible
+    (#s3-backend)."""
 
     def _join(self, *parts: str) -> str:
         return "/".join(part.strip("/") if i else part.rstrip("/") for i, part in enumerate(parts))
 
 
 def create_compile_cache(cache_url: CacheUrl) -> CompileCache:
-    """``CompileCacheS3`` for an ``s3://`` URL, else ``CompileCacheFs`` (sections 2, 9)."""
+    """``CompileCacheS3`` for an ``s3://`` URL, else ``CompileCacheFs``
+    (docs/neuron-sdk.md#cache-location and #libneuronxla-cache-api)."""
     if cache_url.is_s3():
         return CompileCacheS3(cache_url)
     return CompileCacheFs(cache_url)

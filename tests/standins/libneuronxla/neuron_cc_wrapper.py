@@ -1,25 +1,27 @@
 """STAND-IN for ``libneuronxla.neuron_cc_wrapper``; this is NOT AWS's code (whose source
-is not public, facts section 0).
+is not public, docs/neuron-sdk.md#provenance).
 
-Written only from neuron-cache-facts.md:
+Written only from docs/neuron-sdk.md:
 
-* section 1: the call paths (``neuron_xla_compile`` as called by transformers-neuronx
-  and NxD ModelBuilder; the PJRT path's target-prefixed flags);
-* section 2: ``NEURON_CC_FLAGS`` and its wrapper-only flags (via ``libncc``);
-* section 3.3: probe order on a lookup (``model.done``, then ``model.log``);
-* section 4.3 / 4.4: the key (flags hash over ``['--target=<t>', *user_flags]``);
-* section 5: the work directory, the compiler argv (the neuronxcc >= 2.15 form), the
-  log lines, the outputs copied back (``model.neff``, then the 0-byte ``model.done``; on
-  failure ``model.log``), ``NEURON_PARALLEL_COMPILE_MAX_RETRIES``, the warning for str
-  flags, ``compile_cache_entry``;
-* section 6: the per-entry lock held while compiling;
-* section 8.1: ``NEURON_EXTRACT_GRAPHS_ONLY`` and ``NEURON_PARALLEL_COMPILE_CACHE_PATH_LOG``.
+* #where-the-cache-sits: the call paths (``neuron_xla_compile`` as called by
+  transformers-neuronx and NxD ModelBuilder; the PJRT path's target-prefixed flags);
+* #cache-location: ``NEURON_CC_FLAGS`` and its wrapper-only flags (via ``libncc``);
+* #hit-detection: probe order on a lookup (``model.done``, then ``model.log``);
+* #flags-hash and #stock-address: the key (flags hash over
+  ``['--target=<t>', *user_flags]``);
+* #neuronx-cc-invocation-and-outputs: the work directory, the compiler argv (the
+  neuronxcc >= 2.15 form), the log lines, the outputs copied back (``model.neff``, then
+  the 0-byte ``model.done``; on failure ``model.log``),
+  ``NEURON_PARALLEL_COMPILE_MAX_RETRIES``, the warning for str flags,
+  ``compile_cache_entry``;
+* #per-entry-compile-lock: the per-entry lock held while compiling;
+* #trial-run: ``NEURON_EXTRACT_GRAPHS_ONLY`` and ``NEURON_PARALLEL_COMPILE_CACHE_PATH_LOG``.
 
 ``create_compile_cache`` and ``CacheUrl`` are imported by name into this module and
 called through this module's binding at call time, so a caller that patches
 ``libneuronxla.create_compile_cache`` (or ``neuron_cc_cache.create_compile_cache``) alone
 does NOT reach this module: it must patch every binding, as optimum-neuron's
-``patch_everywhere`` does (section 9).
+``patch_everywhere`` does (#libneuronxla-cache-api).
 
 Stand-in environment variables (not real SDK variables):
 
@@ -33,10 +35,10 @@ Stand-in environment variables (not real SDK variables):
   resolved cache URL, ``cache_path`` the ``cache_path`` of the cache object
   ``create_compile_cache`` returned.
 * ``NEFFCACHE_STANDIN_HASH_TARGET``: ``1`` (default) hashes ``['--target=<t>',
-  *user_flags]`` (section 4.3 item 5, the PJRT path A form). ``0`` hashes the user flags
-  alone, the form section 4.3 item 6 shows for transformers-neuronx (path B), whose
-  calls go through ``neuron_xla_compile`` too. The facts do not say how the real
-  ``neuron_xla_compile`` tells the two apart.
+  *user_flags]`` (#flags-hash item 5, the PJRT path A form). ``0`` hashes the user flags
+  alone, the form #flags-hash item 6 shows for transformers-neuronx (path B), whose
+  calls go through ``neuron_xla_compile`` too. docs/neuron-sdk.md does not say how the
+  real ``neuron_xla_compile`` tells the two apart.
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ from libneuronxla.neuron_cc_cache import (
 
 logger = logging.getLogger(__name__)
 
-# [GUESS] Section 8.1 says extraction returns "null/fake outputs"; these are the bytes.
+# [GUESS] Extraction returns placeholder outputs (docs/neuron-sdk.md#trial-run); these are
+# the bytes.
 EXTRACT_ONLY_PLACEHOLDER = b"NEFFCACHE-STANDIN-EXTRACT-ONLY-PLACEHOLDER\n"
 # [GUESS] Used when an entry has no compile_flags.json to read the target from.
 DEFAULT_TARGET = "trn1"
@@ -93,8 +96,9 @@ def _env_flag(name: str) -> bool:
 
 def module_fingerprint(module_bytes: bytes) -> str:
     """Stand-in module key for ``cache_key=None``: a decimal 64-bit number, like the
-    PJRT path's keys. The real algorithm is not public (sections 4.2, 15); this one is
-    the first 8 bytes of sha256 of the serialized module, big-endian."""
+    PJRT path's keys. The real algorithm is not public (docs/neuron-sdk.md#module_key
+    and #open-questions); this one is the first 8 bytes of sha256 of the serialized
+    module, big-endian."""
     return str(int.from_bytes(hashlib.sha256(module_bytes).digest()[:8], "big"))
 
 
@@ -110,8 +114,9 @@ def _normalize_flags(compiler_flags: str | list[str] | None) -> list[str]:
     if compiler_flags is None:
         return []
     if isinstance(compiler_flags, str):
-        # Section 5: "SyntaxWarning: str format compiler_flags is discouraged …
-        # Use list[str] instead". [GUESS] The elided middle of the message.
+        # docs/neuron-sdk.md#neuronx-cc-invocation-and-outputs: "SyntaxWarning: str
+        # format compiler_flags is discouraged … Use list[str] instead". [GUESS] The
+        # elided middle of the message.
         warnings.warn(
             "str format compiler_flags is discouraged and its support may be removed in "
             "a future release. Use list[str] instead",
@@ -129,7 +134,8 @@ def _make_work_dir(
     if work_dir is not None and not create_subdir:
         os.makedirs(work_dir, exist_ok=True)
         return work_dir, False
-    # Section 5: /tmp/<$USER or no-user>/neuroncc_compile_workdir/<uuid>/. [GUESS]
+    # docs/neuron-sdk.md#neuronx-cc-invocation-and-outputs:
+    # /tmp/<$USER or no-user>/neuroncc_compile_workdir/<uuid>/. [GUESS]
     # --compile_workdir in NEURON_CC_FLAGS replaces the base; tempfile.gettempdir() is
     # /tmp unless TMPDIR says otherwise.
     base = (
@@ -152,7 +158,8 @@ def call_neuron_compiler(
     platform_target: str = DEFAULT_TARGET,
     dump: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``neuronx-cc`` from PATH with the section 5 (neuronxcc >= 2.15) argv."""
+    """Run ``neuronx-cc`` from PATH with the argv of
+    docs/neuron-sdk.md#neuronx-cc-invocation-and-outputs (neuronxcc >= 2.15)."""
     cmd = [
         "neuronx-cc",
         "compile",
@@ -184,7 +191,8 @@ def _compile(
     platform_target: str,
     dump: str | None,
 ) -> tuple[bool, int, str]:
-    """(success, retries used, stderr of the last attempt); section 5 retries."""
+    """(success, retries used, stderr of the last attempt); retries as
+    docs/neuron-sdk.md#neuronx-cc-invocation-and-outputs describes."""
     max_retries = int(os.environ.get("NEURON_PARALLEL_COMPILE_MAX_RETRIES") or 0)
     stderr = ""
     for attempt in range(max_retries + 1):
@@ -202,7 +210,8 @@ def _upload_inputs(
     cache: CompileCache, entry_dir: str, input_file: str, flags_list: list[str]
 ) -> None:
     cache.upload_file(os.path.join(entry_dir, HLO_FILENAME), input_file)
-    # [GUESS] compile_flags.json holds the json.dumps of the hashed flag list (section 3.1).
+    # [GUESS] compile_flags.json holds the json.dumps of the hashed flag list
+    # (docs/neuron-sdk.md#entry-layout).
     cache.upload_string_to_file(os.path.join(entry_dir, FLAGS_FILENAME), json.dumps(flags_list))
 
 
@@ -211,7 +220,7 @@ def _upload_success(cache: CompileCache, entry_dir: str, neff_file: str, work_di
     empty = os.path.join(work_dir, DONE_FILENAME)
     with open(empty, "wb"):
         pass
-    # model.done last: it is what a lookup probes (section 3.3).
+    # model.done last: it is what a lookup probes (docs/neuron-sdk.md#hit-detection).
     cache.upload_file(os.path.join(entry_dir, DONE_FILENAME), empty)
     # [GUESS] A retried entry's old model.log is removed once it succeeds.
     log = os.path.join(entry_dir, LOG_FILENAME)
@@ -227,10 +236,10 @@ def _failed_neff_message(neff_path: str) -> str:
 
 
 def _log_cache_path(cache_url: CacheUrl, cache: CompileCache) -> None:
-    """Section 8.1/19: the trial run writes "the actual cache path" to
-    ``NEURON_PARALLEL_COMPILE_CACHE_PATH_LOG`` for the parent to read back. [GUESS]
-    Whether that is the URL or the cache object's path is not known:
-    ``NEFFCACHE_STANDIN_PATH_LOG=cache_path`` writes the latter."""
+    """docs/neuron-sdk.md#trial-run and #neuron_parallel_compiles-environment: the trial
+    run writes "the actual cache path" to ``NEURON_PARALLEL_COMPILE_CACHE_PATH_LOG`` for
+    the parent to read back. [GUESS] Whether that is the URL or the cache object's path
+    is not known: ``NEFFCACHE_STANDIN_PATH_LOG=cache_path`` writes the latter."""
     path_log = os.environ.get("NEURON_PARALLEL_COMPILE_CACHE_PATH_LOG")
     if not path_log:
         return
@@ -366,8 +375,8 @@ def neuron_xla_compile(
         or env_args.retry_failed_compilation
         or caller_args.retry_failed_compilation
     )
-    # [GUESS] NEURON_PLATFORM_TARGET_OVERRIDE (section 4.3 row +70e3f644) wins over the
-    # argument.
+    # [GUESS] NEURON_PLATFORM_TARGET_OVERRIDE (docs/neuron-sdk.md#flags-hash, row
+    # +70e3f644) wins over the argument.
     target = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE") or platform_target
     module_key = cache_key if cache_key is not None else module_fingerprint(module_bytes)
     flags_hash = CompileCache.get_compiler_flags_hash(hashed_flags(target, user_flags))
@@ -404,7 +413,8 @@ def compile_cache_entry(
     dump: str | None = None,
     work_dir: str | None = None,
 ) -> tuple[bool, int]:
-    """Compile one cache entry for ``neuron_parallel_compile`` (section 8.3).
+    """Compile one cache entry for ``neuron_parallel_compile``
+    (docs/neuron-sdk.md#parallel-compile).
 
     The caller holds the entry lock (``with cache_entry:``). Returns ``(status,
     retry)``: [GUESS] status is True on success, retry the number of retries used.

@@ -1,23 +1,31 @@
 """The ``neffcache`` command: one entry point, one module per subcommand.
 
-Every subcommand reports a bad input as one line on stderr and exit code 2, never a
-traceback: a CLI's users are people and shell scripts, not Python callers.
+Every subcommand reports trouble as one line on stderr, never a traceback (a CLI's
+users are people and shell scripts, not Python callers), with one rule for the exit
+code (``_common.py``): 2 for bad input, including a request the server refuses; 1 when
+the server cannot answer; 130 when interrupted. ``wrap`` alone keeps the compiler's.
+Every command that asks a server names it the same way (``_server.py``).
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ._common import CommandError
+from ._common import CommandError, MissingExtra, ServerUnavailable, missing_extra
 
 if TYPE_CHECKING:
     import argparse
 
 # Other parts add commands through this entry point group (the server adds `serve` and
-# `admin`), so this package never imports them by name.
+# `admin`), so this package never imports them by name. A plugin's ``register(sub,
+# host)`` gets the subparsers and ``_server``, the module with the one server resolver
+# and the error types main() maps to exit codes.
 PLUGIN_GROUP = "neffcache.cli"
+# This distribution's own plugins' commands: where one cannot load, its commands still
+# parse, and say which extra to install instead of "invalid choice".
+PLUGIN_COMMANDS = {"server": ("serve", "admin"), "bridge": ("import", "export")}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,13 +61,32 @@ def build_parser() -> argparse.ArgumentParser:
         command.register(sub)
     from importlib.metadata import entry_points  # scans every installed package
 
+    from . import _server
+
     for plugin in entry_points(group=PLUGIN_GROUP):
         try:
             register = plugin.load()
         except ImportError:
-            continue  # that part is not installed
-        register(sub, CommandError)
+            _needs_extra(sub, PLUGIN_COMMANDS.get(plugin.name, ()))
+            continue
+        register(sub, _server)
     return parser
+
+
+def _needs_extra(sub: Any, commands: Sequence[str]) -> None:
+    """Commands whose plugin could not load: any arguments, one line, exit 2."""
+    import argparse
+
+    def run(args: argparse.Namespace, extra: list[str]) -> int:
+        raise MissingExtra
+
+    for name in commands:
+        # No option prefix: every word, "--help" too, is one of the arguments it ignores.
+        parser = sub.add_parser(
+            name, help="(needs the server extra)", add_help=False, prefix_chars="\0"
+        )
+        parser.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
+        parser.set_defaults(run=run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -88,11 +115,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.run(args, extra)
         sys.stdout.flush()  # a reader that left shows here, not as Python exits
-    except (CommandError, KeyingError) as exc:
-        print(f"neffcache {args.command}: error: {exc}", file=sys.stderr)
-        return 2
     except BrokenPipeError:
         return _reader_gone()
+    except ImportError as exc:
+        if not missing_extra(exc):
+            raise  # not a missing extra but a broken install, whose traceback helps
+        return _failed(args.command, MissingExtra())
+    except (CommandError, KeyingError, ServerUnavailable, KeyboardInterrupt) as exc:
+        return _failed(args.command, exc)
+    return code
+
+
+def _failed(command: str, exc: BaseException) -> int:
+    """One line on stderr for what ended a command, and its exit code."""
+    if isinstance(exc, MissingExtra):
+        line, code = str(exc), 2
+    elif isinstance(exc, KeyboardInterrupt):
+        line, code = "interrupted", 130
+    elif isinstance(exc, ServerUnavailable):
+        line, code = str(exc), 1
+    else:
+        line, code = f"error: {exc}", 2
+    print(f"neffcache {command}: {line}", file=sys.stderr)
     return code
 
 

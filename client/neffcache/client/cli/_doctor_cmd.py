@@ -5,8 +5,10 @@ usual mistakes, the server (its version, auth mode, clock, a round trip), the sh
 the Python behind each tool, the stacks installed and the interception point serving
 each, the libneuronxla hook, and L1. PASS, WARN, FAIL or SKIP per check, each with its
 evidence and what to do. With --live, a tiny graph is also compiled with each stack,
-twice, and the second must come from the server. Exit 0 when nothing fails, 1 when
-something does, 2 on bad input. See docs/doctor.md.
+twice, and the second must come from the server. --server, --namespace and --token
+check another server than the job's (as NEFFCACHE_URL and NEFFCACHE_TOKEN would name
+it). Exit 0 when nothing fails, 1 when something does (a server that cannot answer
+among them), 2 on bad input. See docs/doctor.md.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import sys
 from typing import IO, TYPE_CHECKING, Any
 
+from . import _server
 from ._common import CommandError, help_text
 
 if TYPE_CHECKING:
@@ -35,7 +38,7 @@ def register(sub: Any) -> None:
         "doctor",
         help="check this host's set-up: each interception point, the server, the stacks",
         usage="neffcache doctor [--json] [--report FILE] [--only GROUP] [--read-only] "
-        "[--live [--live-deadline SECONDS]]",
+        "[--live [--live-deadline SECONDS]] [--server URL] [--namespace NS] [--token TOKEN]",
         description=help_text(__doc__),
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -70,6 +73,13 @@ def register(sub: Any) -> None:
         default=_LIVE_SECONDS,
         help=f"stop the live compiles after this long (default {_LIVE_SECONDS:g})",
     )
+    _server.add_options(parser, namespace=True)
+    # A server that cannot answer is a failed check among the others, not an error.
+    parser.epilog = (
+        "The server: --server, else the URL a job here would use. The namespace: "
+        "--namespace, else the URL's. The token: --token, else NEFFCACHE_TOKEN. Exit 1 when "
+        "a check fails (a server that cannot answer among them), 2 on bad input."
+    )
     parser.set_defaults(run=run)
 
 
@@ -90,9 +100,10 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     from neffcache.client.doctor import render, report, runner
     from neffcache.client.doctor.context import Context
 
-    ctx = Context(os.environ, read_only=args.read_only, live_seconds=args.live_deadline)
+    environ = _environ(args)
+    ctx = Context(environ, read_only=args.read_only, live_seconds=args.live_deadline)
     config = ctx.config().config
-    redact = report.Redactor(os.environ, [config.token] if config and config.token else [])
+    redact = report.Redactor(environ, [config.token] if config and config.token else [])
     groups = runner.selected(args.only, live=args.live)
     info = render.about()
     stream = None if args.json else _Stream(redact, info)
@@ -110,9 +121,23 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if out is not None:
         text = render.text(info, groups, outcomes, code)
         with out:
-            out.write(report.strip_controls(redact(report.render(text, os.environ, document))))
+            out.write(report.strip_controls(redact(report.render(text, environ, document))))
         print(f"neffcache doctor: wrote {args.report} (no token or secret in it)", file=sys.stderr)
     return code
+
+
+def _environ(args: argparse.Namespace) -> dict[str, str]:
+    """This process's environment, with the server the options name in the variables a
+    job reads: the checks then see it as a job given those would."""
+    environ = dict(os.environ)
+    given = (args.server, args.deprecated_url, args.namespace, args.token)
+    if any(value is not None for value in given):
+        target = _server.resolve(args, environ, namespace=True)
+        environ["NEFFCACHE_URL"] = target.url
+        environ.pop("NEFFCACHE_TOKEN", None)
+        if target.token:
+            environ["NEFFCACHE_TOKEN"] = target.token
+    return environ
 
 
 def _open(path: str) -> IO[str]:

@@ -3,12 +3,15 @@
 
 Asks the server why a graph missed: the nearest graphs it knows, component by
 component, what removed an entry, the last failed compile. KEY is a key the server
-heard of (a client's miss, a failure record); an HLO file is keyed here with the same
-options as ``neffcache key``, and its components and graph summary are sent. Plain
+heard of (a client's miss, a failure record); a stock address (as the SDK's logs and
+the run manifest name a graph), a stock entry or one of L1's manifests is turned into
+its key first; an HLO file is keyed here with the same options as ``neffcache key``,
+and its components and graph summary are sent. Plain
 words first; ``--json`` prints the server's answer. The server, token and default
 namespace come from the environment a training job uses (``NEFFCACHE_URL``,
-``NEFFCACHE_TOKEN``). Exit 0 with an explanation, 1 when the server cannot answer,
-2 on bad input.
+``NEFFCACHE_TOKEN``), or from --server, --namespace and --token. Exit 0 with an
+explanation, 1 when the server cannot answer, 2 on bad input or a request the server
+refuses.
 """
 
 from __future__ import annotations
@@ -16,18 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
 from typing import Any
 
-from neffcache.client.config import ClientConfig, ConfigError, wants_neffcache
+from neffcache.client.config import ClientConfig
 
-from ._common import CommandError, help_text
+from . import _server
+from ._common import CommandError, ServerUnavailable, help_text
 from ._key_cmd import add_compile_options, module_key, read_module
 
-_KEY = re.compile(r"^[0-9a-f]{64}$")
-_NAMESPACE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 # Explanations read the index and may parse a stored module: more than a lookup.
 _TIMEOUT = 60.0
 # Requests stay under the server's 8 MiB: past this the shapes are left out.
@@ -43,58 +44,46 @@ def register(sub: Any) -> None:
         "explain",
         help="why a graph missed: the nearest graphs the server knows, and what differs",
         description=help_text(__doc__),
-        usage="neffcache explain KEY | HLO_FILE [--compiler-version V] [--target T] "
-        "[--namespace NS] [--json] [-- FLAG ...]",
+        usage="neffcache explain KEY | STOCK_ADDRESS | ENTRY | HLO_FILE [--compiler-version V] "
+        "[--target T] "
+        "[--server URL] [--namespace NS] [--token TOKEN] [--json] [-- FLAG ...]",
     )
     parser.add_argument(
-        "what", metavar="KEY|HLO_FILE", help="a 64-hex cache key, or a serialized HloModuleProto"
+        "what",
+        metavar="KEY|ADDRESS|HLO_FILE",
+        help="a 64-hex cache key; a stock address (neuronxcc-<ver>/MODULE_<key>+<flags8>, "
+        "with or without its version folder or a file after it); a stock entry or an L1 "
+        "manifest on this host; or a serialized HloModuleProto",
     )
     add_compile_options(parser)
-    parser.add_argument(
-        "--namespace", metavar="NS", help="default: the namespace of the configured cache URL"
-    )
+    _server.add_options(parser, namespace=True)
     parser.add_argument("--json", action="store_true", help="print the server's answer as JSON")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace, flags: list[str]) -> int:
-    config = _config()
-    namespace = args.namespace or config.namespace
-    if not _NAMESPACE.match(namespace):
-        raise CommandError(f"--namespace {namespace!r} is not a namespace name")
-    if _KEY.match(args.what) and not os.path.exists(args.what):
-        if flags or args.compiler_version or args.target:
+    config = _server.client_config(_server.resolve(args, namespace=True))
+    namespace = config.namespace
+    from neffcache.client.explain_target import resolve_target
+
+    # Compiler options describe an HLO_FILE: given them, a file is read as one even
+    # inside a stock entry, rather than turned into the entry's key.
+    options = bool(flags or args.compiler_version or args.target)
+    key = None if options and os.path.isfile(args.what) else resolve_target(args.what, os.environ)
+    if key is not None:
+        if options:
             raise CommandError("a KEY takes no compiler options: they describe an HLO_FILE")
-        method, path, body = "GET", f"/v1/ns/{namespace}/explain/{args.what}", None
+        method, path, body = "GET", f"/v1/ns/{namespace}/explain/{key}", None
     else:
         method, path = "POST", f"/v1/ns/{namespace}/explain"
         body = _request(read_module(args.what), args, flags, config)
-    try:
-        answer = _ask(config, method, path, body)
-    except _Unavailable as exc:
-        print(f"neffcache explain: {exc}", file=sys.stderr)
-        return 1
+    answer = _ask(config, method, path, body)
     if args.json:
         json.dump(answer, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(render(answer))
     return 0
-
-
-def _config() -> ClientConfig:
-    try:
-        config = ClientConfig.from_env(os.environ)
-    except ConfigError as exc:
-        raise CommandError(str(exc)) from None
-    if config is not None:
-        return config
-    if wants_neffcache(os.environ):
-        raise CommandError("NEFFCACHE_DISABLE is set: unset it to ask the server")
-    raise CommandError(
-        "no neffcache URL: set NEFFCACHE_URL (or NEURON_COMPILE_CACHE_URL) to "
-        "neffcache+http://HOST:PORT/NAMESPACE"
-    )
 
 
 def _request(
@@ -121,7 +110,7 @@ def _request(
 
 
 def _ask(config: ClientConfig, method: str, path: str, body: bytes | None) -> dict[str, Any]:
-    from neffcache.client.http import Connection, HttpError
+    from neffcache.client.http import Connection, HttpError, error_detail
 
     headers = {"Accept": "application/json"}
     if config.token:
@@ -132,28 +121,18 @@ def _ask(config: ClientConfig, method: str, path: str, body: bytes | None) -> di
     try:
         response = connection.request(method, path, headers=headers, body=body)
     except HttpError as exc:
-        raise _Unavailable(f"cannot reach {config.server}: {exc}") from None
+        raise ServerUnavailable(f"cannot reach {config.server}: {exc}") from None
     finally:
         connection.close()
+    if response.status != 200:
+        raise _server.answer_error(config.server, response.status, error_detail(response.body))
     try:
         answer = json.loads(response.body)
     except ValueError:
         answer = None
-    if response.status == 400:
-        raise CommandError(_detail(answer, response.status))
-    if response.status != 200 or not isinstance(answer, dict):
-        raise _Unavailable(f"{config.server} answered {_detail(answer, response.status)}")
+    if not isinstance(answer, dict):
+        raise ServerUnavailable(f"{config.server} answered with something other than JSON")
     return answer
-
-
-def _detail(answer: Any, status: int) -> str:
-    if isinstance(answer, dict) and isinstance(answer.get("detail"), str):
-        return f"{status}: {answer['detail']}"
-    return f"HTTP {status}"
-
-
-class _Unavailable(Exception):
-    """The server could not answer (down, a timeout, a 5xx, no access): exit 1."""
 
 
 # --- plain words

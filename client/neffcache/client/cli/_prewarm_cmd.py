@@ -2,10 +2,11 @@
 
 Fetches every graph a previous run used (its run manifest, ``NEFFCACHE_RUN_MANIFEST``)
 into L1 before a job starts, so the job pays no fetch latency: see
-``neffcache.client.prewarm``. The server and L1 come from the environment a training
-job uses. Exit 0 when every graph is in L1 or missing on the server (the job will
-compile those), 1 when some could not be fetched, 2 on bad input, 130 when
-interrupted.
+``neffcache.client.prewarm``. The server, token and L1 come from the environment a
+training job uses, or from --server, --namespace, --token and --local-dir. Exit 0 when
+every graph is in L1 or missing on the server (the job will compile those), 1 when
+the server cannot answer (one line) or some graphs could not be fetched, 2 on bad
+input, 130 when interrupted (with --json, the counts so far, marked interrupted).
 """
 
 from __future__ import annotations
@@ -15,11 +16,15 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from neffcache.client.config import ClientConfig, ConfigError, wants_neffcache
+from neffcache.client.config import ClientConfig, _flag
 
-from ._common import CommandError, help_text
+from . import _server
+from ._common import CommandError, ServerUnavailable, help_text
+
+if TYPE_CHECKING:
+    from neffcache.client.prewarm import Summary
 
 MAX_PARALLEL = 64
 
@@ -29,7 +34,7 @@ def register(sub: Any) -> None:
         "prewarm",
         help="fetch every graph a previous run used into L1",
         usage="neffcache prewarm --manifest RUN_MANIFEST [--parallel N] [--json] "
-        "[--url URL] [--local-dir DIR]",
+        "[--server URL] [--namespace NS] [--token TOKEN] [--local-dir DIR]",
         description=help_text(__doc__),
     )
     parser.add_argument(
@@ -44,11 +49,7 @@ def register(sub: Any) -> None:
         help=f"graphs fetched at once, 1..{MAX_PARALLEL} (default 8)",
     )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    parser.add_argument(
-        "--url",
-        metavar="URL",
-        help="neffcache+http://HOST:PORT/NAMESPACE instead of the environment's",
-    )
+    _server.add_options(parser, namespace=True)
     parser.add_argument("--local-dir", metavar="DIR", help="L1 instead of NEFFCACHE_LOCAL_DIR's")
     parser.set_defaults(run=run)
 
@@ -59,9 +60,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if not args.manifest:
         raise CommandError("--manifest RUN_MANIFEST is required")
     parallel = _parallel(args.parallel)
-    config = _config(args.url, args.local_dir)
-    _check_l1(config.local_dir)
-    from neffcache.client.prewarm import prewarm, read_run_manifest
+    config = _config(args)
+    _check_l1(config.local_dir, config.local_read_only)
+    from neffcache.client.prewarm import Interrupted, Unanswered, prewarm, read_run_manifest
 
     try:
         graphs = read_run_manifest(args.manifest)
@@ -74,16 +75,22 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         )
     try:
         summary = prewarm(config, graphs, parallel, progress=sys.stderr)
-    except KeyboardInterrupt:
+    except Unanswered as exc:
+        raise ServerUnavailable(str(exc)) from None
+    except Interrupted as stopped:
         # prewarm() has stopped its threads and cut their downloads, whose temporary
         # files are removed (those a killed prewarm leaves go at the next start).
-        print("neffcache prewarm: interrupted", file=sys.stderr)
-        return 130
-    print(f"neffcache prewarm: {summary.line()}", file=sys.stderr)
-    if args.json:
+        return _report(stopped.summary, args.json, 130)
+    return _report(summary, args.json, 1 if summary.failed else 0)
+
+
+def _report(summary: Summary, as_json: bool, code: int) -> int:
+    state = "interrupted; " if summary.interrupted else ""
+    print(f"neffcache prewarm: {state}{summary.line()}", file=sys.stderr)
+    if as_json:
         json.dump(summary.as_json(), sys.stdout)
         sys.stdout.write("\n")
-    return 1 if summary.failed else 0
+    return code
 
 
 def _parallel(raw: str) -> int:
@@ -96,29 +103,22 @@ def _parallel(raw: str) -> int:
     return value
 
 
-def _config(url: str | None, local_dir: str | None) -> ClientConfig:
+def _config(args: argparse.Namespace) -> ClientConfig:
     """The training job's configuration, with the command line's overrides."""
-    env = dict(os.environ)
-    if url:
-        env["NEFFCACHE_URL"] = url
-    if local_dir:
-        env["NEFFCACHE_LOCAL_DIR"] = local_dir
-    try:
-        config = ClientConfig.from_env(env)
-    except ConfigError as exc:
-        raise CommandError(str(exc)) from None
-    if config is not None:
-        return config
-    if wants_neffcache(env):
+    if _flag(os.environ, "NEFFCACHE_DISABLE"):
+        # The job that follows would not use what prewarm fetches.
         raise CommandError("NEFFCACHE_DISABLE is set: unset it to prewarm")
-    raise CommandError(
-        "no neffcache URL: set NEFFCACHE_URL (or NEURON_COMPILE_CACHE_URL) to "
-        "neffcache+http://HOST:PORT/NAMESPACE, or pass --url"
-    )
+    target = _server.resolve(args, namespace=True)
+    return _server.client_config(target, local_dir=args.local_dir)
 
 
-def _check_l1(local_dir: str) -> None:
+def _check_l1(local_dir: str, read_only: bool) -> None:
     """An L1 that cannot be written is a wrong option here, not a run of failures."""
+    if read_only:
+        raise CommandError(
+            f"L1 {local_dir} is declared read-only (NEFFCACHE_LOCAL_READ_ONLY): prewarm fills "
+            "L1, so run it where L1 is written (an image's build, say), or unset the variable"
+        )
     root = Path(local_dir) / ".neffcache"
     try:
         root.mkdir(parents=True, exist_ok=True)

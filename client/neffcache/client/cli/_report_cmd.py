@@ -3,7 +3,7 @@ upgrade plan (``GET /v1/reports/cost``, ``GET /v1/reports/upgrade``; docs/report
 
 The server computes and renders the report; this command asks for it and prints it
 (or writes it with ``-o``). The server and token come from the environment a training
-job uses (``NEFFCACHE_URL``, ``NEFFCACHE_TOKEN``), or from ``--url`` and ``--token``.
+job uses (``NEFFCACHE_URL``, ``NEFFCACHE_TOKEN``), or from ``--server`` and ``--token``.
 Without ``--namespace`` the report covers every namespace the token reads. Exit 0 on a
 report, 1 when the server cannot be reached or fails, 2 on bad input (also when the
 server refuses it: a bad option, or a token that does not cover a namespace).
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import sys
 from datetime import datetime
@@ -22,10 +21,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from neffcache.client.config import SCHEME_PREFIX, ConfigError, cache_url, parse_url
 from neffcache.client.http import error_detail
 
-from ._common import CommandError, help_text
+from . import _server
+from ._common import CommandError, ServerUnavailable, help_text, one_line
 
 FORMATS = ("table", "csv", "json", "html")
 GROUPINGS = ("namespace", "model", "day", "job")
@@ -42,19 +41,16 @@ _NUMBER = re.compile(r"\s*[0-9]+(?:\.[0-9]+)?\s*")
 _NAMESPACE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 
 
-class ReportFailed(Exception):
-    """The server could not be reached or failed (exit 1)."""
-
-
 def register(sub: Any) -> None:
-    parser = _one_line(
+    parser = one_line(
         sub.add_parser(
             "report",
             help="what compiles cost and hits saved, from the server's telemetry",
             usage="neffcache report [--since 7d] [--until WHEN] [--by namespace,model,day,job] "
-            "[--namespace NS ...] [--top N] [--format table|csv|json|html] [-o FILE]\n"
+            "[--namespace NS ...] [--top N] [--format table|csv|json|html] [-o FILE] "
+            "[--server URL] [--token TOKEN]\n"
             "       neffcache report upgrade --to-compiler V [--namespace NS ...] "
-            "[--format ...] [-o FILE]",
+            "[--format ...] [-o FILE] [--server URL] [--token TOKEN]",
             description=help_text(__doc__),
         )
     )
@@ -67,7 +63,7 @@ def register(sub: Any) -> None:
     actions = parser.add_subparsers(
         dest="report_action", metavar="[upgrade]", prog="neffcache report"
     )
-    upgrade = _one_line(
+    upgrade = one_line(
         actions.add_parser(
             "upgrade",
             help="what a compiler upgrade will recompile, per namespace, and a prewarm plan",
@@ -75,7 +71,8 @@ def register(sub: Any) -> None:
             "will miss, the compile-hours and money to rebuild them, and a prewarm plan "
             "(docs/reports.md).",
             usage="neffcache report upgrade --to-compiler V [--from-compiler V] [--active 30d] "
-            "[--namespace NS ...] [--top N] [--format ...] [-o FILE]",
+            "[--namespace NS ...] [--top N] [--format ...] [-o FILE] [--server URL] "
+            "[--token TOKEN]",
         )
     )
     upgrade.add_argument("--to-compiler", metavar="V", help="the neuronx-cc version to come")
@@ -85,18 +82,6 @@ def register(sub: Any) -> None:
     # SUPPRESS: an option given before "upgrade" is kept unless given again after it.
     _common_options(upgrade, argparse.SUPPRESS, plain=False)
     upgrade.set_defaults(run=run)
-
-
-def _one_line(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """A bad option is one line on stderr and exit code 2, as every neffcache command
-    reports it, not argparse's usage block."""
-
-    def error(message: str) -> Any:
-        sys.stderr.write(f"{parser.prog}: error: {message} (see --help)\n")
-        raise SystemExit(2)
-
-    parser.error = error  # type: ignore[method-assign]
-    return parser
 
 
 def _common_options(parser: argparse.ArgumentParser, default: Any, *, plain: bool) -> None:
@@ -118,15 +103,8 @@ def _common_options(parser: argparse.ArgumentParser, default: Any, *, plain: boo
         metavar="FILE",
         help="write the report to FILE instead of stdout",
     )
-    parser.add_argument(
-        "--url",
-        default=None if plain else default,
-        help="the server: http://HOST:PORT or neffcache+http://HOST:PORT/NAMESPACE "
-        "(default: NEFFCACHE_URL)",
-    )
-    parser.add_argument(
-        "--token", default=None if plain else default, help="default: NEFFCACHE_TOKEN"
-    )
+    # The report's --namespace is a filter, not the URL's: the server's part only.
+    _server.add_options(parser, namespace=False, default=None if plain else default)
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
@@ -139,14 +117,10 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         if not _NAMESPACE.fullmatch(namespace):
             raise CommandError(f"--namespace {namespace!r} is not a namespace name")
     query["namespace"] = args.namespaces
-    server, token = _target(args.url, args.token)
-    try:
-        body = _get(server, f"{path}?{urlencode(query, doseq=True)}", token)
-    except ReportFailed as exc:
-        print(f"neffcache report: {exc}", file=sys.stderr)
-        return 1
+    target = _server.resolve(args, namespace=False)
+    body = _get(target.server, f"{path}?{urlencode(query, doseq=True)}", target.token)
     if fmt == "json":
-        body = (json.dumps(json.loads(body), indent=2) + "\n").encode()
+        body = (json.dumps(_json(body, target.server), indent=2) + "\n").encode()
     if args.output:
         _write(Path(args.output), body)
         print(f"neffcache report: wrote {args.output}", file=sys.stderr)
@@ -217,29 +191,6 @@ def _when(text: str, option: str) -> str:
     return text.strip()
 
 
-def _target(url: str | None, token: str | None) -> tuple[str, str | None]:
-    """The server's ``http(s)://host:port`` and the token to send."""
-    given = url or cache_url(os.environ)
-    if not given:
-        raise CommandError(
-            "no neffcache URL: set NEFFCACHE_URL to neffcache+http://HOST:PORT/NAMESPACE, "
-            "or pass --url"
-        )
-    if given.startswith(SCHEME_PREFIX):
-        try:
-            server, _ = parse_url(given)
-        except ConfigError as exc:
-            raise CommandError(str(exc)) from None
-    elif re.fullmatch(r"https?://[^/\s]+/?", given):
-        server = given.rstrip("/")  # a cost owner's NEFFCACHE_URL may name just the server
-    else:
-        raise CommandError(
-            f"{given!r} is not a neffcache server: use http://HOST:PORT or "
-            "neffcache+http://HOST:PORT/NAMESPACE"
-        )
-    return server, token or os.environ.get("NEFFCACHE_TOKEN") or None
-
-
 def _get(server: str, path: str, token: str | None) -> bytes:
     from neffcache.client.http import Connection, HttpError
 
@@ -251,13 +202,17 @@ def _get(server: str, path: str, token: str | None) -> bytes:
         finally:
             connection.close()
     except HttpError as exc:
-        raise ReportFailed(f"cannot reach {server}: {exc}") from None
+        raise ServerUnavailable(f"cannot reach {server}: {exc}") from None
     if answer.status == 200:
         return answer.body
-    detail = error_detail(answer.body)
-    if 400 <= answer.status < 500:
-        raise CommandError(f"{server} refused the report ({answer.status}): {detail}")
-    raise ReportFailed(f"{server} failed the report ({answer.status}): {detail}")
+    raise _server.answer_error(server, answer.status, error_detail(answer.body))
+
+
+def _json(body: bytes, server: str) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise ServerUnavailable(f"{server} answered with something other than JSON") from None
 
 
 def _write(path: Path, body: bytes) -> None:

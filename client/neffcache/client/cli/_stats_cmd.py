@@ -1,13 +1,14 @@
-"""``neffcache stats [--json] [--zero] [--url URL] [--local-dir DIR] [--window 7d]``
+"""``neffcache stats [--json] [--zero] [--server URL] [--local-dir DIR] [--window 7d]``
 
 This host's cache statistics, as ``ccache -s`` shows a compiler cache's: the graphs
 every rank and process of the host resolved (hits from L1 and from the server,
 compiles, fall-backs and why), the time fetches took and the compile time hits saved,
 from the counters kept in L1; L1's size against its limit and the free space; and,
-with a server configured (``NEFFCACHE_URL`` or ``--url``), the server's view of the
+with a server configured (``NEFFCACHE_URL`` or ``--server``), the server's view of the
 namespace. ``--zero`` resets the counters (not L1's contents) before showing them.
-Exit 0 (also when the server cannot answer: one line says so), 1 when ``--zero``
-cannot write L1, 2 on bad input.
+Exit 0 when all is shown, 1 when the server cannot answer (the host's part is shown,
+and one line on stderr says why) or ``--zero`` cannot write L1, 2 on bad input or a
+request the server refuses.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 from neffcache.client.config import DEFAULT_LOCAL_DIR, ClientConfig, ConfigError, _size
 from neffcache.client.http import error_detail
 
-from ._common import CommandError, help_text
+from . import _server
+from ._common import CommandError, ServerUnavailable, help_text, one_line
 
 if TYPE_CHECKING:
     from neffcache.client.hosttally import Tally
@@ -40,11 +42,12 @@ STATUS_LIMIT = 1 << 20  # the status answer is a few hundred bytes
 
 
 def register(sub: Any) -> None:
-    parser = _one_line(
+    parser = one_line(
         sub.add_parser(
             "stats",
             help="this host's hits, compiles, fall-backs and L1 size (like ccache -s)",
-            usage="neffcache stats [--json] [--zero] [--url URL] [--local-dir DIR] [--window 7d]",
+            usage="neffcache stats [--json] [--zero] [--server URL] [--namespace NS] "
+            "[--token TOKEN] [--local-dir DIR] [--window 7d]",
             description=help_text(__doc__),
         )
     )
@@ -52,10 +55,11 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--zero", action="store_true", help="reset the host's counters first (not L1)"
     )
-    parser.add_argument(
-        "--url",
-        metavar="URL",
-        help="neffcache+http://HOST:PORT/NAMESPACE instead of the environment's",
+    _server.add_options(parser, namespace=True)
+    parser.epilog = (
+        "The server: --server, else NEFFCACHE_URL; none: the host's part alone. The "
+        "namespace: --namespace, else the URL's. The token: --token, else NEFFCACHE_TOKEN. "
+        f"{_server.EXIT_CODES}"
     )
     parser.add_argument("--local-dir", metavar="DIR", help="L1 instead of NEFFCACHE_LOCAL_DIR's")
     parser.add_argument(
@@ -67,25 +71,23 @@ def register(sub: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def _one_line(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """A bad option is one line on stderr and exit code 2, not argparse's usage block."""
-
-    def error(message: str) -> Any:
-        sys.stderr.write(f"{parser.prog}: error: {message} (see --help)\n")
-        raise SystemExit(2)
-
-    parser.error = error  # type: ignore[method-assign]
-    return parser
-
-
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     if extra:
         raise CommandError(f"unexpected arguments: {' '.join(extra)}")
     window = _window(args.window)
-    config, local_dir, max_size = _settings(args.url, args.local_dir)
+    config, local_dir, max_size = _settings(args)
     from neffcache.client.hosttally import fold, read
 
     if args.zero:
+        from neffcache.client.config import local_read_only
+
+        if local_read_only(os.environ):  # the write helpers would refuse, silently
+            print(
+                "neffcache stats: cannot zero the counters: L1 is declared read-only "
+                "(NEFFCACHE_LOCAL_READ_ONLY)",
+                file=sys.stderr,
+            )
+            return 1
         try:
             zeroed = fold(local_dir, zero=True).held
         except OSError as exc:
@@ -101,10 +103,11 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     writable = _writable(local_dir)
     lost = _fold(local_dir) if writable else False
     found = read(local_dir)
+    server, failure = (None, None) if config is None else _server_view(config, window)
     stats = {
         "counters": _counters(found.tally, lost or found.summary_lost, local_dir),
         "l1": _l1(local_dir, max_size, writable),
-        "server": None if config is None else _server(config, window),
+        "server": server,
     }
     if args.json:
         json.dump(stats, sys.stdout, indent=2, sort_keys=True)
@@ -113,6 +116,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         from ._stats_table import table
 
         sys.stdout.write(table(stats, window))
+    if failure is not None:
+        raise failure  # after the host's part, which is shown all the same
     return 0
 
 
@@ -126,21 +131,15 @@ def _window(text: str) -> float:
     return seconds
 
 
-def _settings(
-    url: str | None, local_dir: str | None
-) -> tuple[ClientConfig | None, str, int | None]:
+def _settings(args: argparse.Namespace) -> tuple[ClientConfig | None, str, int | None]:
     """The training job's configuration (None when no server is configured), L1's
     directory and its size setting, with the command line's overrides."""
     env = dict(os.environ)
-    if url:
-        if not url.startswith("neffcache+"):
-            raise CommandError(f"--url {url!r}: use neffcache+http://HOST:PORT/NAMESPACE")
-        env["NEFFCACHE_URL"] = url
-        env.pop("NEFFCACHE_DISABLE", None)  # asked for by name
-    if local_dir:
-        env["NEFFCACHE_LOCAL_DIR"] = local_dir
+    if args.local_dir:
+        env["NEFFCACHE_LOCAL_DIR"] = args.local_dir
+    target = _server.configured(args, env, namespace=True)
+    config = None if target is None else _server.client_config(target, env)
     try:
-        config = ClientConfig.from_env(env)
         max_size = _size(env, "NEFFCACHE_LOCAL_MAX_SIZE")
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
@@ -234,8 +233,9 @@ def _l1(local_dir: str, max_size: int | None, writable: bool) -> dict[str, Any]:
     }
 
 
-def _server(config: ClientConfig, window: float) -> dict[str, Any]:
-    """The server's ``GET /v1/status`` for the configured namespace, or why not."""
+def _server_view(config: ClientConfig, window: float) -> tuple[dict[str, Any], Exception | None]:
+    """The server's ``GET /v1/status`` for the configured namespace, or why not, with
+    the error the command ends with when it could not be had."""
     from neffcache.client.http import Connection, HttpError
 
     shown: dict[str, Any] = {"url": config.url, "status": None, "error": None}
@@ -243,6 +243,7 @@ def _server(config: ClientConfig, window: float) -> dict[str, Any]:
     if config.token:
         headers["Authorization"] = f"Bearer {config.token}"
     path = f"/v1/status?namespace={config.namespace}&window={window:g}"
+    failure: Exception
     try:
         connection = Connection(config.server, config.connect_timeout, max(config.timeout, 30.0))
         try:
@@ -250,17 +251,26 @@ def _server(config: ClientConfig, window: float) -> dict[str, Any]:
         finally:
             connection.close()
     except HttpError as exc:
-        shown["error"] = f"cannot reach {config.server}: {exc}"
-        return shown
-    if answer.status != 200:
-        shown["error"] = f"{config.server} answered {answer.status}: {error_detail(answer.body)}"
-        return shown
+        failure = ServerUnavailable(f"cannot reach {config.server}: {exc}")
+    else:
+        status = _status(answer.body) if answer.status == 200 else None
+        if status is not None:
+            shown["status"] = status
+            return shown, None
+        if answer.status == 200:
+            failure = ServerUnavailable(
+                f"{config.server} answered with something other than a status"
+            )
+        else:
+            detail = error_detail(answer.body)
+            failure = _server.answer_error(config.server, answer.status, detail)
+    shown["error"] = str(failure)
+    return shown, failure
+
+
+def _status(body: bytes) -> dict[str, Any] | None:
     try:
-        status = json.loads(answer.body)
+        status = json.loads(body)
     except ValueError:
-        status = None
-    if not isinstance(status, dict):
-        shown["error"] = f"{config.server} answered with something other than a status"
-        return shown
-    shown["status"] = status
-    return shown
+        return None
+    return status if isinstance(status, dict) else None

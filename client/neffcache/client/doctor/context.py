@@ -26,7 +26,8 @@ from neffcache.client.http import Connection
 
 T = TypeVar("T")
 # The programs that run libneuronxla (so the hook must arm in their Python) or the
-# compiler, by the names the SDK installs them under (facts §8, §9).
+# compiler, by the names the SDK installs them under
+# (docs/neuron-sdk.md#neuron_parallel_compile and #libneuronxla-cache-api).
 COMPILER = "neuronx-cc"
 SDK_TOOLS = ("torchrun", "neuron_parallel_compile", "neuron_cc_wrapper")
 # neuronx-cc --version: about a second for the real one; a hung one must not hang us.

@@ -3,9 +3,9 @@ module that binds it, the SDK handed neffcache's cache, and the SDK's real
 ``CompileCache`` surface against the methods the proxy serves.
 
 The last is how the first real host tells us where the stand-ins (written from public
-callers, facts §9) are wrong: a method of the SDK's base class that the proxy neither
-overrides nor delegates runs the SDK's own code on the proxy, and never asks the
-server.
+callers, docs/neuron-sdk.md#libneuronxla-cache-api) are wrong: a method of the SDK's
+base class that the proxy neither overrides nor delegates runs the SDK's own code on the
+proxy, and never asks the server.
 """
 
 from __future__ import annotations
@@ -145,7 +145,8 @@ def surface(ctx: Context) -> Result:
         )
     if not setup.startswith("tuple(") or "lacks" in setup:
         return warned(
-            f"setup_args() returns {setup}, not the 3-tuple public callers unpack (facts §19)",
+            f"setup_args() returns {setup}, not the 3-tuple public callers unpack "
+            "(docs/neuron-sdk.md#setup_args)",
             f"{_SEND}: what neffcache assumes of the SDK differs here",
             details=details,
             **data,

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from neffcache.client.config import ConfigError, _size
+from neffcache.client.config import ConfigError, _size, local_read_only
 from neffcache.client.doctor import words
 from neffcache.client.doctor.context import Context
 from neffcache.client.doctor.model import Check, Result, failed, passed, skipped, warned
@@ -27,6 +27,12 @@ LOW_SPACE = 5 << 30
 def writable(ctx: Context) -> Result:
     local = ctx.local_dir()
     kind = filesystem_type(local)
+    if local_read_only(ctx.environ):  # never written, not even to try
+        return passed(
+            f"L1 {local} is declared read-only (NEFFCACHE_LOCAL_READ_ONLY): its entries "
+            "are served, nothing is written to it",
+            local_dir=local,
+        )
     try:
         root = Path(local) / ".neffcache"
         root.mkdir(parents=True, exist_ok=True)
@@ -35,8 +41,9 @@ def writable(ctx: Context) -> Result:
                 pass
     except OSError as exc:
         return failed(
-            f"L1 {local} is not writable ({exc.strerror or exc}): each process falls back to "
-            "a private temporary directory, so ranks share nothing and every run starts cold",
+            f"L1 {local} is not writable ({exc.strerror or exc}): it is read-only, its "
+            "entries served but nothing kept, so ranks share nothing and what compiles is "
+            "lost with each process",
             "set NEFFCACHE_LOCAL_DIR to a writable directory on a local disk, owned by the "
             "user every rank runs as",
             local_dir=local,

@@ -7,9 +7,9 @@ record each call the SDK makes on it into the file ``CALLS``: one JSON line per 
 (its method, the base name of its path argument, a boolean answer, the process and a
 monotonic time), appended with one ``write`` so that pool workers may share the file.
 That is the order in which the SDK asks its cache, which no public source gives
-(facts §3.3). Nothing else changes (neffcache's proxy module is only imported earlier
-than the hook would): the hook arms itself, when libneuronxla is imported, from its
-``.pth`` line as in a job.
+(docs/neuron-sdk.md#hit-detection). Nothing else changes (neffcache's proxy module is
+only imported earlier than the hook would): the hook arms itself, when libneuronxla is
+imported, from its ``.pth`` line as in a job.
 
 The compile itself is ``live_drivers.drive``: the real stacks. The test suite sets
 ``NEFFCACHE_DOCTOR_LIVE_DRIVERS`` to a Python file of its own with the same

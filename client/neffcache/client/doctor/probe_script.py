@@ -42,9 +42,10 @@ DISTRIBUTIONS = (
     "neffcache",
 )
 PACKAGE = "libneuronxla"
-# The modules the hook patches or reads (facts §0 lists these three files).
+# The modules the hook patches or reads (docs/neuron-sdk.md#provenance lists these three files).
 SUBMODULES = ("neuron_cc_cache", "neuron_cc_wrapper", "libncc")
-# The fields of setup_args()'s first item that public callers read (facts §2).
+# The fields of setup_args()'s first item that public callers read
+# (docs/neuron-sdk.md#cache-location).
 SETUP_FIELDS = ("cache_dir", "no_cache", "dump", "compile_workdir")
 
 
@@ -108,7 +109,8 @@ def distributions() -> dict[str, str | None]:
 
 
 def neuronxcc() -> dict[str, Any]:
-    """``neuronxcc.__version__``: what libneuronxla names its entries after (facts §19)."""
+    """``neuronxcc.__version__``: what libneuronxla names its entries after
+    (docs/neuron-sdk.md#compiler-version-of-an-entry)."""
     if not found("neuronxcc"):
         return {"neuronxcc": None}
     try:

@@ -17,7 +17,8 @@ from neffcache.client.doctor.context import Context
 from neffcache.client.doctor.model import Check, Result, failed, passed, skipped, warned
 from neffcache.client.doctor.mounts import filesystem_type, is_network
 
-# PyTorch 2.9 is the last with PyTorch/XLA; TorchNeuron needs PyTorch >= 2.10 (facts §18.1).
+# PyTorch 2.9 is the last with PyTorch/XLA; TorchNeuron needs PyTorch >= 2.10
+# (docs/neuron-sdk.md#timeline).
 TORCHNEURON_TORCH = (2, 10)
 TORCHNEURON_CACHE = "TORCH_NEURONX_NEFF_CACHE_DIR"
 TORCHNEURON_CACHE_DEFAULT = "/tmp/neff_cache"
@@ -120,8 +121,8 @@ def _torchneuron(ctx: Context, version: str, torch: str, data: dict[str, str]) -
 
 def _neff_cache_trap(ctx: Context) -> list[tuple[str, str]]:
     """TorchNeuron's own cache answers before the shim and its key leaves the compiler
-    version out (facts §18.3): harmless per host and toolchain (a container's /tmp),
-    wrong when shared or kept across an upgrade."""
+    version out (docs/neuron-sdk.md#torchneurons-neff-cache): harmless per host and
+    toolchain (a container's /tmp), wrong when shared or kept across an upgrade."""
     if ctx.environ.get(TORCHNEURON_CACHE_OFF, "").strip() not in ("", "0"):
         return []
     cache = os.path.abspath(ctx.environ.get(TORCHNEURON_CACHE) or TORCHNEURON_CACHE_DEFAULT)

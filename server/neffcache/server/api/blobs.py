@@ -6,7 +6,15 @@ response starts (a mismatch is a clean 404); a larger one is hashed as it stream
 its last chunk is held back until the digest matches, so a corrupted blob never
 completes a response. Either way the blob is quarantined and the next upload heals it.
 A verified, unchanged file is sent unhashed, its last chunk held back until its stamp
-is checked once more.
+is checked once more. What no stamp shows (a disk's rot) the scrub finds, or a client,
+which verifies every download and reports a mismatch (``POST .../mismatch``, scrub.py).
+
+With ``accel_redirect_prefix`` set and the filesystem store, a GET that nginx marks
+(``X-Neffcache-Accel``) is answered with headers only and ``X-Accel-Redirect`` naming
+the blob's file, which nginx sends from the same volume (deploy/nginx/): at once for a
+verified, unchanged file; after hashing it in full, off the event loop, for any other,
+so a corrupted blob is quarantined and a ``404``, never handed to nginx. A range too:
+nginx cuts it from the file.
 
 With ``blob_redirect_seconds`` set and a store that can presign (S3), a whole-blob GET
 of at least ``blob_redirect_min_bytes`` is answered with a ``307`` to a presigned URL
@@ -59,6 +67,7 @@ from neffcache.server.errors import (
     TooLarge,
 )
 from neffcache.server.manifest import HEX64
+from neffcache.server.scrub import Verdict, quarantine, verify
 
 router = APIRouter()
 log = logging.getLogger("neffcache.server")
@@ -67,6 +76,9 @@ Digest = Annotated[str, PathParam(pattern=f"^{HEX64}$")]
 _VERIFY_FIRST = 16 * 2**20
 _MISSING_MAX = 10_000
 _MISSING_BODY_MAX = _MISSING_MAX * 80
+# Set by the nginx in front (deploy/nginx/): only its requests may be answered with
+# X-Accel-Redirect, so a client that reaches the server directly still gets bytes.
+ACCEL_HEADER = "x-neffcache-accel"
 
 
 class CorruptBlob(Exception):
@@ -79,6 +91,19 @@ class Redirect(Response):
     def __init__(self, url: str, size: int) -> None:
         # no-store: the URL expires, and a cached redirect would outlive it.
         super().__init__(status_code=307, headers={"Location": url, "Cache-Control": "no-store"})
+        self.size = size
+
+
+class Accel(Response):
+    """Headers only, ``X-Accel-Redirect: location``: nginx sends the blob's file with
+    these headers (deploy/nginx/ keeps the ETag) and its own length and ranges.
+    ``size`` is the blob's, for the metrics."""
+
+    def __init__(self, location: str, digest: str, size: int) -> None:
+        headers = _headers(digest, size)
+        del headers["Content-Length"]  # this answer's body is empty; nginx's is the file
+        headers["X-Accel-Redirect"] = location
+        super().__init__(headers=headers, media_type="application/octet-stream")
         self.size = size
 
 
@@ -198,20 +223,31 @@ async def get_blob(
     caller: CallerDep,
     backends: BackendsDep,
     range_header: Annotated[str | None, Header(alias="range")] = None,
+    accel: Annotated[
+        str | None,
+        Header(alias=ACCEL_HEADER, description="set by nginx in front (accel_redirect_prefix)"),
+    ] = None,
 ) -> Response:
-    return await answer_blob(backends, caller, digest, range_header)
+    return await answer_blob(backends, caller, digest, range_header, accel is not None)
 
 
 async def answer_blob(
-    backends: Backends, caller: Caller, digest: str, range_header: str | None
+    backends: Backends,
+    caller: Caller,
+    digest: str,
+    range_header: str | None,
+    accel: bool = False,
 ) -> Response:
-    """``GET /v1/blobs/{digest}`` for a validated digest (the route and the fast path)."""
+    """``GET /v1/blobs/{digest}`` for a validated digest (the route and the fast path);
+    ``accel``: the request came through nginx, which can send the file itself."""
     caller.require("read")
     # A range hashes the whole blob first: too long for the event loop, whatever the store.
     run = run_in_threadpool if range_header else backends.run
     metrics = backends.metrics
     try:
-        response = await run(_blob_response, backends, digest, range_header)
+        response = await _accel_response(backends, digest) if accel else None
+        if response is None:
+            response = await run(_blob_response, backends, digest, range_header)
     except NotFound:
         metrics.blob_reads.labels("miss").inc()
         raise
@@ -219,6 +255,9 @@ async def answer_blob(
     if isinstance(response, Redirect):
         metrics.blob_redirects.inc()
         metrics.blob_bytes_redirected.inc(response.size)
+    elif isinstance(response, Accel):
+        metrics.blob_accel.inc()
+        metrics.blob_bytes_accel.inc(response.size)
     else:
         metrics.blob_bytes_served.inc(int(response.headers.get("content-length", 0)))
     return response
@@ -268,17 +307,14 @@ def _blob_response(backends: Backends, digest: str, range_header: str | None) ->
             memo.remember(digest, stamp, changed_at, seen_at)
             return response
     except CorruptBlob:
-        memo.forget(digest)
-        blobs.quarantine(digest)
-        log.error("blob %s failed verification; quarantined", digest)
+        quarantine(blobs, memo, backends.metrics, digest, "read")
         raise NotFound(f"no blob {digest}") from None
     chunks = blobs.read(digest)
     if chunks is None:
         raise NotFound(f"no blob {digest}")
 
     def corrupt() -> None:
-        memo.forget(digest)
-        blobs.quarantine(digest)
+        quarantine(blobs, memo, backends.metrics, digest, "read")
 
     def verified() -> None:
         memo.remember(digest, stamp, changed_at, seen_at)
@@ -291,6 +327,51 @@ def _blob_response(backends: Backends, digest: str, range_header: str | None) ->
         headers=_headers(digest, size),
         media_type="application/octet-stream",
     )
+
+
+async def _accel_response(backends: Backends, digest: str) -> Response | None:
+    """``X-Accel-Redirect`` to the blob's file when ``accel_redirect_prefix`` is set and
+    the store has files; None to serve the blob here. A file not verified since it last
+    changed is hashed first, in a worker thread; corrupt, it is quarantined (404)."""
+    prefix = backends.settings.accel_redirect_prefix
+    root = getattr(backends.blobs, "root", None)
+    if prefix is None or not isinstance(root, Path):
+        return None
+    found = await backends.run(_accel_if_trusted, backends, digest, prefix, root)
+    if found is not None:
+        return found
+    return await run_in_threadpool(_accel_once_verified, backends, digest, prefix, root)
+
+
+def _accel_if_trusted(backends: Backends, digest: str, prefix: str, root: Path) -> Accel | None:
+    blobs = backends.blobs
+    stamped = blobs.stamp(digest)
+    size = blobs.size(digest)
+    if size is None:
+        raise NotFound(f"no blob {digest}")
+    backends.blob_use.touch((digest,))  # as any read: the evictor leaves it alone
+    if stamped is None or not backends.verified.trusted(digest, stamped[0]):
+        return None
+    return _accel(blobs, digest, size, prefix, root)
+
+
+def _accel_once_verified(
+    backends: Backends, digest: str, prefix: str, root: Path
+) -> Response | None:
+    verdict = verify(backends.blobs, backends.verified, backends.metrics, digest, "read")
+    if verdict is Verdict.CHANGED:
+        return None  # it changed while it was hashed: the ordinary path hashes it again
+    size = backends.blobs.size(digest)
+    if verdict is not Verdict.SOUND or size is None:
+        raise NotFound(f"no blob {digest}")
+    return _accel(backends.blobs, digest, size, prefix, root)
+
+
+def _accel(blobs: BlobStore, digest: str, size: int, prefix: str, root: Path) -> Accel:
+    path = blobs.local_path(digest)
+    if path is None:
+        raise NotFound(f"no blob {digest}")
+    return Accel(f"{prefix}/{path.relative_to(root).as_posix()}", digest, size)
 
 
 def _redirect(backends: Backends, digest: str, size: int) -> Redirect | None:
@@ -316,7 +397,8 @@ def _verified_response(
     blobs: BlobStore, digest: str, size: int, span: tuple[int, int] | None
 ) -> Response:
     """A whole small blob, or a range of any blob, hashed in full before it is sent."""
-    chunks = blobs.read(digest)
+    # A whole small blob in one read (fs.py), as it is sent; a large one in chunks.
+    chunks = blobs.read(digest, 0, size if span is None else None)
     if chunks is None:
         raise NotFound(f"no blob {digest}")
     if span is None:
@@ -394,8 +476,7 @@ def _held_back(
 
     def sound() -> bool:
         if hasher.hexdigest() != digest:
-            on_corrupt()
-            log.error("blob %s failed verification while streaming; quarantined", digest)
+            on_corrupt()  # quarantined; the stream breaks off before its last chunk
             return False
         on_verified()
         return True
@@ -455,6 +536,39 @@ def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     if start >= size or start >= end:
         raise RangeNotSatisfiable(f"range {header!r} is outside the blob's {size} bytes")
     return start, end
+
+
+_RECHECK = obj({"recheck": {"type": "string", "enum": ["queued", "recent", "busy"]}})
+
+
+@router.post(
+    "/v1/blobs/{digest}/mismatch",
+    status_code=202,
+    responses={
+        **json_answer(
+            202,
+            _RECHECK,
+            "queued for a re-verification; recent (one was queued lately) or busy "
+            "(too many are): nothing more done",
+        ),
+        **errors(*TOKEN, 404, e404="no such blob (or quarantined already)"),
+    },
+)
+async def report_mismatch(
+    digest: Digest, request: Request, caller: CallerDep, backends: BackendsDep
+) -> dict[str, str]:
+    """A client downloaded bytes that do not hash to ``digest``: the server forgets it
+    verified the blob and hashes it again in the background (scrub.py ``Rechecks``)."""
+    caller.require("read")
+    reports = backends.metrics.mismatch_reports
+    if await backends.run(backends.blobs.size, digest) is None:
+        reports.labels("absent").inc()
+        raise NotFound(f"no blob {digest}")
+    result: str = request.app.state.integrity.rechecks.report(digest)
+    reports.labels(result).inc()
+    if result == "queued":
+        log.warning("a client found blob %s did not match its digest; verifying it", digest)
+    return {"recheck": result}
 
 
 class MissingRequest(BaseModel):

@@ -37,6 +37,7 @@ from neffcache.server.deps import Backends, BackendsDep, CallerDep
 from neffcache.server.manifest import NAMESPACE
 from neffcache.server.namespaces import NamespacePolicy
 from neffcache.server.reports.figures import graph_of
+from neffcache.server.scrub import Scrub
 
 DAY = 86400.0
 DEFAULT_WINDOW = 7 * DAY
@@ -81,6 +82,16 @@ _NAMESPACE_VIEW = obj(
         "lookups": obj({"hits": _COUNT, "misses": _COUNT}),
     }
 )
+_SCRUB = obj(
+    {
+        "interval_seconds": NUMBER,
+        "running": {"type": "boolean"},
+        "last_full_pass": nullable(NUMBER),
+        "blobs": _COUNT,
+        "bytes": _COUNT,
+        "mismatches": _COUNT,
+    }
+)
 STATUS = obj(
     {
         "server": obj(
@@ -88,7 +99,9 @@ STATUS = obj(
                 "version": {"type": "string"},
                 "auth": {"type": "string", "enum": ["tokens", "open"]},
                 "time": NUMBER,
-            }
+            },
+            # null while the store is not scrubbed (S3, memory, scrub_interval_seconds 0)
+            {"scrub": nullable(_SCRUB)},
         ),
         "caller": obj(
             {
@@ -138,9 +151,26 @@ async def status(
             "version": __version__,
             "auth": "tokens" if tokens else "open",
             "time": time.time(),  # the real clock: callers compare it with theirs
+            "scrub": await _scrub(request, backends),
         },
         "caller": _caller(caller),
         "namespace": view,
+    }
+
+
+async def _scrub(request: Request, backends: Backends) -> dict[str, Any] | None:
+    """Where the scrub stands (scrub.py): the last full pass's end and counts."""
+    scrub: Scrub = request.app.state.integrity.scrub
+    if not scrub.enabled:
+        return None
+    state = await backends.run(scrub.state)
+    return {
+        "interval_seconds": scrub.interval,
+        "running": state is not None and state.running,
+        "last_full_pass": None if state is None else state.last_full_pass,
+        "blobs": 0 if state is None else state.blobs,
+        "bytes": 0 if state is None else state.bytes,
+        "mismatches": 0 if state is None else state.mismatches,
     }
 
 

@@ -26,7 +26,9 @@ class BlobInfo:
 class BlobStore(Protocol):
     """An implementation may set a class attribute ``local = True`` when it answers
     from this machine's disk or memory; the server then calls it on its event loop
-    instead of a worker thread. Without it, calls go to worker threads.
+    instead of a worker thread. Without it, calls go to worker threads. One whose
+    ``stamp`` can let a read skip hashing sets ``scrubbed = True``: the background scrub
+    then reads and hashes every blob on a schedule (scrub.py).
 
     Content-addressed blobs. Every method is safe to call from several threads."""
 

@@ -33,6 +33,10 @@ from .base import DIGEST_PATTERN, BlobInfo
 from .documents import check_name, check_prefix, is_name
 
 _CHUNK = 1 << 20
+# A read of a known span up to this long is one read into one buffer: the server sends
+# a blob up to 16 MiB in one write (api/blobs.py), and 1 MiB reads joined again cost a
+# quarter more CPU per byte (measured with 8 MiB blobs).
+_WHOLE = 16 << 20
 _LOCK_NAME = "lock"
 _UPLOADS_NAME = "uploads"
 _SETUP_PREFIX = ".setup-"
@@ -177,6 +181,8 @@ class FsBlobStore:
 
     # Answers come from this machine: the server may call it on its event loop.
     local = True
+    # Reads of a verified, unchanged file skip hashing (stamp): the scrub re-reads them.
+    scrubbed = True
 
     def __init__(self, root: Path) -> None:
         self._root = root
@@ -192,6 +198,11 @@ class FsBlobStore:
     @classmethod
     def from_url(cls, url: str) -> FsBlobStore:
         return cls(_root_from_url(url))
+
+    @property
+    def root(self) -> Path:
+        """The directory the store's URL names; a blob is ``blobs/ab/<digest>`` under it."""
+        return self._root
 
     def _blob_path(self, digest: str) -> Path:
         return self._blobs / digest[:2] / digest
@@ -454,8 +465,9 @@ def _read_file(
             yield b""
             f.seek(start)
             remaining = None if end is None else max(0, end - start)
+            step = remaining if remaining is not None and remaining <= _WHOLE else _CHUNK
             while remaining != 0:
-                data = f.read(_CHUNK if remaining is None else min(_CHUNK, remaining))
+                data = f.read(step if remaining is None else min(step, remaining))
                 if not data:
                     break
                 if remaining is not None:

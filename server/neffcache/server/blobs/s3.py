@@ -143,6 +143,10 @@ class S3BlobStore:
     the bytes are identical and verified, so the second write changes nothing.
     """
 
+    # Keys per LIST request: S3's own maximum. The tests lower it on an instance to see
+    # a listing follow its pages without writing a thousand objects.
+    list_page_size = 1000
+
     def __init__(self, client: Any, bucket: str, prefix: str = "") -> None:
         self._client = client
         self._bucket = bucket
@@ -345,7 +349,9 @@ class S3BlobStore:
         with s3_errors("LIST"):
             pages = iter(
                 self._client.get_paginator("list_objects_v2").paginate(
-                    Bucket=self._bucket, Prefix=prefix
+                    Bucket=self._bucket,
+                    Prefix=prefix,
+                    PaginationConfig={"PageSize": self.list_page_size},
                 )
             )
         while True:

@@ -1,8 +1,9 @@
 """The bridge between stock Neuron caches and a neffcache server (docs/bridge.md).
 
-``neffcache import`` reads a stock cache (a directory or ``s3://bucket/prefix``, facts
-§3, §7) and publishes each successful entry to a server; ``neffcache export`` writes a
-server's entries back out as a stock cache the unmodified SDK can read.
+``neffcache import`` reads a stock cache (a directory or ``s3://bucket/prefix``,
+docs/neuron-sdk.md#entry-layout and #s3-backend) and publishes each successful entry to
+a server; ``neffcache export`` writes a server's entries back out as a stock cache the
+unmodified SDK can read.
 
 * ``stock.py``: find the entries of a stock layout and tell their states apart;
 * ``remote.py``: the server's HTTP API as the bridge uses it;

@@ -2,9 +2,10 @@
 
 Each entry with a Neuron address becomes ``DEST/<address>/`` holding every file of its
 manifest, each verified against its BLAKE3 digest, and an empty ``model.done`` written
-last (facts §3.1, §3.3): the unmodified SDK reads it as a cache hit. An entry from the
-oldest era of the layout (``stock_era`` ``raw``, or a ``compile_flags.txt`` among its
-files; facts §19) gets no ``model.done``, as its SDK wrote none.
+last (docs/neuron-sdk.md#entry-layout and #hit-detection): the unmodified SDK reads it as
+a cache hit. An entry from the oldest era of the layout (``stock_era`` ``raw``, or a
+``compile_flags.txt`` among its files; docs/neuron-sdk.md#layout-eras) gets no
+``model.done``, as its SDK wrote none.
 
 Every Neuron address that is an alias of the entry (another trace of the same program,
 found by ``neffcache import`` or by a client) gets its own folder too, the same files
@@ -21,8 +22,8 @@ folder, aliases included), ``alias_folders`` (those of aliases) and ``hard_links
 (files linked rather than downloaded or copied).
 
 DEST also gets the cache-wide ``lock`` (empty, mode 0666): the SDK opens it for
-writing even to look up (facts §6.1), so a user who cannot create files in DEST can
-still use it, if not a read-only mount.
+writing even to look up (docs/neuron-sdk.md#cache-wide-lock), so a user who cannot
+create files in DEST can still use it, if not a read-only mount.
 
 Skipped, and counted by reason:
 
@@ -56,13 +57,12 @@ from neffcache.keying import (
     is_stock_artifact,
     parse_neuron_address,
 )
-from neffcache.server.bridge.remote import Refused, Remote
+from neffcache.server.bridge.remote import FILE_NAME, HEX64, Refused, Remote
 from neffcache.server.bridge.report import Progress, Report
-from neffcache.server.manifest import FILE_NAME, HEX64
 
 DONE_OUTCOMES = ("exported", "present")
 SKIPPED = ("filtered", "no_address", "env", "occupied")
-# The SDK's cache-wide lock file (facts §6.1).
+# The SDK's cache-wide lock file (docs/neuron-sdk.md#cache-wide-lock).
 LOCK = "lock"
 # Counted beside the outcomes.
 FOLDERS = "folders_written"
@@ -117,10 +117,22 @@ def parse_since(text: str) -> float:
     return moment.timestamp()
 
 
-def export_cache(remote: Remote, dest: Path, *, filters: Filters, progress: Progress) -> Report:
-    """Export every entry the filters keep; per-entry trouble is counted, while an
+def export_report() -> Report:
+    return Report("export", DONE_OUTCOMES, SKIPPED, tallies=(FOLDERS, ALIAS_FOLDERS, LINKS))
+
+
+def export_cache(
+    remote: Remote,
+    dest: Path,
+    *,
+    filters: Filters,
+    progress: Progress,
+    report: Report | None = None,
+) -> Report:
+    """Export every entry the filters keep into ``report`` (a new one by default: pass
+    one to keep the counts of a run that raises); per-entry trouble is counted, while an
     unusable server raises ``Unusable`` and an unwritable DEST ``OSError``."""
-    report = Report("export", DONE_OUTCOMES, SKIPPED, tallies=(FOLDERS, ALIAS_FOLDERS, LINKS))
+    report = export_report() if report is None else report
     dest.mkdir(parents=True, exist_ok=True)
     write_lock(dest)
     for page in remote.pages():
@@ -291,9 +303,10 @@ def stock_files(manifest: dict[str, Any]) -> dict[str, tuple[str, int]]:
 
 
 def write_lock(dest: Path) -> None:
-    """``DEST/lock``, empty and writable by every user (facts §6.1): the SDK opens it
-    for writing on every call, lookups included, and would otherwise need to create
-    it, which a user who cannot write DEST cannot. An existing one is kept, widened
+    """``DEST/lock``, empty and writable by every user
+    (docs/neuron-sdk.md#cache-wide-lock): the SDK opens it for writing on every call,
+    lookups included, and would otherwise need to create it, which a user who cannot
+    write DEST cannot. An existing one is kept, widened
     if this user owns it; never through a symlink (DEST may sit in /var/tmp)."""
     flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     fd = os.open(dest / LOCK, flags, 0o666)

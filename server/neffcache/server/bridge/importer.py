@@ -5,8 +5,8 @@ canonical key of its HLO under the compiler version of its folder, the target of
 ``--target`` flag in its flags file (else the one given to the command) and those
 flags, with no environment (a stock cache records none). Its Neuron address and
 direct key become aliases. The flags file is that of any of the three eras of the
-layout (facts §19: ``compile_flags.txt`` holding the raw string, or
-``compile_flags.json``); the manifest's ``stock_era`` names it, so an export writes
+layout (docs/neuron-sdk.md#layout-eras: ``compile_flags.txt`` holding the raw string,
+or ``compile_flags.json``); the manifest's ``stock_era`` names it, so an export writes
 the entry back the same way.
 
 Nothing is half-imported: the blobs the server lacks go first, then the manifest,
@@ -42,7 +42,7 @@ from neffcache.keying import (
     parse_neuron_address,
     read_stock_flags,
 )
-from neffcache.server.bridge.remote import Refused, Remote
+from neffcache.server.bridge.remote import FILE_NAME, Refused, Remote
 from neffcache.server.bridge.report import Progress, Report
 from neffcache.server.bridge.stock import (
     ReadError,
@@ -50,7 +50,6 @@ from neffcache.server.bridge.stock import (
     StockEntry,
     StockSource,
 )
-from neffcache.server.manifest import FILE_NAME
 
 DONE_OUTCOMES = ("imported", "present", "conflict")
 SKIPPED = ("failed", "locked", "empty", "incomplete", "unkeyable")
@@ -80,12 +79,22 @@ class Outcome(NamedTuple):
     aliases: int = 0
 
 
+def import_report() -> Report:
+    return Report("import", DONE_OUTCOMES, SKIPPED, tallies=(ALIASES_ADDED,))
+
+
 def import_cache(
-    source: StockSource, remote: Remote, *, target: str | None, progress: Progress
+    source: StockSource,
+    remote: Remote,
+    *,
+    target: str | None,
+    progress: Progress,
+    report: Report | None = None,
 ) -> Report:
-    """Import every entry of ``source``; per-entry trouble is counted, while an
+    """Import every entry of ``source`` into ``report`` (a new one by default: pass one
+    to keep the counts of a run that raises); per-entry trouble is counted, while an
     unusable server or source raises (``Unusable``, ``SourceError``)."""
-    report = Report("import", DONE_OUTCOMES, SKIPPED, tallies=(ALIASES_ADDED,))
+    report = import_report() if report is None else report
     entries = source.entries()
     progress.total = len(entries)
     for entry in entries:
@@ -152,7 +161,8 @@ def key_entry(source: StockSource, entry: StockEntry, target: str | None, scratc
 
 
 def read_flags(name: str, raw: bytes) -> StockFlags:
-    """The flags file ``name`` of any era (facts §19); Unkeyable if unreadable."""
+    """The flags file ``name`` of any era (docs/neuron-sdk.md#layout-eras); Unkeyable if
+    unreadable."""
     try:
         return read_stock_flags(name, raw)
     except KeyingError as exc:

@@ -2,8 +2,9 @@
 
 Two kinds of trouble, as two exceptions:
 
-* ``Unusable``: the run cannot go on (the server cannot be reached, or refuses the
-  token). The command stops with one line.
+* ``Unusable``: the run cannot go on (the server cannot be reached, or answers as no
+  server of this version would). The command stops with one line (exit 1); as
+  ``TokenRefused`` when it refuses the token (exit 2: bad input).
 * ``Refused``: one request failed (a blob refused, a server error, a transfer cut
   short). Only the entry at hand fails; the run goes on.
 """
@@ -19,7 +20,10 @@ from typing import Any, BinaryIO
 import blake3
 import httpx
 
-from neffcache.server.manifest import HEX64
+# server/manifest.py's patterns (a test keeps them equal), spelled here so that the
+# bridge needs httpx and not pydantic, which manifest.py imports.
+HEX64 = r"[0-9a-f]{64}"
+FILE_NAME = r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}"
 
 _CHUNK = 1 << 20
 # The server's own limit on one POST /v1/blobs/missing.
@@ -30,6 +34,10 @@ _TIMEOUT = httpx.Timeout(120.0, connect=10.0)
 
 class Unusable(Exception):
     """The server cannot be used at all; the message is one line."""
+
+
+class TokenRefused(Unusable):
+    """The server refuses the token (401, 403); the message is one line."""
 
 
 class Refused(Exception):
@@ -237,7 +245,7 @@ class Remote:
         except ValueError:
             detail = response.text[:200]
         if response.status_code in (401, 403):
-            raise Unusable(
+            raise TokenRefused(
                 f"{self.server} refused the token (HTTP {response.status_code}): {detail}"
             )
         raise Refused(

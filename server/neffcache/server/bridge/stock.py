@@ -1,14 +1,15 @@
 """A stock Neuron cache read as entries, from a directory or ``s3://bucket/prefix``.
 
-The layout (facts §3.1, §7) is ``<root>/neuronxcc-<version>/MODULE_<key>+<flags8>/``
-with one file (or, on S3, one object) per artifact; only ``MODULE_`` folders are
-entries (not optimum-neuron's ``0_REGISTRY``, facts §10.3). Each entry is classified
-as optimum-neuron's cleanup does (facts §3.2):
+The layout (docs/neuron-sdk.md#entry-layout and #s3-backend) is
+``<root>/neuronxcc-<version>/MODULE_<key>+<flags8>/`` with one file (or, on S3, one
+object) per artifact; only ``MODULE_`` folders are entries (not optimum-neuron's
+``0_REGISTRY``, docs/neuron-sdk.md#optimum-neurons-registry). Each entry is classified
+as optimum-neuron's cleanup does (docs/neuron-sdk.md#entry-states):
 
 ============  =====================================================
 success       ``model.neff`` and ``model.done``; in the oldest era
-              (``compile_flags.txt``, facts §19), which wrote no
-              ``model.done``, ``model.neff`` and no lock
+              (``compile_flags.txt``, docs/neuron-sdk.md#layout-eras),
+              which wrote no ``model.done``, ``model.neff`` and no lock
 locked        a ``*.lock`` file and no success (compiling, or a stale lock)
 failed        ``model.log`` and no success (the SDK would replay the failure)
 incomplete    ``model.neff`` or ``model.done`` alone (an interrupted write)
@@ -261,7 +262,8 @@ def _opened_path(fd: int, path: Path) -> str:
 
 
 class S3Source:
-    """A stock cache under ``s3://bucket/prefix``, one object per file (facts §7).
+    """A stock cache under ``s3://bucket/prefix``, one object per file
+    (docs/neuron-sdk.md#s3-backend).
 
     The client is the S3 blob store's (``blobs/s3.py``): the endpoint comes from
     ``AWS_ENDPOINT_URL_S3``, else ``AWS_ENDPOINT_URL``, credentials from boto3's

@@ -13,6 +13,8 @@
 //   bytes        1024-based units, one decimal (bytes below 1 KiB)     1.5 GiB
 //   shares       part / whole x 100, one decimal                       12.5%
 //   times        the epoch seconds as UTC, to the minute               2026-11-30 14:02 UTC
+//   axes         0 up to a multiple of 1, 2 or 5 x 10^n, each label     0, 0.005, 0.01 h
+//                with the decimals its step needs (ticks below)
 // Decimals are JavaScript's toFixed: the exact binary value rounded to nearest, a
 // tie (a value exactly halfway) rounded away from zero. A null field shows "n/a".
 "use strict";
@@ -154,11 +156,39 @@
     );
   }
 
-  function niceMax(value) {
-    if (!(value > 0)) return 1;
-    const step = Math.pow(10, Math.floor(Math.log10(value)));
-    for (const m of [1, 2, 2.5, 5, 10]) if (m * step >= value) return m * step;
-    return 10 * step;
+  // A value axis from 0 to at least ``max``: ticks at multiples of a step of 1, 2 or 5
+  // times a power of ten, at most MAX_INTERVALS of them. Each label has the decimals
+  // the step needs (trailing zeros dropped), so no two labels read the same: a step
+  // of 0.005 is labelled 0, 0.005, 0.01, never 0.01 twice.
+  const MAX_INTERVALS = 5;
+
+  function ticks(max) {
+    // Hours below a millionth (3.6 ms) are drawn on the millionth's axis: toFixed
+    // takes at most 100 decimals, and no compile is that short.
+    const top = max > 0 && Number.isFinite(max) ? Math.max(max, 1e-6) : 1;
+    let exponent = Math.floor(Math.log10(top / MAX_INTERVALS));
+    for (;;) {
+      for (const m of [1, 2, 5]) {
+        const step = scaled(m, exponent);
+        const count = Math.ceil(top / step - 1e-9);
+        if (count <= MAX_INTERVALS) {
+          const values = Array.from({ length: count + 1 }, (_, i) => scaled(i * m, exponent));
+          return { values: values, decimals: Math.max(0, -exponent), top: values[count] };
+        }
+      }
+      exponent += 1;
+    }
+  }
+
+  function scaled(n, exponent) {
+    // n x 10^exponent, divided rather than multiplied for negative exponents: 3 / 10
+    // is the double nearest 0.3, where 3 * 0.1 is not.
+    return exponent < 0 ? n / Math.pow(10, -exponent) : n * Math.pow(10, exponent);
+  }
+
+  function tickLabel(value, decimals) {
+    const text = value.toFixed(decimals);
+    return grouped(decimals > 0 ? text.replace(/\.?0+$/, "") : text);
   }
 
   function place(id, chart) {
@@ -188,12 +218,12 @@
     return (v) => PLOT.top + inner * (1 - v / max);
   }
 
-  function axes(chart, days, xs, max, label) {
+  function axes(chart, days, xs, max, marks) {
+    // marks: [value, label] for each horizontal grid line, from 0 to max.
     const y = yScale(max);
-    for (let i = 0; i <= 4; i += 1) {
-      const v = (max * i) / 4;
+    for (const [v, label] of marks) {
       chart.append(svg("line", { x1: PLOT.left, x2: PLOT.width - PLOT.right, y1: y(v), y2: y(v), class: "grid" }));
-      chart.append(svg("text", { x: PLOT.left - 6, y: y(v) + 4, class: "tick end" }, label(v)));
+      chart.append(svg("text", { x: PLOT.left - 6, y: y(v) + 4, class: "tick end" }, label));
     }
     const fit = Math.max(2, Math.floor((PLOT.width - PLOT.left - PLOT.right) / 56));
     const every = Math.ceil(days.length / fit);
@@ -209,7 +239,8 @@
     const chart = frame(PLOT.width, PLOT.height, "Hit rate per day", "Daily hit rate in percent; the table below lists the same values.");
     const xs = xPositions(days.length);
     const y = yScale(1);
-    axes(chart, days.map((d) => d.day), xs, 1, (v) => (v * 100).toFixed(0) + "%");
+    const quarters = [0, 25, 50, 75, 100].map((p) => [p / 100, p + "%"]);
+    axes(chart, days.map((d) => d.day), xs, 1, quarters);
     let path = "";
     let pen = "M";
     days.forEach((d, i) => {
@@ -246,9 +277,11 @@
     PLOT.width = widthOf("hours-chart");
     const chart = frame(PLOT.width, PLOT.height, "Compile-hours saved and spent per day", "Two bars per day: hours saved by hits and hours spent compiling; the table below lists the same values.");
     const xs = xPositions(days.length);
-    const max = niceMax(Math.max(...days.map((d) => Math.max(d.compile_hours_saved, d.compile_hours_spent))));
+    const scale = ticks(Math.max(...days.map((d) => Math.max(d.compile_hours_saved, d.compile_hours_spent))));
+    const max = scale.top;
     const y = yScale(max);
-    axes(chart, days.map((d) => d.day), xs, max, (v) => String(+v.toFixed(2)) + " h");
+    const marks = scale.values.map((v) => [v, tickLabel(v, scale.decimals) + " h"]);
+    axes(chart, days.map((d) => d.day), xs, max, marks);
     const band = (PLOT.width - PLOT.left - PLOT.right) / days.length;
     const width = Math.max(2, Math.min(22, band * 0.36));
     days.forEach((d, i) => {
@@ -274,9 +307,14 @@
     chart.append(label);
   }
 
+  // The narrowest bar drawn for a value above zero: a namespace holding a few bytes
+  // beside one holding terabytes still shows a bar.
+  const LEAST_BAR = 2;
+
   function barRows(id, rows, title, description, segments, end, empty = "Nothing in this period.") {
-    // rows: {label, parts: [numbers], max, track?, classes?}; segments: the css classes
-    // of the parts, unless a row has its own.
+    // rows: {label, parts: [numbers], max, track?, classes?, least?} (least: each part
+    // above zero is at least LEAST_BAR wide), or {heading} for a line of text above a
+    // group; segments: the css classes of the parts, unless a row has its own.
     if (rows.length === 0) return emptyChart(id, empty);
     const width = widthOf(id);
     const height = rows.length * ROW + 34;
@@ -285,11 +323,16 @@
     const inner = width - left - 150;
     rows.forEach((row, i) => {
       const y = 28 + i * ROW;
+      if (row.heading !== undefined) {
+        chart.append(svg("text", { x: 8, y: y + 15, class: "tick heading" }, row.heading));
+        return;
+      }
       rowLabel(chart, row.label, y);
       if (row.track) chart.append(svg("rect", { x: left, y: y + 3, width: inner, height: ROW - 8, class: "track" }));
       let x = left;
       row.parts.forEach((value, k) => {
-        const w = row.max > 0 ? (Math.min(value, row.max) / row.max) * inner : 0;
+        let w = row.max > 0 ? (Math.min(value, row.max) / row.max) * inner : 0;
+        if (row.least && value > 0) w = Math.max(w, LEAST_BAR);
         const cls = (row.classes || segments)[k];
         chart.append(svg("rect", { x: x, y: y + 3, width: Math.max(0, w), height: ROW - 8, class: "bar " + cls }));
         x += w;
@@ -389,37 +432,50 @@
     return `${fmt.bytes(s.bytes)} of ${fmt.bytes(s.quota_bytes)}`;
   }
 
-  function fullest(storage) {
-    // The chart's namespaces, at most ten (a server may have hundreds): those with a
-    // quota first, the largest share of it first, then the most bytes without one;
-    // ties by name. The table below lists them all.
-    const share = (s) => (s.quota_bytes === null ? s.bytes : s.bytes / Math.max(s.quota_bytes, 1));
-    return storage
-      .slice()
-      .sort((a, b) =>
-        (a.quota_bytes === null) - (b.quota_bytes === null)
-        || share(b) - share(a)
-        || (a.namespace < b.namespace ? -1 : a.namespace > b.namespace ? 1 : 0))
-      .slice(0, TOP);
+  function byName(a, b) {
+    return a.namespace < b.namespace ? -1 : a.namespace > b.namespace ? 1 : 0;
+  }
+
+  function storageGroups(storage) {
+    // The chart's namespaces (a server may have hundreds; the table lists them all):
+    // the ten with the largest share of their quota, and apart from them the ten
+    // holding the most bytes without one; ties by name.
+    const share = (s) => s.bytes / Math.max(s.quota_bytes, 1);
+    const quota = storage.filter((s) => s.quota_bytes !== null);
+    const none = storage.filter((s) => s.quota_bytes === null);
+    return {
+      quota: quota.sort((a, b) => share(b) - share(a) || byName(a, b)).slice(0, TOP),
+      none: none.sort((a, b) => b.bytes - a.bytes || byName(a, b)).slice(0, TOP),
+    };
+  }
+
+  function storageRows(storage) {
+    // With a quota, a bar on a track as long as the quota (red past it). Without one
+    // there is nothing to measure against but the others: bars scaled to the largest
+    // namespace without a quota shown.
+    const groups = storageGroups(storage);
+    const largest = Math.max(0, ...groups.none.map((s) => s.bytes));
+    const rows = [];
+    if (groups.quota.length) rows.push({ heading: "With a quota: the share of it used" });
+    for (const s of groups.quota) {
+      const over = s.bytes > s.quota_bytes;
+      rows.push({ label: s.namespace, parts: [s.bytes], max: s.quota_bytes, track: true, classes: [over ? "over" : "used"], least: true, s: s });
+    }
+    if (groups.none.length) rows.push({ heading: "Without a quota: against the largest of these" });
+    for (const s of groups.none) {
+      rows.push({ label: s.namespace, parts: [s.bytes], max: largest, track: false, classes: ["used"], least: true, s: s });
+    }
+    return rows;
   }
 
   function renderStorage(storage) {
-    const all = storage.slice().sort((a, b) => (a.namespace < b.namespace ? -1 : 1));
-    const rows = fullest(storage);
-    const unbounded = Math.max(0, ...rows.map((s) => Math.max(s.bytes, s.quota_bytes || 0)));
+    const all = storage.slice().sort(byName);
     $("storage-count").textContent = fmt.count(all.length);
     barRows(
       "storage-chart",
-      rows.map((s) => ({
-        label: s.namespace,
-        parts: [s.bytes],
-        max: s.quota_bytes === null ? unbounded : s.quota_bytes,
-        track: s.quota_bytes !== null,
-        classes: [s.quota_bytes !== null && s.bytes > s.quota_bytes ? "over" : "used"],
-        s: s,
-      })),
-      "Storage against quota",
-      "One bar per namespace: bytes held, on a track as long as its quota; the table below lists the same values.",
+      storageRows(storage),
+      "Storage by namespace",
+      "One bar per namespace: with a quota, bytes held on a track as long as the quota; without one, bytes held against the largest such namespace shown. The table below lists the same values.",
       ["used"],
       (row) => storageEnd(row.s),
       "No namespace holds entries.",
@@ -590,7 +646,9 @@
     load();
   }
 
-  // For the tests, which check these rules against their own copy of them.
+  // For the tests, which check these rules against their own copy of them, and the
+  // axes' and the storage chart's choices over many inputs.
   window.neffcacheFormat = Object.freeze(fmt);
+  window.neffcacheCharts = Object.freeze({ ticks: ticks, tickLabel: tickLabel, storageRows: storageRows });
   start();
 })();

@@ -1,8 +1,9 @@
 """The graph summary of a stored entry, from the HLO module among its files.
 
 Entries published by the client carry the module they were compiled from
-(``model.hlo_module.pb``, the stock layout's name; facts §3.1). Summarizing one parses
-it, so summaries are kept per blob digest (blobs never change) in a small LRU.
+(``model.hlo_module.pb``, the stock layout's name; docs/neuron-sdk.md#entry-layout).
+Summarizing one parses it, so summaries are kept per blob digest (blobs never change) in
+a small LRU.
 """
 
 from __future__ import annotations

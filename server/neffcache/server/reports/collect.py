@@ -15,11 +15,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from neffcache.server.deps import Backends
+from neffcache.server.eviction.pins import version_matches
+from neffcache.server.index import EntryStats, Index
 from neffcache.server.reports.cost import CostReport
 from neffcache.server.reports.pace import Pace, paced
 from neffcache.server.reports.prices import CURRENCY, load_prices
+from neffcache.server.reports.programs import program_of
 from neffcache.server.reports.storage import storage_rows
-from neffcache.server.reports.upgrade import DEFAULT_ACTIVE_SECONDS, NamespaceUpgrade, totals
+from neffcache.server.reports.upgrade import (
+    DEFAULT_ACTIVE_SECONDS,
+    MAX_BUILT,
+    NamespaceUpgrade,
+    totals,
+)
 
 EVENT_PAGE = 1000
 ENTRY_PAGE = 1000
@@ -73,11 +81,20 @@ def build_upgrade_report(
     now = time.time()
     pace = Pace()
     parts = []
+    # Graphs built under to_compiler, per namespace: read once, however many
+    # namespaces read through it.
+    built: dict[str, tuple[set[bytes], bool]] = {}
     for namespace in sorted(set(namespaces)):
         window = active_seconds
         if window is None:
             window = backends.policies.get(namespace).ttl_seconds or DEFAULT_ACTIVE_SECONDS
         plan = NamespaceUpgrade(namespace, to_compiler, now - window, top, from_compiler)
+        # Where an upgraded job's lookup finds an entry: here, then the read-through.
+        for source in [namespace, *backends.policies.sources(namespace)]:
+            if source not in built:
+                built[source] = _read_built(backends.index, source, to_compiler, pace)
+            programs, partial = built[source]
+            plan.add_built(programs, partial=partial)
         _read_entries(backends, plan, pace)
         _read_events(backends, plan, now, pace)
         parts.append(plan.result(prices, server))
@@ -92,14 +109,61 @@ def build_upgrade_report(
 
 
 def _read_entries(backends: Backends, plan: NamespaceUpgrade, pace: Pace) -> None:
+    index = backends.index
     after: str | None = None
     while True:
-        page = backends.index.entry_stats(plan.namespace, after, ENTRY_PAGE)
+        page = index.entry_stats(plan.namespace, after, ENTRY_PAGE)
         if not page:
             # Only an empty page ends the listing (entries may go while it is read).
             return
-        plan.add_entries(paced(page, pace))
+        wanted = [stats.key for stats in page if plan.wants_program(stats)]
+        programs = _programs(index, plan.namespace, after, page, wanted, pace)
+        plan.add_entries(paced(page, pace), programs)
         after = page[-1].key
+
+
+def _read_built(
+    index: Index, namespace: str, to_compiler: str, pace: Pace
+) -> tuple[set[bytes], bool]:
+    """The graphs of the entries of ``namespace`` whose compiler version matches
+    ``to_compiler``, and whether there were more than MAX_BUILT (not all kept). Only
+    their manifests are read: before an upgrade starts there are none."""
+    found: set[bytes] = set()
+    after: str | None = None
+    while True:
+        page = index.entry_stats(namespace, after, ENTRY_PAGE)
+        if not page:
+            return found, False
+        wanted = [s.key for s in page if version_matches(to_compiler, s.facts.compiler_version)]
+        for program in _programs(index, namespace, after, page, wanted, pace).values():
+            if program is not None:
+                found.add(program)
+        if len(found) >= MAX_BUILT:
+            return found, True
+        after = page[-1].key
+
+
+def _programs(
+    index: Index,
+    namespace: str,
+    after: str | None,
+    page: Sequence[EntryStats],
+    wanted: Sequence[str],
+    pace: Pace,
+) -> dict[str, bytes | None]:
+    """The graphs (``program_of``) of the ``wanted`` keys of a page of entry stats,
+    from their manifests: listed from where the page began, and the few the listing
+    missed (published meanwhile ahead of them) read one by one. An entry gone since
+    has no graph: it is counted as to rebuild."""
+    if not wanted:
+        return {}
+    manifests = {e.key: e.manifest for e in index.list_entries(namespace, after, len(page))}
+    for key in wanted:
+        if key not in manifests:
+            entry = index.get_entry(namespace, key)
+            if entry is not None:
+                manifests[key] = entry.manifest
+    return {key: program_of(key, manifests.get(key)) for key in paced(wanted, pace)}
 
 
 def _read_events(backends: Backends, plan: NamespaceUpgrade, now: float, pace: Pace) -> None:

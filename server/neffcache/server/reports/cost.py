@@ -171,6 +171,9 @@ class CostReport:
             notes.append("so many graphs missed that top_misses is approximate")
         if self.runs.over_limit:
             notes.append("so many jobs reported that runs counts only some of them")
+        hint = self.runs.hint()
+        if hint is not None:  # also in ``runs``; a note reaches whoever shows only notes
+            notes.append(hint)
         return notes
 
 

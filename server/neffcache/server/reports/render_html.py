@@ -10,6 +10,7 @@ from typing import Any
 
 from neffcache.server.reports.render_text import (
     SCOPE_NOTE,
+    other_notes,
     rate,
     usd,
     when,
@@ -122,6 +123,7 @@ def cost_html(report: dict[str, Any]) -> str:
             ],
             numeric=2,
         ),
+        _runs_note(report["runs"]),
         "<h2>Most expensive misses</h2>",
         _misses(report["top_misses"]),
         "<h2>Storage</h2>",
@@ -138,10 +140,19 @@ def cost_html(report: dict[str, Any]) -> str:
             ],
             numeric=3,
         ),
-        *(f'<p class="note">{escape(note)}</p>' for note in report.get("notes", [])),
+        *(f'<p class="note">{escape(note)}</p>' for note in other_notes(report)),
         f'<p class="note">{escape(SCOPE_NOTE)}</p>',
     ]
     return page("neffcache cost report", body)
+
+
+def _runs_note(runs: dict[str, Any]) -> str:
+    if runs.get("job_id_hint"):
+        return f'<p class="note">{escape(runs["job_id_hint"])}</p>'
+    without = runs.get("lookups_without_job", 0)
+    if without:
+        return f'<p class="note">Lookups naming no job (in no run): {without}.</p>'
+    return ""
 
 
 def _totals_rows(t: dict[str, Any]) -> list[list[Any]]:
@@ -214,12 +225,22 @@ def upgrade_html(report: dict[str, Any]) -> str:
     body = [
         f"<p>Prices: {escape(report['prices']['table'])}, on-demand USD per hour.</p>",
         html_table(
-            ["namespace", "from", "graphs", "compile h", "cost", "unpriced h", "instance"],
+            [
+                "namespace",
+                "from",
+                "to rebuild",
+                "done",
+                "compile h",
+                "cost",
+                "unpriced h",
+                "instance",
+            ],
             [
                 [
                     p["namespace"],
                     p["from_compiler"] or "-",
                     p["graphs"],
+                    p["graphs_done"],
                     f"{p['compile_hours']:.2f}",
                     usd(p["cost"]),
                     f"{p['unpriced_hours']:.2f}",
@@ -232,6 +253,7 @@ def upgrade_html(report: dict[str, Any]) -> str:
                     "total",
                     "",
                     totals["graphs"],
+                    totals["graphs_done"],
                     f"{totals['compile_hours']:.2f}",
                     usd(totals["cost"]),
                     f"{totals['unpriced_hours']:.2f}",
@@ -244,11 +266,12 @@ def upgrade_html(report: dict[str, Any]) -> str:
         body.append(f"<h2>{escape(part['namespace'])}: prewarm plan</h2>")
         body.append(
             html_table(
-                ["model", "graphs", "compile h", "cost", "value h", "what to run"],
+                ["model", "to rebuild", "done", "compile h", "cost", "value h", "what to run"],
                 [
                     [
                         s["model"] or "(no model label)",
                         s["graphs"],
+                        s["graphs_done"],
                         f"{s['compile_hours']:.2f}",
                         usd(s["cost"]),
                         f"{s['value_hours']:.2f}",
@@ -258,4 +281,5 @@ def upgrade_html(report: dict[str, Any]) -> str:
                 ],
             )
         )
+        body += [f'<p class="note">{escape(note)}</p>' for note in part.get("notes", [])]
     return page(f"neffcache upgrade report: to neuronx-cc {report['to_compiler']}", body)

@@ -37,6 +37,7 @@ UPGRADE_COLUMNS = (
     "to_compiler",
     "model",
     "graphs",
+    "graphs_done",
     "compile_hours",
     "unknown_compile_time",
     "value_hours",
@@ -125,7 +126,7 @@ def cost_table(report: dict[str, Any]) -> str:
     blocks.append(_runs_line(report["runs"]))
     blocks.append(_misses_block(report["top_misses"]))
     blocks.append(_storage_block(report["storage"]))
-    blocks += [f"note: {note}" for note in report.get("notes", [])]
+    blocks += [f"note: {note}" for note in other_notes(report)]
     blocks.append(SCOPE_NOTE)
     return "\n\n".join(block for block in blocks if block) + "\n"
 
@@ -188,11 +189,23 @@ def _totals_block(t: dict[str, Any]) -> str:
 
 
 def _runs_line(runs: dict[str, Any]) -> str:
-    return (
+    line = (
         f"RUNS  cold {runs['cold']} ({runs['cold_compile_hours']:.2f} compile-hours), "
         f"warm {runs['warm']} ({runs['warm_compile_hours']:.2f}), "
         f"mixed {runs['mixed']} ({runs['mixed_compile_hours']:.2f})"
     )
+    without = runs.get("lookups_without_job", 0)
+    if runs.get("job_id_hint"):
+        return f"{line}\n  {runs['job_id_hint']}"
+    if without:
+        return f"{line}; lookups naming no job (in no run): {without}"
+    return line
+
+
+def other_notes(report: dict[str, Any]) -> list[str]:
+    """The report's notes but the runs' hint, which is shown with the runs."""
+    hint = report["runs"].get("job_id_hint")
+    return [note for note in report.get("notes", []) if note != hint]
 
 
 def _misses_block(misses: list[dict[str, Any]]) -> str:
@@ -237,13 +250,16 @@ def upgrade_table(report: dict[str, Any]) -> str:
         f"neffcache upgrade report: to neuronx-cc {report['to_compiler']}",
         f"prices: {report['prices']['table']} (on-demand USD per hour; docs/reports.md)",
     ]
-    rows = [["NAMESPACE", "FROM", "GRAPHS", "COMPILE H", "COST", "UNPRICED H", "INSTANCE"]]
+    rows = [
+        ["NAMESPACE", "FROM", "TO REBUILD", "DONE", "COMPILE H", "COST", "UNPRICED H", "INSTANCE"]
+    ]
     for part in report["namespaces"]:
         rows.append(_upgrade_cells(part["namespace"], part, part["from_compiler"]))
     rows.append(_upgrade_cells("TOTAL", report["totals"], None))
     blocks.append(table(rows))
     for part in report["namespaces"]:
         blocks.append(_plan_block(part))
+        blocks += [f"note: {part['namespace']}: {note}" for note in part.get("notes", [])]
     return "\n\n".join(block for block in blocks if block) + "\n"
 
 
@@ -252,6 +268,7 @@ def _upgrade_cells(name: str, part: dict[str, Any], version: str | None) -> list
         name,
         _cell(version),
         str(part["graphs"]),
+        str(part["graphs_done"]),
         f"{part['compile_hours']:.2f}",
         usd(part["cost"]),
         f"{part['unpriced_hours']:.2f}",
@@ -265,12 +282,23 @@ def _plan_block(part: dict[str, Any]) -> str:
         return f"{name}: no entry served within the active window: nothing to rebuild"
     if part["already_on_target"]:
         return f"{name}: already on {part['from_compiler']}: nothing to rebuild"
-    lines = [f"{name}: prewarm plan from neuronx-cc {part['from_compiler']}, most valuable first"]
+    done = part["graphs_done"]
+    if not part["graphs"]:
+        return (
+            f"{name}: every graph in use of neuronx-cc {part['from_compiler']} ({done}) is "
+            "built under the new version already: nothing to rebuild"
+        )
+    lines = [
+        f"{name}: prewarm plan from neuronx-cc {part['from_compiler']}, most valuable first"
+        + (f" ({graph_count(done)} built under the new version already)" if done else "")
+    ]
     for number, step in enumerate(part["prewarm"]["models"], 1):
         unknown = step["unknown_compile_time"]
         lines.append(
-            f"  {number}. {step['model'] or '(no model label)'}: {step['graphs']} graphs, "
-            f"{step['compile_hours']:.2f} compile-hours ({usd(step['cost'])})"
+            f"  {number}. {step['model'] or '(no model label)'}: {graph_count(step['graphs'])} "
+            "to rebuild"
+            + (f" ({step['graphs_done']} done)" if step["graphs_done"] else "")
+            + f", {step['compile_hours']:.2f} compile-hours ({usd(step['cost'])})"
             + (f", {unknown} of unknown compile time" if unknown else "")
             + f", worth {step['value_hours']:.2f} hours of hits"
         )
@@ -318,6 +346,10 @@ def _numeric(cell: str) -> bool:
     stripped = cell.replace("$", "").replace(",", "").replace("%", "").replace(".", "")
     # One point at most: a version such as 2.21.1 is text.
     return (stripped.isdigit() and cell.count(".") <= 1) or cell in ("-", "?", "unpriced")
+
+
+def graph_count(count: int) -> str:
+    return f"{count} graph" if count == 1 else f"{count} graphs"
 
 
 def _cell(value: Any) -> str:

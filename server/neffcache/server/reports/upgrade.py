@@ -6,9 +6,12 @@ once. What matters is the graphs in use: entries the server served within the ac
 window (by default the namespace's TTL, else 30 days). The version now in use is the
 compiler version of the most recently served of those (or the one asked for); its
 active entries are the graphs that will miss under V, unless that version is V
-already. Their compile seconds (as published) are the hours to rebuild them; money is
-those hours at the hourly price of the instance type the namespace's jobs reported
-for that model (else for any model), from the events of the window.
+already, or the graph is built under V already: an entry of a version matching V, in
+the namespace or one it reads through, holds the same graph (``programs.py``). Those
+are done; the rest are to rebuild. Their compile seconds (as published) are the
+hours to rebuild them; money is those hours at the hourly price of the instance type
+the namespace's jobs reported for that model (else for any model), from the events
+of the window.
 
 The prewarm plan orders the graphs by value, hits x compile seconds: compiling the
 most valuable first means that an upgrade started before the plan is done still finds
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 import shlex
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,11 +36,16 @@ DEFAULT_ACTIVE_SECONDS = 30 * 86400.0
 MAX_VERSIONS = 1000
 MAX_MODELS = 10_000
 MAX_TYPE_COUNTS = 10_000
+# Graphs built under the target version remembered per namespace (a digest each, about
+# 100 bytes of memory): past it, graphs whose build is not remembered count as to
+# rebuild, and the report says so.
+MAX_BUILT = 2_000_000
 
 
 @dataclass(slots=True)
 class _Model:
-    graphs: int = 0
+    graphs: int = 0  # to rebuild
+    done: int = 0  # built under the target version already
     seconds: float = 0.0  # known compile seconds
     unknown: int = 0  # graphs without a compile time
     value: float = 0.0  # sum of hits x compile seconds
@@ -48,7 +56,9 @@ class _Version:
     """The active entries of one compiler version."""
 
     entries: int = 0
-    last_served: float = 0.0
+    done: int = 0  # built under the target version already
+    last_served: float = 0.0  # latest served or, never served, published
+    last_hit: float = 0.0  # latest served of those served at least once; 0: none
     models: dict[str | None, _Model] = field(default_factory=dict)
     # The most valuable graphs: a min-heap of (known, value, hits, key, stats).
     best: list[tuple[bool, float, int, str, EntryStats]] = field(default_factory=list)
@@ -69,6 +79,9 @@ class NamespaceUpgrade:
         self.top = top
         self.from_compiler = from_compiler
         self.versions: dict[str, _Version] = {}
+        # The graphs built under the target version (``programs.program_of``).
+        self.built: set[bytes] = set()
+        self.built_partial = False  # more than MAX_BUILT: some not remembered
         self.unknown_version = 0
         self.inactive = 0
         # (model, instance type) -> [compiles, lookups] reported in the window.
@@ -76,30 +89,50 @@ class NamespaceUpgrade:
 
     # --- folding
 
-    def add_entries(self, page: Iterable[EntryStats]) -> None:
-        for stats in page:
-            self.add_entry(stats)
-
-    def add_entry(self, stats: EntryStats) -> None:
-        if stats.last_access < self.active_since:
-            self.inactive += 1
-            return
-        name = stats.facts.compiler_version
-        if not name:
-            self.unknown_version += 1
-            return
-        version = self.versions.get(name)
-        if version is None:
-            if len(self.versions) >= MAX_VERSIONS:
+    def add_built(self, programs: Iterable[bytes], *, partial: bool = False) -> None:
+        """Graphs built under the target version: entries of it, here or in a
+        namespace read through. Call before ``add_entries``."""
+        for program in programs:
+            if len(self.built) >= MAX_BUILT:
+                self.built_partial = True
                 return
-            version = self.versions[name] = _Version()
-        version.entries += 1
-        version.last_served = max(version.last_served, stats.last_access)
-        seconds = stats.facts.compile_seconds
-        model_name = stats.facts.model or None
-        model = version.models.get(model_name)
+            self.built.add(program)
+        self.built_partial |= partial
+
+    def wants_program(self, stats: EntryStats) -> bool:
+        """Whether ``add_entry`` would tell ``stats`` done or to rebuild by its graph:
+        in use, of a known version other than the target, and something built."""
+        version = stats.facts.compiler_version
+        return (
+            bool(self.built)
+            and stats.last_access >= self.active_since
+            and bool(version)
+            and not version_matches(self.to_compiler, version)
+        )
+
+    def add_entries(
+        self, page: Iterable[EntryStats], programs: Mapping[str, bytes | None] | None = None
+    ) -> None:
+        """``programs``: the graphs of the entries ``wants_program`` names, by key."""
+        programs = programs or {}
+        for stats in page:
+            self.add_entry(stats, programs.get(stats.key))
+
+    def add_entry(self, stats: EntryStats, program: bytes | None = None) -> None:
+        """Fold one entry; ``program``: its graph (``programs.program_of``), if read."""
+        version = self._version(stats)
+        if version is None:
+            return
+        name = stats.facts.model or None
+        model = version.models.get(name)
         if model is None and len(version.models) < MAX_MODELS:
-            model = version.models[model_name] = _Model()
+            model = version.models[name] = _Model()
+        if program is not None and program in self.built:
+            version.done += 1
+            if model is not None:
+                model.done += 1
+            return
+        seconds = stats.facts.compile_seconds
         value = stats.hits * (seconds or 0.0)
         if model is not None:
             model.graphs += 1
@@ -111,6 +144,27 @@ class NamespaceUpgrade:
             heapq.heappush(version.best, item)
         elif self.top and item[:4] > version.best[0][:4]:
             heapq.heapreplace(version.best, item)
+
+    def _version(self, stats: EntryStats) -> _Version | None:
+        """The version an entry in use counts in, its use counted; None for an entry
+        not in use, of no known version, or past MAX_VERSIONS."""
+        if stats.last_access < self.active_since:
+            self.inactive += 1
+            return None
+        name = stats.facts.compiler_version
+        if not name:
+            self.unknown_version += 1
+            return None
+        version = self.versions.get(name)
+        if version is None:
+            if len(self.versions) >= MAX_VERSIONS:
+                return None
+            version = self.versions[name] = _Version()
+        version.entries += 1
+        version.last_served = max(version.last_served, stats.last_access)
+        if stats.hits:
+            version.last_hit = max(version.last_hit, stats.last_access)
+        return version
 
     def add_events(self, events: Iterable[Event]) -> None:
         for event in events:
@@ -129,15 +183,17 @@ class NamespaceUpgrade:
     # --- the answer
 
     def current(self) -> str | None:
-        """The version now in use: the most recently served one (of those matching
-        ``from_compiler``, a version or a pattern such as ``2.21.*``, if given)."""
+        """The version now in use: the one a job was served most recently (of those
+        matching ``from_compiler``, a version or a pattern such as ``2.21.*``, if
+        given). An entry published and never served (a prewarm's, under the new
+        compiler) is not in use yet; without any entry served, the latest published."""
         wanted = self.from_compiler
         found = [
-            (version.last_served, name)
+            (version.last_hit, version.last_served, name)
             for name, version in self.versions.items()
             if wanted is None or version_matches(wanted, name)
         ]
-        return max(found)[1] if found else None
+        return max(found)[2] if found else None
 
     def instance_type(self, model: str | None) -> str | None:
         """The instance type the namespace's jobs compile ``model`` on: the one with the
@@ -166,6 +222,8 @@ class NamespaceUpgrade:
             (version.models.items() if rebuild and version is not None else []),
             key=lambda kv: (-kv[1].value, -kv[1].seconds, kv[0] or ""),
         )
+        # A model whose every graph is built already has nothing left to run.
+        models = [(name, model) for name, model in models if model.graphs]
         steps = [self._step(name, model, prices, server) for name, model in models]
         best = version.best if rebuild and version is not None else []
         graphs = sorted(best, key=lambda item: item[:4], reverse=True)
@@ -180,12 +238,22 @@ class NamespaceUpgrade:
             },
             "entries_without_version": self.unknown_version,
             **_sum_steps(steps),
+            "graphs_done": version.done if rebuild and version is not None else 0,
             "instance_type": self.instance_type(None),
             "prewarm": {
                 "models": steps,
                 "graphs": [self._graph(item[4]) for item in graphs],
             },
+            "notes": self._notes(),
         }
+
+    def _notes(self) -> list[str]:
+        if not self.built_partial:
+            return []
+        return [
+            f"more than {MAX_BUILT} graphs built under {self.to_compiler}: some graphs "
+            "counted to rebuild may be built already"
+        ]
 
     def _step(
         self, name: str | None, model: _Model, prices: PriceTable, server: str
@@ -195,6 +263,7 @@ class NamespaceUpgrade:
         return {
             "model": name,
             "graphs": model.graphs,
+            "graphs_done": model.done,
             "compile_hours": hours(model.seconds),
             "unknown_compile_time": model.unknown,
             "value_hours": hours(model.value),
@@ -253,6 +322,7 @@ def totals(namespaces: list[dict[str, Any]]) -> dict[str, Any]:
     )
     return {
         "graphs": sum(n["graphs"] for n in namespaces),
+        "graphs_done": sum(n["graphs_done"] for n in namespaces),
         "compile_hours": round(spent, HOUR_DIGITS),
         "unknown_compile_time": sum(n["unknown_compile_time"] for n in namespaces),
         "cost": _money([n["cost"] for n in namespaces], priced, unpriced),

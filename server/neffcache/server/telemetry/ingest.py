@@ -81,6 +81,11 @@ def count(metrics: Metrics, batch: Sequence[TelemetryEvent]) -> None:
             metrics.client_graphs.labels(namespace, event.result, source).inc()
             if event.result == "miss":
                 metrics.client_misses.labels(namespace, reason_label(event.reason)).inc()
+                # As the cost report counts compiles (reports/figures.py): a miss that
+                # reports an outcome or a compile time compiled.
+                if event.outcome is not None or event.compile_seconds is not None:
+                    outcome = "failed" if event.outcome == "failed" else "ok"
+                    metrics.client_compiles.labels(namespace, outcome).inc()
             if event.fetch_seconds is not None:
                 metrics.client_fetch_seconds.observe(event.fetch_seconds)
             if event.compile_seconds is not None:

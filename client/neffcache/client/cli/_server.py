@@ -1,0 +1,268 @@
+"""How every ``neffcache`` command names its server, namespace and token: one way.
+
+    --server URL    http(s)://HOST:PORT, or neffcache+http(s)://HOST:PORT/NAMESPACE;
+                    else NEFFCACHE_URL, the job's own setting (else libneuronxla's
+                    forms when they hold a neffcache+ URL: ``--cache_dir`` in
+                    NEURON_CC_FLAGS, NEURON_COMPILE_CACHE_URL; config.cache_url);
+                    else http://127.0.0.1:8787
+    --namespace NS  where a command needs one; else the URL's
+    --token TOKEN   else NEFFCACHE_TOKEN
+
+The old spellings still work, each with one line on stderr naming the new one, so that
+scripts do not break silently: ``--url`` (for ``--server``), ``NEFFCACHE_SERVER`` (for
+``NEFFCACHE_URL``) and ``NEFFCACHE_ADMIN_TOKEN`` (for ``NEFFCACHE_TOKEN``). Where both
+spellings are given the new one wins, and the line says the old one is ignored.
+
+The server's commands (``admin``, ``import``, ``export``) receive this module as
+``host`` when they register (``register(sub, host)``): the server package may not
+import the client, and this is how they share its resolver and its error types.
+The standard library only: the client's CLI runs in training images.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+from urllib.parse import urlsplit
+
+from neffcache.client.config import (
+    SCHEME_PREFIX,
+    ClientConfig,
+    ConfigError,
+    cache_url,
+    parse_url,
+)
+
+from ._common import CommandError, MissingExtra, ServerUnavailable, one_line
+
+__all__ = [
+    "DEFAULT_SERVER",
+    "CommandError",
+    "MissingExtra",
+    "ServerUnavailable",
+    "Target",
+    "add_options",
+    "answer_error",
+    "client_config",
+    "configured",
+    "one_line",
+    "parse",
+    "resolve",
+]
+
+DEFAULT_SERVER = "http://127.0.0.1:8787"
+FORMS = "http://HOST:PORT or neffcache+http://HOST:PORT/NAMESPACE (https too)"
+_NAMESPACE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+_NAMESPACE_RULE = "lowercase letters, digits, '.', '_', '-' (at most 63)"
+_PLAIN = re.compile(r"https?://[^/\s?#@]+/?")
+# A server's answers that say it cannot answer now, rather than that it refuses the
+# request: a timeout and a rate limit are 4xx, and so exit 1 with the 5xx.
+_NOT_A_REFUSAL = frozenset({408, 429})
+EXIT_CODES = (
+    "Exit 1 when the server cannot answer (not reached, a timeout, a 5xx, an answer "
+    "that is not one), 2 on bad input, including a request the server refuses (a 4xx); "
+    "docs/configuration.md."
+)
+
+
+class Target(NamedTuple):
+    """A server as a command asks it."""
+
+    server: str  # http(s)://host:port, no trailing slash
+    namespace: str | None  # None for commands that take none from the URL
+    token: str | None
+
+    @property
+    def url(self) -> str:
+        """The client's form, ``neffcache+http://host:port/namespace``."""
+        return f"{SCHEME_PREFIX}{self.server}/{self.namespace}"
+
+
+def add_options(
+    parser: argparse.ArgumentParser,
+    *,
+    namespace: bool,
+    token_help: str = "a token (default: NEFFCACHE_TOKEN)",
+    default: Any = None,
+) -> None:
+    """``--server``, ``--namespace`` (when the command takes its namespace from the
+    URL), ``--token``, the hidden ``--url``, and an epilog saying where each comes from
+    and what the exit codes mean. ``default``: ``argparse.SUPPRESS`` on a subcommand
+    that keeps what its parent was given (``report upgrade``)."""
+    parser.add_argument(
+        "--server",
+        metavar="URL",
+        default=default,
+        help="http(s)://HOST:PORT or neffcache+http(s)://HOST:PORT/NAMESPACE "
+        f"(default: NEFFCACHE_URL, else {DEFAULT_SERVER})",
+    )
+    parser.add_argument("--url", dest="deprecated_url", default=default, help=argparse.SUPPRESS)
+    if namespace:
+        parser.add_argument(
+            "--namespace",
+            metavar="NS",
+            default=default,
+            help="the namespace (default: the one in the server's URL)",
+        )
+    parser.add_argument("--token", metavar="TOKEN", default=default, help=token_help)
+    if parser.epilog is None:
+        parser.epilog = epilog(namespace=namespace)
+
+
+def epilog(*, namespace: bool) -> str:
+    names = " The namespace: --namespace, else the URL's." if namespace else ""
+    return (
+        "The server: --server, else NEFFCACHE_URL, else "
+        f"{DEFAULT_SERVER}.{names} The token: --token, else NEFFCACHE_TOKEN. {EXIT_CODES}"
+    )
+
+
+def resolve(
+    args: argparse.Namespace, environ: Mapping[str, str] | None = None, *, namespace: bool
+) -> Target:
+    """The server, namespace and token ``args`` and the environment name, by the module
+    docstring's order; ``namespace``: the command needs one (CommandError without)."""
+    env = os.environ if environ is None else environ
+    command = _command(args)
+    given = _url(args, env, command)
+    url, origin = given if given is not None else (DEFAULT_SERVER, "the default server")
+    server, from_url = parse(url, origin)
+    chosen = _namespace(args, from_url) if namespace else from_url
+    return Target(server, chosen, _token(args, env, command))
+
+
+def configured(
+    args: argparse.Namespace, environ: Mapping[str, str] | None = None, *, namespace: bool
+) -> Target | None:
+    """As ``resolve``, or None when neither an option nor the environment names a
+    server (for commands where the server's part is optional: ``stats``)."""
+    env = os.environ if environ is None else environ
+    named = (namespace and getattr(args, "namespace", None)) or _url(
+        args, env, _command(args), quiet=True
+    )
+    return resolve(args, env, namespace=namespace) if named else None
+
+
+def parse(url: str, origin: str) -> tuple[str, str | None]:
+    """(``http(s)://host:port``, the namespace or None) of a server URL in either form;
+    CommandError naming the accepted forms otherwise."""
+    if url.startswith(SCHEME_PREFIX):
+        try:
+            return parse_url(url)  # the client's own parser: one definition of the form
+        except ConfigError:
+            rule = f"; a NAMESPACE is {_NAMESPACE_RULE}" if "://" in url else ""
+            raise CommandError(f"{origin} {url!r}: use {FORMS}{rule}") from None
+    if _PLAIN.fullmatch(url) and _has_host_and_port(url):
+        return url.rstrip("/"), None
+    raise CommandError(f"{origin} {url!r}: use {FORMS}")
+
+
+def client_config(
+    target: Target, environ: Mapping[str, str] | None = None, *, local_dir: str | None = None
+) -> ClientConfig:
+    """The client configuration a job would have with this target (its timeouts, L1,
+    model label ...), as the commands that run the client's code need it."""
+    env = dict(os.environ if environ is None else environ)
+    env["NEFFCACHE_URL"] = target.url
+    env.pop("NEFFCACHE_DISABLE", None)  # the command asks for the server by name
+    env.pop("NEFFCACHE_TOKEN", None)
+    if target.token:
+        env["NEFFCACHE_TOKEN"] = target.token
+    if local_dir:
+        env["NEFFCACHE_LOCAL_DIR"] = local_dir
+    try:
+        config = ClientConfig.from_env(env)
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from None
+    if config is None:  # cannot be: the URL is the client's form and nothing disables it
+        raise CommandError(f"cannot use {target.url}")
+    return config
+
+
+def answer_error(server: str, status: int, detail: str) -> Exception:
+    """The error for an answer other than the one asked for: a refusal (a 4xx: a bad
+    value, a token the server does not take, something that does not exist) is bad
+    input, exit 2; anything else means the server cannot answer, exit 1."""
+    message = f"{server} answered {status}: {detail}"
+    if 400 <= status < 500 and status not in _NOT_A_REFUSAL:
+        return CommandError(message)
+    return ServerUnavailable(message)
+
+
+# --- where each comes from
+
+
+def _command(args: argparse.Namespace) -> str:
+    return str(getattr(args, "command", None) or "")
+
+
+def _url(
+    args: argparse.Namespace, env: Mapping[str, str], command: str, *, quiet: bool = False
+) -> tuple[str, str] | None:
+    """(the URL, where it came from), or None for the default server."""
+    option = getattr(args, "server", None)
+    old = getattr(args, "deprecated_url", None)
+    if old is not None and not quiet:
+        _deprecated(command, "--url", "--server", ignored=option is not None)
+    if option is not None or old is not None:
+        return str(option if option is not None else old), "--server"
+    if env.get("NEFFCACHE_URL"):
+        if env.get("NEFFCACHE_SERVER") and not quiet:
+            _deprecated(command, "NEFFCACHE_SERVER", "NEFFCACHE_URL", ignored=True)
+        return env["NEFFCACHE_URL"], "NEFFCACHE_URL"
+    if env.get("NEFFCACHE_SERVER"):
+        if not quiet:
+            # Not NEFFCACHE_URL=http://...: that variable is a job's too, and a job
+            # needs the neffcache+ form with its namespace (_typos.py says so).
+            _deprecated(command, "NEFFCACHE_SERVER", _SERVER_INSTEAD)
+        return env["NEFFCACHE_SERVER"], "NEFFCACHE_SERVER"
+    sdk = cache_url(env)  # libneuronxla's own settings, which may name a stock cache
+    if sdk and sdk.startswith(SCHEME_PREFIX):
+        origin = "NEURON_COMPILE_CACHE_URL"
+        if env.get(origin) != sdk:
+            origin = "--cache_dir in NEURON_CC_FLAGS"
+        return sdk, origin
+    return None
+
+
+def _namespace(args: argparse.Namespace, from_url: str | None) -> str:
+    chosen = getattr(args, "namespace", None) or from_url
+    if chosen is None:
+        raise CommandError(
+            "no namespace: pass --namespace NS or --server "
+            "neffcache+http://HOST:PORT/NAMESPACE, or set NEFFCACHE_URL to that"
+        )
+    if not _NAMESPACE.fullmatch(chosen):
+        raise CommandError(f"--namespace {chosen!r} is not a namespace name: {_NAMESPACE_RULE}")
+    return str(chosen)
+
+
+def _token(args: argparse.Namespace, env: Mapping[str, str], command: str) -> str | None:
+    option = getattr(args, "token", None)
+    if option:
+        return str(option)
+    new, old = env.get("NEFFCACHE_TOKEN"), env.get("NEFFCACHE_ADMIN_TOKEN")
+    if old:
+        _deprecated(command, "NEFFCACHE_ADMIN_TOKEN", "NEFFCACHE_TOKEN", ignored=bool(new))
+    return new or old or None
+
+
+_SERVER_INSTEAD = "--server URL, or NEFFCACHE_URL=neffcache+http://HOST:PORT/NAMESPACE"
+
+
+def _deprecated(command: str, old: str, new: str, *, ignored: bool = False) -> None:
+    state = f"deprecated and ignored ({new} is given)" if ignored else "deprecated"
+    print(f"neffcache {command}: warning: {old} is {state}: use {new}", file=sys.stderr)
+
+
+def _has_host_and_port(url: str) -> bool:
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not one
+    except ValueError:
+        return False
+    return bool(parts.hostname)
