@@ -629,3 +629,25 @@ def test_run_teeing_closes_the_stderr_pipe(fake: Fake, capfd: pytest.CaptureFixt
     assert tail == "fake stderr\n"
     assert "fake stderr" in capfd.readouterr().err  # copied through as it came
     assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
+def test_the_wrappers_modules_leave_argparse_unimported() -> None:
+    # `neffcache wrap` runs once per graph and skips the parser (cli.main): argparse and
+    # what it imports (gettext, locale) cost a hit several milliseconds.
+    import subprocess
+    import sys
+
+    modules = [
+        "neffcache.client.cli",
+        "neffcache.client.wrapper",
+        "neffcache.client.session",
+        "neffcache.client.remote",
+        "neffcache.client.telemetry",
+        "neffcache.client.runlog",
+    ]
+    probe = f"import sys, {', '.join(modules)}; print('argparse' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

@@ -11,9 +11,11 @@ classes (they receive this module's types at registration: ``_server.py``).
 
 from __future__ import annotations
 
-import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the wrapper's fast path imports this module, never argparse
+    import argparse
 
 # The ``server`` extra's top-level modules (pyproject.toml). The client never imports
 # them (tests/test_structure.py), so one of these missing can only be a server command
