@@ -23,12 +23,11 @@ from client.e2e_harness import (
     canonical_key,
     reference_neff,
 )
-from client.unit_support import delta, digest, no_server_down
+from client.unit_support import delta, digest, no_server_down, open_remote
 from loopback import InThread
 
 from neffcache.client import remote as remote_module
-from neffcache.client.config import ClientConfig
-from neffcache.client.remote import TELEMETRY, Remote
+from neffcache.client.remote import TELEMETRY
 from neffcache.client.stats import STATS
 
 Answer = Callable[[str, str], tuple[int, bytes]]  # (method, path) -> (status, body)
@@ -82,23 +81,6 @@ def scripted(answer: Answer) -> Iterator[Scripted]:
         server.close()
 
 
-@contextlib.contextmanager
-def remote_for(url: str, local_dir: Path) -> Iterator[Remote]:
-    env = {
-        "NEFFCACHE_URL": f"neffcache+{url}/team-a",
-        "NEFFCACHE_LOCAL_DIR": str(local_dir),
-        "NEFFCACHE_TIMEOUT": "5",
-        "NEFFCACHE_CONNECT_TIMEOUT": "1",
-    }
-    config = ClientConfig.from_env(env)
-    assert config is not None
-    remote = Remote(config)
-    try:
-        yield remote
-    finally:
-        remote.close()
-
-
 @pytest.fixture(autouse=True)
 def _fresh_process_state(monkeypatch: pytest.MonkeyPatch) -> None:
     no_server_down(monkeypatch)
@@ -111,7 +93,7 @@ def test_whole_wrong_bytes_are_reported_once(tmp_path: Path) -> None:
     mismatch = ("POST", f"/v1/blobs/{wanted}/mismatch")
     with (
         scripted(lambda method, path: (202, b"{}") if method == "POST" else (200, served)) as srv,
-        remote_for(srv.url, tmp_path) as remote,
+        open_remote(srv.url, tmp_path, timeout=5) as remote,
     ):
         assert not remote.fetch(wanted, len(served), tmp_path / "a")
         assert not remote.fetch(wanted, len(served), tmp_path / "b")  # a miss again
@@ -127,7 +109,7 @@ def test_a_failed_report_changes_nothing_but_telemetry(tmp_path: Path) -> None:
     before = STATS.snapshot()
     with (
         scripted(lambda method, path: (503, b"{}") if method == "POST" else (200, served)) as srv,
-        remote_for(srv.url, tmp_path) as remote,
+        open_remote(srv.url, tmp_path, timeout=5) as remote,
     ):
         assert not remote.fetch(wanted, len(served), tmp_path / "a")
         assert remote.available()  # the cache is still used

@@ -45,20 +45,23 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import blake3
 
 from neffcache.server.blobs import BlobStore
-from neffcache.server.deps import Backends
 from neffcache.server.errors import StoreError
-from neffcache.server.index import Index, Lease, Record
+from neffcache.server.index import Index, Record
 from neffcache.server.metrics import Metrics
 from neffcache.server.settings import ServerSettings
+from neffcache.server.system_lease import SYSTEM, hold
 from neffcache.server.verified import VerifiedMemo
+
+if TYPE_CHECKING:  # deps.py is the HTTP layer: the scrub runs without it
+    from neffcache.server.deps import Backends
 
 log = logging.getLogger("neffcache.server.scrub")
 
-SYSTEM = "_system"  # not a valid namespace name: no client can take this lease
 LEASE = "scrubber"
 RECORD = ("scrub", "", "pass")  # kind, namespace, name
 LEASE_TTL = 120.0  # seconds; renewed every third of it while a pass runs
@@ -292,12 +295,7 @@ class Scrub:
     def _lead(self) -> bool:
         """Hold (take or renew) the scrubber lease; False while another replica does."""
         now = self._clock()
-        expires = now + LEASE_TTL
-        if self.index.renew_lease(SYSTEM, LEASE, self._lease_id, expires):
-            self._renewed = now
-            return True
-        mine = Lease(SYSTEM, LEASE, self._lease_id, self.actor, now, expires)
-        if self.index.acquire_lease(mine).lease_id != self._lease_id:
+        if not hold(self.index, LEASE, self._lease_id, self.actor, now, LEASE_TTL):
             return False
         self._renewed = now
         return True

@@ -24,12 +24,12 @@ from neffcache.server.access import AccessLog
 from neffcache.server.errors import StoreError
 from neffcache.server.eviction.evictor import Applied, Collected, Evictor
 from neffcache.server.eviction.plan import Plan
-from neffcache.server.index import Index, Lease
+from neffcache.server.index import Index
 from neffcache.server.settings import ServerSettings
+from neffcache.server.system_lease import SYSTEM, hold
 
 log = logging.getLogger("neffcache.server.eviction")
 
-SYSTEM = "_system"  # not a valid namespace name: no client can take this lease
 LEADER = "evictor"
 
 
@@ -152,12 +152,8 @@ class Maintenance:
 
     def lead(self) -> bool:
         """Hold (take or renew) the evictor lease; False while another replica does."""
-        now = time.time()
         ttl = max(5.0, 3 * self._tick())
-        if self.index.renew_lease(SYSTEM, LEADER, self._lease_id, now + ttl):
-            return True
-        mine = Lease(SYSTEM, LEADER, self._lease_id, self.actor, now, now + ttl)
-        return self.index.acquire_lease(mine).lease_id == self._lease_id
+        return hold(self.index, LEADER, self._lease_id, self.actor, time.time(), ttl)
 
     def trim_events(self) -> None:
         """Drop telemetry events past their retention. Appends trim too; this pass
