@@ -1,10 +1,49 @@
-"""What the whole suite shares: a line in the summary when the Redis suites ran against
-fakeredis rather than a real ``redis-server`` (loopback.py says when)."""
+"""What the whole suite shares: the services tests start (support/services.py), the
+``--backend`` option and the shared ``stores`` and ``any_index`` fixtures
+(support/backends.py), the ``e2e`` mark on the folders of end-to-end tests and on
+every test that asks for a service (docs/development.md), and a line in the summary
+when the Redis suites ran against fakeredis rather than a real ``redis-server``
+(loopback.py says when)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from loopback import uses_fakeredis
+from support import backends
+from support.backends import any_index, s3_client, stores
+from support.services import redis_server, s3_bucket, s3_endpoint, unused_port
+
+TESTS = Path(__file__).resolve().parent
+
+__all__ = [
+    "any_index",
+    "redis_server",
+    "s3_bucket",
+    "s3_client",
+    "s3_endpoint",
+    "stores",
+    "unused_port",
+]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    backends.add_option(parser)
+
+
+# Folders whose every test starts a process: a ``neffcache serve`` with short leases and
+# hooks playing hosts (leases), two replicas over Redis and S3 (scaleout), the stand-in
+# training and serving scripts (standins_test).
+E2E_DIRS = ("leases", "scaleout", "standins_test")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if TESTS in item.path.parents and item.path.relative_to(TESTS).parts[0] in E2E_DIRS:
+            item.add_marker(pytest.mark.e2e)
+    backends.mark_service_users(items)
+    backends.deselect_unchosen(config, items)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

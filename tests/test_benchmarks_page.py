@@ -49,8 +49,9 @@ def _rows() -> list[dict[str, str]]:
     rows = []
     for line in PAGE.read_text().splitlines():
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
-        if len(cells) == 9 and cells[0] in {b.name for b in run_all.BENCHES}:
+        if len(cells) == 10 and cells[0] in {b.name for b in run_all.BENCHES}:
             keys = ("bench", "figure", "value", "peer", "peer_value", "unit", "ratio", "vs", "goal")
+            keys += ("notes",)
             rows.append(dict(zip(keys, cells, strict=True)))
     return rows
 

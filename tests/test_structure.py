@@ -4,6 +4,7 @@ source roots, imports that only point the allowed way, and complete public APIs.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import re
 import subprocess
@@ -20,6 +21,9 @@ PACKAGES = ("keying", "client", "server")
 # What keying may import besides the standard library and itself: the two
 # dependencies every Neuron training image already has.
 KEYING_THIRD_PARTY = ("blake3", "google.protobuf")
+# The wire protocol, shared by every side: it ships in keying's source root (so in the
+# base install) and imports only the standard library.
+PROTOCOL = "neffcache.protocol"
 # The client goes into training images that pin their own stacks.
 CLIENT_FORBIDDEN = (
     "neffcache.server",
@@ -51,8 +55,13 @@ def module_name(path: Path, package: str) -> str:
 
 def imported_modules(source: str, module: str, *, is_package: bool) -> set[str]:
     """Absolute names of every module ``source`` imports, at any depth in the file."""
+    return imported_by(ast.parse(source), module, is_package=is_package)
+
+
+def imported_by(tree: ast.AST, module: str, *, is_package: bool) -> set[str]:
+    """``imported_modules`` of a parsed tree (or of a part of one)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -127,13 +136,37 @@ def test_import_resolution_helper() -> None:
     assert "neffcache.client.cli._cmd" in package_init
 
 
-def test_keying_imports_only_stdlib_blake3_protobuf_and_itself() -> None:
-    allowed = ("neffcache.keying", *KEYING_THIRD_PARTY)
+def test_keying_imports_only_stdlib_blake3_protobuf_protocol_and_itself() -> None:
+    allowed = ("neffcache.keying", PROTOCOL, *KEYING_THIRD_PARTY)
     bad = {
         module: sorted(name for name in names if not (is_stdlib(name) or within(name, allowed)))
         for module, names in imports_of("keying").items()
+        if not within(module, (PROTOCOL,))
     }
     assert {module: names for module, names in bad.items() if names} == {}
+
+
+def test_protocol_imports_only_stdlib_and_itself() -> None:
+    # The client imports it in every training process, and the server's pydantic
+    # models are checked against it: nothing it imports may need an install.
+    found = {m: n for m, n in imports_of("keying").items() if within(m, (PROTOCOL,))}
+    assert "neffcache.protocol.manifest" in found  # the scan sees the package
+    bad = {
+        module: sorted(name for name in names if not (is_stdlib(name) or within(name, (PROTOCOL,))))
+        for module, names in found.items()
+    }
+    assert {module: names for module, names in bad.items() if names} == {}
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_side_may_import_the_protocol(package: str) -> None:
+    # Not vacuous: each side's scan does see its use of the shared protocol.
+    assert any(
+        within(name, (PROTOCOL,))
+        for module, names in imports_of(package).items()
+        if not within(module, (PROTOCOL,))
+        for name in names
+    )
 
 
 def test_client_imports_no_server_stack() -> None:
@@ -147,7 +180,7 @@ def test_client_imports_no_server_stack() -> None:
 def test_client_imports_only_stdlib_keying_blake3_and_itself() -> None:
     # The .pth hook runs in every Python process of a training image: nothing it can
     # reach may add a dependency beyond what the base install brings.
-    allowed = ("neffcache.client", "neffcache.keying", "blake3")
+    allowed = ("neffcache.client", "neffcache.keying", PROTOCOL, "blake3")
     bad = {
         module: sorted(name for name in names if not (is_stdlib(name) or within(name, allowed)))
         for module, names in imports_of("client").items()
@@ -347,3 +380,243 @@ def test_every_cited_sdk_section_is_a_heading_of_the_page() -> None:
         if anchor not in anchors
     ]
     assert found == [], f"no such heading in {SDK_PAGE}:\n" + "\n".join(found)
+
+
+# --- (7) layers: the HTTP layer above the services ------------------------------------
+
+# The HTTP layer: the only modules that may import FastAPI, Starlette or the dependency
+# module (deps.py). Everything else in the server (the services, the stores, the
+# background workers, the CLI, fsck) runs without them (docs/architecture.md#layers).
+HTTP_LAYER = (
+    "neffcache.server.api",  # the routes
+    "neffcache.server.app",  # the FastAPI application and its error handlers
+    "neffcache.server.deps",  # the routes' dependencies: the Services and the caller
+    "neffcache.server.fastpath",  # ASGI middleware answering the two hottest GETs
+    "neffcache.server.connections",  # uvicorn's HTTP protocol with connection limits
+    "neffcache.server.serving",  # binds the socket and runs uvicorn
+)
+HTTP_STACK = ("fastapi", "starlette", "neffcache.server.deps")
+# What starts the server sits above the HTTP layer and may import it (never the HTTP
+# stack itself): `neffcache serve` builds the app, and the package's lazy create_app.
+ENTRY_POINTS = {"neffcache.server", "neffcache.server.cli"}
+
+
+def is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def import_nodes(body: list[ast.stmt], *, deferred: bool) -> list[ast.Import | ast.ImportFrom]:
+    """The imports a module runs: those at module level (inside ``if``, ``try``,
+    ``with`` and class bodies too), never those under ``if TYPE_CHECKING``; with
+    ``deferred``, also those inside functions, which run when the function does."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        elif isinstance(node, ast.If):
+            if not is_type_checking(node.test):
+                found += import_nodes(node.body + node.orelse, deferred=deferred)
+        elif isinstance(node, ast.Try):
+            handlers = [stmt for handler in node.handlers for stmt in handler.body]
+            parts = node.body + handlers + node.orelse + node.finalbody
+            found += import_nodes(parts, deferred=deferred)
+        elif isinstance(node, (ast.With, ast.ClassDef)) or (
+            deferred and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        ):
+            found += import_nodes(node.body, deferred=deferred)
+    return found
+
+
+@functools.cache
+def runtime_imports(
+    source: str, module: str, *, is_package: bool, deferred: bool
+) -> frozenset[str]:
+    """``imported_modules`` of the imports a module runs (``import_nodes``); cached,
+    since the layer and cycle checks read every module more than once."""
+    nodes = import_nodes(ast.parse(source).body, deferred=deferred)
+    return frozenset(
+        imported_by(ast.Module(body=list(nodes), type_ignores=[]), module, is_package=is_package)
+    )
+
+
+def sources_of(package: str) -> dict[str, tuple[str, bool]]:
+    return {
+        module_name(path, package): (path.read_text(encoding="utf-8"), path.name == "__init__.py")
+        for path in source_files(package)
+    }
+
+
+def layer_violations(sources: dict[str, tuple[str, bool]]) -> dict[str, list[str]]:
+    bad = {}
+    for module, (source, is_package) in sources.items():
+        if within(module, HTTP_LAYER):
+            continue
+        above = HTTP_STACK if module in ENTRY_POINTS else (*HTTP_STACK, *HTTP_LAYER)
+        names = runtime_imports(source, module, is_package=is_package, deferred=True)
+        found = sorted(name for name in names if within(name, above))
+        if found:
+            bad[module] = found
+    return bad
+
+
+def test_only_the_http_layer_imports_fastapi_starlette_deps_or_the_http_layer() -> None:
+    assert layer_violations(sources_of("server")) == {}
+
+
+def test_layer_rule_would_catch_a_service_importing_the_http_stack() -> None:
+    planted = {
+        "neffcache.server.lookup": ("from neffcache.server.deps import Backends\n", False),
+        "neffcache.server.scrub": (
+            "def f():\n    from starlette.responses import Response\n",
+            False,
+        ),
+        "neffcache.server.reports": ("if TYPE_CHECKING:\n    import fastapi\n", True),
+        "neffcache.server.api.entries": ("from fastapi import APIRouter\n", False),
+        "neffcache.server.services.leases": (
+            "from neffcache.server.api.entries import stamped\n",
+            False,
+        ),
+        "neffcache.server.cli": ("def serve():\n    from .app import create_app\n", False),
+    }
+    assert layer_violations(planted) == {
+        "neffcache.server.lookup": ["neffcache.server.deps", "neffcache.server.deps.Backends"],
+        "neffcache.server.scrub": ["starlette.responses", "starlette.responses.Response"],
+        "neffcache.server.services.leases": [
+            "neffcache.server.api.entries",
+            "neffcache.server.api.entries.stamped",
+        ],
+    }
+
+
+def test_the_http_layer_is_where_the_http_stack_is_imported() -> None:
+    # Not vacuous: each listed module exists, and the layer does import FastAPI.
+    server = sources_of("server")
+    for layer in HTTP_LAYER:
+        assert any(within(module, (layer,)) for module in server), layer
+    assert any(
+        within(name, ("fastapi",))
+        for module, (source, is_package) in server.items()
+        if within(module, HTTP_LAYER)
+        for name in runtime_imports(source, module, is_package=is_package, deferred=False)
+    )
+
+
+# --- (8) no import cycles -------------------------------------------------------------
+
+
+def import_graph(sources: dict[str, tuple[str, bool]], *, deferred: bool) -> dict[str, set[str]]:
+    """Each module's edges to the modules of ``sources`` it imports. An edge to one of
+    its own enclosing packages is left out: Python imports those before the module,
+    so they can never wait on it."""
+    graph: dict[str, set[str]] = {}
+    for module, (source, is_package) in sources.items():
+        names = runtime_imports(source, module, is_package=is_package, deferred=deferred)
+        graph[module] = {
+            name
+            for name in names
+            if name in sources and name != module and not module.startswith(name + ".")
+        }
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's, with an
+    explicit stack), each sorted, sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            step = next(edges, None)
+            if step is not None:
+                if step not in index:
+                    index[step] = low[step] = len(index)
+                    stack.append(step)
+                    on_stack.add(step)
+                    work.append((step, iter(sorted(graph[step]))))
+                elif step in on_stack:
+                    low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def closing_edges(sources: dict[str, tuple[str, bool]]) -> list[str]:
+    """Module-level imports that close a cycle through any imports, function-level ones
+    included: such a cycle still runs one module while the other is half-initialised,
+    whenever the function runs during the import (or a later edit moves it up)."""
+    eager = import_graph(sources, deferred=False)
+    every = import_graph(sources, deferred=True)
+    found = []
+    for module in sorted(eager):
+        for target in sorted(eager[module]):
+            seen, todo = {target}, [target]
+            while todo:
+                for nxt in every[todo.pop()] - seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+            if module in seen:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def all_sources() -> dict[str, tuple[str, bool]]:
+    return {module: found for package in PACKAGES for module, found in sources_of(package).items()}
+
+
+def test_no_import_cycles() -> None:
+    # Module-level imports only (TYPE_CHECKING ones excluded), in all three roots.
+    assert cycles(import_graph(all_sources(), deferred=False)) == []
+
+
+@pytest.mark.parametrize("package", ["keying", "server"])
+def test_no_module_level_import_closes_a_cycle(package: str) -> None:
+    # Stricter where it holds: keying and the server have no cycle even through
+    # function-level imports (the client defers imports on purpose, for the hook's
+    # import time, and some of its deferred imports point back).
+    assert closing_edges(sources_of(package)) == []
+
+
+def test_a_planted_cycle_would_be_caught() -> None:
+    planted = {
+        "neffcache.server.a": ("from neffcache.server import b\n", False),
+        "neffcache.server.b": ("from .c import x\n", False),
+        "neffcache.server.c": ("import neffcache.server.a\n", False),
+        "neffcache.server.d": ("def f():\n    from . import e\n", False),
+        "neffcache.server.e": ("from neffcache.server import d\n", False),
+        "neffcache.server.f": ("if TYPE_CHECKING:\n    from . import g\n", False),
+        "neffcache.server.g": ("from neffcache.server import f\n", False),
+        # A package's modules import it first: never a cycle.
+        "neffcache.server": ("def create():\n    from .a import y\n", True),
+    }
+    eager = import_graph(planted, deferred=False)
+    assert cycles(eager) == [["neffcache.server.a", "neffcache.server.b", "neffcache.server.c"]]
+    assert closing_edges(planted) == [
+        "neffcache.server.a -> neffcache.server.b",
+        "neffcache.server.b -> neffcache.server.c",
+        "neffcache.server.c -> neffcache.server.a",
+        "neffcache.server.e -> neffcache.server.d",
+    ]

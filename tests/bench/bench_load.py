@@ -82,6 +82,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import bench_server as peers  # nginx, process and CPU helpers
+import pinning
 from loopback import redis_ready
 from results import record
 from scaleout.replicas import Replica, create_token, running_replicas
@@ -534,13 +535,17 @@ def replicas_run(
     and each entry's document as served (for nginx's files)."""
     print(f"{name}: starting 2 replicas (index {index_url}, blobs {blob_url})", flush=True)
     settings = {"NEFFCACHE_BOOTSTRAP_ADMIN_TOKEN": ADMIN}
-    with running_replicas(
-        tmp / f"replicas-{name}",
-        index_url=index_url,
-        blob_url=blob_url,
-        settings=settings,
-        env=env,
-    ) as replicas:
+    with contextlib.ExitStack() as stack:
+        with pinning.on(args.server_core):
+            replicas = stack.enter_context(
+                running_replicas(
+                    tmp / f"replicas-{name}",
+                    index_url=index_url,
+                    blob_url=blob_url,
+                    settings=settings,
+                    env=env,
+                )
+            )
         tokens = [
             create_token(replicas[0], ADMIN, "write", [NAMESPACE], f"load client {i}")[1]
             for i in range(args.processes)
@@ -588,7 +593,9 @@ def nginx_run(
         path.chmod(0o755 if path.is_dir() else 0o644)  # nginx's workers may run as nobody
     probe = f"/v1/ns/{NAMESPACE}/entries/{hits[0][0]}"
     print("nginx: serving the same files", flush=True)
-    with peers.nginx_server(tmp, www, probe) as nginx:
+    with contextlib.ExitStack() as stack:
+        with pinning.on(args.server_core):
+            nginx = stack.enter_context(peers.nginx_server(tmp, www, probe))
         warm([nginx.url], "", hits)
         weights = {"hit": MIX["hit"], "miss": MIX["miss"]}
         result = drive("nginx", [nginx.url], [""], hits, weights, args, nginx.pids())
@@ -713,6 +720,12 @@ def machine() -> str:
 
 def run(args: argparse.Namespace) -> int:
     print(machine())
+    cores = pinning.choose(args.pin)
+    print(cores.describe() if cores else "not pinned: servers and clients share every core")
+    args.server_core = cores.server if cores else None
+    # The client processes start from here: on the client core. Every server (the
+    # replicas with Redis and moto beside them, or nginx) starts on the server core.
+    pinning.stay_on(cores.client if cores else None)
     print(
         f"{args.clients} clients in {args.processes} process(es), {args.seconds} s per "
         f"configuration, {args.entries} entries, mix {MIX}",
@@ -726,10 +739,12 @@ def run(args: argparse.Namespace) -> int:
         tmp = Path(tempfile.mkdtemp(prefix="neffcache-load-"))
         stack.callback(shutil.rmtree, tmp, ignore_errors=True)
         tmp.chmod(0o755)
-        redis = stack.enter_context(redis_service(tmp))
+        with pinning.on(args.server_core):
+            redis = stack.enter_context(redis_service(tmp))
         configs = []
         if "redis+s3" in args.only:
-            moto = stack.enter_context(moto_service(tmp))
+            with pinning.on(args.server_core):
+                moto = stack.enter_context(moto_service(tmp))
             env = {**AWS_ENV, "AWS_ENDPOINT_URL_S3": moto.url}
             configs.append(
                 ("redis+s3", fresh_database(redis, 1), fresh_bucket(moto), env, [redis, moto])
@@ -769,6 +784,12 @@ def main() -> None:
         choices=("redis+s3", "redis+fs"),
         default=["redis+s3", "redis+fs"],
         help="replica configurations to run (nginx always runs)",
+    )
+    parser.add_argument(
+        "--pin",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="every server on one core, the clients on another (auto: when two are usable)",
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one client process
     args = parser.parse_args()

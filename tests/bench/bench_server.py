@@ -1,43 +1,54 @@
-"""Server benchmark: ``neffcache serve`` against nginx serving the same bytes, in the same run.
+"""Server benchmark, per core: ``neffcache serve`` against nginx serving the same bytes.
 
-    apt-get install wrk   # optional: without it, Python worker processes are the client
-    python tests/bench/bench_server.py [--quick] [--client auto|wrk|python]
+    apt-get install wrk   # the load generator (without it: Python worker processes)
+    python tests/bench/bench_server.py [--quick] [--client auto|wrk|python] [--pin auto|on|off]
 
 Both servers run on 127.0.0.1 on random free ports, from one temporary directory that
 is removed at the end, also on Ctrl-C or an error; both processes are stopped then (and
 killed by the kernel if this script dies first). ``neffcache serve`` runs on its
 embedded defaults (file blobs and a SQLite index under the data dir) as it ships: one
-uvicorn process (uvloop, httptools), access log off (its default). nginx runs from a generated
-minimal config with ``worker_processes 1``: the neffcache server is one process with
-one event loop, so one nginx worker is the like-for-like peer, and it leaves the other
-cores to the client (the core count is printed; on a small machine the client's share
-matters). Also ``sendfile on``, ``access_log off``, and ``keepalive_requests`` raised so
-that, like uvicorn, nginx never closes a busy keep-alive connection. Every test blob is
-uploaded with ``PUT /v1/blobs/{digest}`` and the same bytes are written as files to
-nginx's root; each is read once from both before timing, so both serve from the page
-cache.
+uvicorn process (uvloop, httptools), access log off (its default), plus
+``accel_redirect_prefix``, which changes only the answer to requests the nginx front
+marks. nginx runs from a generated minimal config with ``worker_processes 1``: the
+neffcache server is one process with one event loop, so one nginx worker is the
+like-for-like peer. Also ``sendfile on``, ``access_log off``, and
+``keepalive_requests`` raised so that, like uvicorn, nginx never closes a busy
+keep-alive connection. Every test blob is uploaded with ``PUT /v1/blobs/{digest}`` and
+the same bytes are written as files to nginx's root; each is read once from both
+before timing, so both serve from the page cache.
 
-Each GET figure is measured against both servers with the same client code, nginx
-first, in three alternating rounds; the median round's pair is the figure:
-``wrk`` (Debian's package) when installed, else worker processes of this script running
-httpx clients in threads. Throughput counts every byte received during a fixed duration
-(wrk counts header bytes too, the Python client only bodies), so a large response still
-in flight at the deadline counts for what arrived. Server and client CPU (in cores
-busy) are printed beside each run, and a run where the client or the whole machine was
-saturated is flagged: then the server's figure is a floor, not its capacity.
+**Per core** (``--pin``, on by default with two usable cores): every server runs on one
+core and the client on another, the same cores for both servers, so each ratio
+compares what one core of each does and holds from one machine to the next (on a
+shared 2-core machine the same code once measured 0.80x and 0.37x nginx in two quiet
+runs). wrk then runs one thread. Each GET figure is measured against both servers
+with the same client code, nginx first, in 5 alternating rounds; the median round's
+pair is the figure, and the lowest and highest ratios are its spread: ``wrk``
+(Debian's package) when installed, else worker processes of this script running
+httpx clients in threads (on one core, that client is the bottleneck: use wrk).
+Throughput counts every byte received during a fixed duration (wrk counts header
+bytes too, the Python client only bodies), so a large response still in flight at the
+deadline counts for what arrived. Server and client CPU (in cores busy) are printed
+beside each run, and a run where the client's core was full, or (pinned) the server's
+was not, is flagged: then the ratio is a bound, not the server's capacity.
 
 1. GET throughput of a 1 MiB blob with 1 and with 16 connections. Goal with 16:
-   >= 0.5x nginx.
+   >= 0.7x nginx.
 2. GET throughput of a 256 MiB blob with 1 and with 16 connections. Goal: >= 0.9x nginx.
 3. Entry lookup: requests/s of ``GET /v1/ns/bench/entries/{key}`` (one published
    manifest, a small JSON) against nginx's requests/s for a 4 KiB file, 16 connections.
-   Goal: >= 0.15x.
-4. PUT throughput of 256 MiB (distinct blobs, so each is stored: 201; the server fsyncs
+   Goal: >= 0.2x.
+4. Through the nginx front (``deploy/nginx/nginx.conf``, one worker, its ports and
+   paths filled in) with the neffcache server behind it, both on the server core:
+   GET of the 1 MiB and the 256 MiB blob, 16 connections, against nginx serving the
+   files directly on that core. The server answers a verified blob with
+   ``X-Accel-Redirect`` and nginx sends the file. Goal: >= 0.95x.
+5. PUT throughput of 256 MiB (distinct blobs, so each is stored: 201; the server fsyncs
    a blob before it answers). nginx serves static files and cannot accept PUT without a
    module, so the peer is nginx's GET of the same size, both timed with the same plain
    socket client (one connection, 1 MiB sends and receives; httpx would be the
    bottleneck); the output says so. No goal.
-5. Peak RSS of the server process during 8 concurrent 1 GiB uploads, each body a stream
+6. Peak RSS of the server process during 8 concurrent 1 GiB uploads, each body a stream
    of 1 MiB chunks of a fixed pattern (never the whole body in memory) whose digest is
    hashed beforehand from the same stream. VmHWM is reset (``clear_refs``) before and
    read after, and VmRSS is sampled every 20 ms; the larger is reported. Goal: < 150 MiB.
@@ -80,6 +91,8 @@ import blake3
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pinning
+from pinning import Cores
 from results import record
 
 MiB = 2**20
@@ -102,7 +115,7 @@ class Plan:
     upload_bytes: int  # size of each
 
 
-FULL = Plan(5, 256 * MiB, 8, 5, 3, 3, 8, 1024 * MiB)
+FULL = Plan(5, 256 * MiB, 8, 5, 3, 5, 8, 1024 * MiB)
 QUICK = Plan(2, 32 * MiB, 2, 2, 2, 1, 8, 64 * MiB)
 
 
@@ -163,6 +176,7 @@ class Service:
         self.url = f"http://127.0.0.1:{port}"
         self.process = process
         self.log = log
+        self.also: list[Service] = []  # processes serving with it (the front's upstream)
 
     @property
     def pid(self) -> int:
@@ -172,7 +186,7 @@ class Service:
         return [self.pid, *children(self.pid)]
 
     def cpu(self) -> float:
-        return cpu_seconds(self.pids())
+        return cpu_seconds(self.pids()) + sum(other.cpu() for other in self.also)
 
     def wait_ready(self, path: str) -> None:
         deadline = time.monotonic() + 30
@@ -214,10 +228,11 @@ class Service:
                 os.kill(pid, signal.SIGKILL)
 
 
-def spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+def spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     with open(log, "ab") as out:
         return subprocess.Popen(
             argv,
+            env=env,
             stdin=subprocess.DEVNULL,
             # Off by default; were it on, uvicorn would log requests to stdout.
             stdout=subprocess.DEVNULL,
@@ -227,13 +242,20 @@ def spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
         )
 
 
+ACCEL_PREFIX = "/_neffcache"
+
+
 @contextlib.contextmanager
 def neffcache_server(tmp: Path) -> Iterator[Service]:
+    """The server on its embedded defaults, plus ``accel_redirect_prefix``: that changes
+    only the answer to a request the nginx front marks (``X-Neffcache-Accel``), so the
+    direct figures are the server as it ships and the front's figures use the same one."""
     port = free_port()
     data = tmp / "neffcache-data"
     log = tmp / "neffcache.log"
     argv = [*NEFFCACHE, "serve", "--port", str(port), "--data-dir", str(data)]
-    service = Service("neffcache", port, spawn(argv, log), log)
+    env = {**os.environ, "NEFFCACHE_ACCEL_REDIRECT_PREFIX": ACCEL_PREFIX}
+    service = Service("neffcache", port, spawn(argv, log, env), log)
     try:
         service.wait_ready("/healthz")
         yield service
@@ -286,6 +308,43 @@ def nginx_server(tmp: Path, root: Path, probe: str) -> Iterator[Service]:
         service.stop()
 
 
+FRONT_CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "nginx" / "nginx.conf"
+# What the shipped front configuration says, and what is put in its place here.
+FRONT_FILL = {
+    "/tmp/": "{tmp}/",  # first: the paths put in may hold /tmp/
+    "worker_processes auto;": "worker_processes 1;",
+    "listen 8080;": "listen 127.0.0.1:{port};",
+    "server 127.0.0.1:8787;": "server 127.0.0.1:{upstream};",
+    "/var/lib/neffcache/store/": "{store}/",
+}
+
+
+@contextlib.contextmanager
+def nginx_front(tmp: Path, neff: Service, store: Path) -> Iterator[Service]:
+    """deploy/nginx/nginx.conf in front of ``neff``, one worker (the per-core peer of
+    one nginx), its ports and paths filled in: nginx sends the blobs' files itself."""
+    port, home = free_port(), tmp / "front"
+    home.mkdir()
+    config = FRONT_CONFIG.read_text()
+    values = {"tmp": home, "port": port, "upstream": neff.url.rsplit(":", 1)[1], "store": store}
+    for token, value in FRONT_FILL.items():
+        if token not in config:
+            raise RuntimeError(f"deploy/nginx/nginx.conf no longer says {token!r}")
+        config = config.replace(token, value.format(**values))
+    conf = home / "nginx.conf"
+    conf.write_text(config)
+    log = home / "nginx.log"
+    directives = "daemon off;" + (" user root;" if os.geteuid() == 0 else "")  # 0600 blobs
+    argv = [NGINX, "-p", str(home), "-c", str(conf), "-e", str(log), "-g", directives]
+    service = Service("nginx front", port, spawn(argv, log), log)
+    service.also.append(neff)
+    try:
+        service.wait_ready("/healthz")
+        yield service
+    finally:
+        service.stop()
+
+
 # --- load clients -----------------------------------------------------------------------
 
 
@@ -301,6 +360,7 @@ class Run:
     p50_ms: float | None = None
     p99_ms: float | None = None
     peak_mib: float | None = None  # the neffcache process's peak RSS during the run
+    pinned: bool = False  # server and client each held to one core
 
     @property
     def mib_s(self) -> float:
@@ -312,10 +372,19 @@ class Run:
 
     def limit(self) -> str | None:
         """Why this run may say more about the client or the machine than the server."""
-        return limited(self.server_cpu, self.client_cpu, self.client_threads)
+        return limited(self.server_cpu, self.client_cpu, self.client_threads, self.pinned)
 
 
-def limited(server_cpu: float, client_cpu: float, client_threads: int) -> str | None:
+def limited(
+    server_cpu: float, client_cpu: float, client_threads: int, pinned: bool = False
+) -> str | None:
+    if pinned:
+        # Each side has one core: the server should be the one that is full.
+        if client_cpu >= 0.85:
+            return f"client-bound: {client_cpu:.2f} of its 1 core busy"
+        if server_cpu < 0.85:
+            return f"server core not full: {server_cpu:.2f} of 1 busy"
+        return None
     cores = os.cpu_count() or 1
     if client_cpu >= 0.85 * client_threads:
         return f"client-bound: {client_cpu:.2f} of its {client_threads} thread(s) busy"
@@ -337,8 +406,9 @@ end
 class Client:
     """Drives GET load against a URL for a fixed time; wrk or Python worker processes."""
 
-    def __init__(self, kind: str, tmp: Path) -> None:
+    def __init__(self, kind: str, tmp: Path, pinned: bool) -> None:
         self.kind = kind
+        self.pinned = pinned  # the caller already runs on the client's core
         self.script = tmp / "report.lua"
         self.script.write_text(WRK_SCRIPT)
 
@@ -350,10 +420,11 @@ class Client:
             run = self._python(service, path, connections, seconds)
         service.check_alive()
         run.peak_mib = service.peak_mib() if watch else None
+        run.pinned = self.pinned
         return run
 
     def _wrk(self, service: Service, path: str, connections: int, seconds: int) -> Run:
-        threads = min(connections, 2)
+        threads = 1 if self.pinned else min(connections, 2)
         argv = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--timeout", "300s"]
         server0, client0, wall0 = service.cpu(), children_cpu(), time.monotonic()
         done = subprocess.run(
@@ -375,7 +446,8 @@ class Client:
         )  # fmt: skip
 
     def _python(self, service: Service, path: str, connections: int, seconds: int) -> Run:
-        processes = max(1, min(connections, os.cpu_count() or 1))  # one GIL each
+        cores = 1 if self.pinned else os.cpu_count() or 1
+        processes = max(1, min(connections, cores))  # one GIL each
         start_at = time.time() + 2.0  # after every worker has imported httpx
         stop_at = start_at + seconds
         workers = []
@@ -612,7 +684,7 @@ def compare(
     rounds: int,
 ) -> Figure:
     """``rounds`` pairs of runs, nginx then neffcache each time; the figure is the
-    median pair's. Both servers share the machine with the client, so one run's ratio
+    median pair's, and the lowest and highest ratios are its spread. One run's ratio
     moves with whatever else the kernel did meanwhile; alternating and taking the
     median keeps a lucky or unlucky run from deciding a goal."""
     print(
@@ -634,10 +706,13 @@ def compare(
         pairs.append((ratio, nginx, neff))
     pairs.sort(key=lambda pair: pair[0])
     ratio, nginx, neff = pairs[len(pairs) // 2]
+    notes = []
     if rounds > 1:
+        _, low, high = pinning.median_and_spread([r for r, _, _ in pairs])
         spread = ", ".join(f"{r:.2f}" for r, _, _ in pairs)
         print(f"    MEDIAN of {rounds}: {ratio:.2f}x (all: {spread})", flush=True)
-    notes = caveats(nginx.limit(), neff.limit())
+        notes.append(f"median of {rounds} rounds, ratios {low:.2f}-{high:.2f}")
+    notes += caveats(nginx.limit(), neff.limit())
     for note in notes:
         print(f"    note: {note}", flush=True)
     return Figure(
@@ -652,7 +727,7 @@ def compare(
     )
 
 
-def versions(client_kind: str) -> list[str]:
+def versions(client_kind: str, cores: Cores | None) -> list[str]:
     def version(name: str) -> str:
         try:
             return importlib.metadata.version(name)
@@ -681,9 +756,14 @@ def versions(client_kind: str) -> list[str]:
     if client_kind == "wrk":
         wrk = subprocess.run(["wrk", "--version"], capture_output=True, text=True, check=False)
         name = (wrk.stdout + wrk.stderr).splitlines()[0].split(" Copyright")[0]
-        lines.append(f"client: {name}, 2 threads at most")
+        lines.append(f"client: {name}, {1 if cores else 2} thread(s) at most")
     else:
         lines.append(f"client: Python worker processes with httpx {version('httpx')} threads")
+    lines.append(
+        cores.describe()
+        if cores
+        else "not pinned: servers and client share every core (figures are whole-machine)"
+    )
     return lines
 
 
@@ -912,8 +992,8 @@ def rss_phase(plan: Plan, neff: Service) -> Figure:
     return Figure("peak RSS during uploads", "MiB", peak, None, goal, met, notes, peak)
 
 
-def run(plan: Plan, client_kind: str, quick: bool) -> None:
-    print("\n".join(versions(client_kind)))
+def run(plan: Plan, client_kind: str, quick: bool, cores: Cores | None) -> None:
+    print("\n".join(versions(client_kind, cores)))
     if quick:
         print("--quick: smaller sizes and shorter runs; not the goals' figures")
     started = time.monotonic()
@@ -928,10 +1008,15 @@ def run(plan: Plan, client_kind: str, quick: bool) -> None:
         big = os.urandom(plan.big)
         for name, data in (("small.bin", small), ("tiny.bin", tiny), ("big.bin", big)):
             (www / name).write_bytes(data)
-        neff = stack.enter_context(neffcache_server(tmp))
+        server_core = cores.server if cores else None
+        with pinning.on(server_core):
+            neff = stack.enter_context(neffcache_server(tmp))
         started_rss = status_kib(neff.pid, "VmRSS") / 1024
-        nginx = stack.enter_context(nginx_server(tmp, www, "/tiny.bin"))
-        client = Client(client_kind, tmp)
+        with pinning.on(server_core):
+            nginx = stack.enter_context(nginx_server(tmp, www, "/tiny.bin"))
+            front = stack.enter_context(nginx_front(tmp, neff, tmp / "neffcache-data"))
+        pinning.stay_on(cores.client if cores else None)
+        client = Client(client_kind, tmp, cores is not None)
         key = hexdigest(b"neffcache bench entry")
         with httpx.Client(timeout=600) as http:
             for data in (small, tiny, big):
@@ -947,11 +1032,14 @@ def run(plan: Plan, client_kind: str, quick: bool) -> None:
                 (neff, f"/v1/blobs/{hexdigest(small)}"),
                 (neff, f"/v1/blobs/{hexdigest(big)}"),
                 (neff, f"/v1/ns/{NAMESPACE}/entries/{key}"),
+                (front, f"/v1/blobs/{hexdigest(small)}"),  # verified, then sent by nginx
+                (front, f"/v1/blobs/{hexdigest(big)}"),
             ):
                 get_all(http, service.url + path)  # page cache warm, both sides
         print(
             f"servers: neffcache pid {neff.pid} at {neff.url} (data in {tmp}, RSS "
-            f"{started_rss:.1f} MiB at start), nginx pid {nginx.pid} at {nginx.url}\n",
+            f"{started_rss:.1f} MiB at start), nginx pid {nginx.pid} at {nginx.url}, "
+            f"nginx front (deploy/nginx/nginx.conf, 1 worker) pid {front.pid} at {front.url}\n",
             flush=True,
         )
         servers = (nginx, neff)
@@ -959,19 +1047,22 @@ def run(plan: Plan, client_kind: str, quick: bool) -> None:
         big_paths = ("/big.bin", f"/v1/blobs/{hexdigest(big)}")
         big_label = f"GET {size_text(plan.big)}"
         lookup_paths = ("/tiny.bin", f"/v1/ns/{NAMESPACE}/entries/{key}")
-        specs = [  # label, paths, connections, seconds, unit, goal
-            ("GET 1 MiB, 1 conn", small_paths, 1, plan.small_seconds, "MiB/s", None),
-            ("GET 1 MiB, 16 conn", small_paths, 16, plan.small_seconds, "MiB/s", 0.5),
-            (f"{big_label}, 1 conn", big_paths, 1, plan.big_seconds, "MiB/s", 0.9),
-            (f"{big_label}, 16 conn", big_paths, 16, plan.big_seconds, "MiB/s", 0.9),
-            ("entry lookup vs 4 KiB file, 16 conn", lookup_paths, 16, plan.lookup_seconds,
-             "req/s", 0.15),
+        fronted = (nginx, front)
+        specs = [  # label, servers, paths, connections, seconds, unit, goal
+            ("GET 1 MiB, 1 conn", servers, small_paths, 1, plan.small_seconds, "MiB/s", None),
+            ("GET 1 MiB, 16 conn", servers, small_paths, 16, plan.small_seconds, "MiB/s", 0.7),
+            (f"{big_label}, 1 conn", servers, big_paths, 1, plan.big_seconds, "MiB/s", 0.9),
+            (f"{big_label}, 16 conn", servers, big_paths, 16, plan.big_seconds, "MiB/s", 0.9),
+            ("entry lookup vs 4 KiB file, 16 conn", servers, lookup_paths, 16,
+             plan.lookup_seconds, "req/s", 0.2),
+            ("GET 1 MiB via nginx front, 16 conn", fronted, small_paths, 16,
+             plan.small_seconds, "MiB/s", 0.95),
+            (f"{big_label} via nginx front, 16 conn", fronted, big_paths, 16,
+             plan.big_seconds, "MiB/s", 0.95),
         ]  # fmt: skip
-        for label, paths, connections, seconds, unit, goal in specs:
+        for label, pair, paths, connections, seconds, unit, goal in specs:
             figures.append(
-                compare(
-                    client, servers, paths, connections, seconds, label, unit, goal, plan.rounds
-                )
+                compare(client, pair, paths, connections, seconds, label, unit, goal, plan.rounds)
             )
         figures.append(put_phase(plan, neff, nginx, big, tmp))
         del big
@@ -984,6 +1075,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, short runs")
     parser.add_argument("--client", choices=("auto", "wrk", "python"), default="auto")
+    parser.add_argument(
+        "--pin",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="servers on one core, the client on another (auto: when two are usable)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one client process
     args = parser.parse_args()
     if args.worker:
@@ -997,7 +1094,8 @@ def main() -> None:
         parser.error("wrk is not installed (apt-get install wrk), use --client python")
     if not Path(NGINX).exists():
         parser.error(f"{NGINX} is not installed")
-    until_interrupted(lambda: run(QUICK if args.quick else FULL, kind, args.quick))
+    cores = pinning.choose(args.pin)
+    until_interrupted(lambda: run(QUICK if args.quick else FULL, kind, args.quick, cores))
 
 
 def until_interrupted(work: Callable[[], int | None]) -> None:

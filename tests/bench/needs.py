@@ -3,7 +3,9 @@
 The keying and client benchmarks trace real programs with JAX (``pip install -e
 '.[dev,bench]'``): neffcache keys only inputs it can read, so any stand-in for a
 traced module would be refused or keyed differently, and measure something else.
-nginx and curl (the serving peers) are named by the scripts that use them.
+nginx and curl (the serving peers) and wrk (the load generator that fits on one core
+beside the server's: a Python client there would be the bottleneck) are named by the
+scripts that use them.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import sys
 INSTALL = "pip install -e '.[dev,bench]'"
 NEEDS = (
     "the benchmarks need JAX to trace the real programs they key and serve "
-    f"(`{INSTALL}`), nginx and curl for the serving peers, and redis-server for the "
-    "replicas' benchmarks"
+    f"(`{INSTALL}`), nginx and curl for the serving peers, wrk (Debian's package) to load "
+    "the servers from one core, and redis-server for the replicas' benchmarks"
 )
 
 

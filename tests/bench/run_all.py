@@ -65,7 +65,7 @@ BENCHES = (
     Bench("client", "bench_client.py", ("--quick",), needs=("nginx", "curl")),
     Bench("herd", "bench_herd.py", ("--quick",)),
     Bench("fleet", "bench_fleet.py", ("--quick",)),
-    Bench("server", "bench_server.py", ("--quick",), needs=("nginx",)),
+    Bench("server", "bench_server.py", ("--quick",), needs=("nginx", "wrk")),
     Bench("load", "bench_load.py", ("--quick",), needs=("nginx", "redis-server")),
 )
 
@@ -89,6 +89,31 @@ PACKAGES = (
     "boto3",
     "moto",
     "jax",
+)
+
+
+# How each kind of figure was taken, for the page; each benchmark's output says more.
+HOW = (
+    "- **Per core (server, client, load).** With two usable cores or more, every server "
+    "under test (neffcache, nginx, the nginx front with the neffcache server behind it, "
+    "the replicas with Redis and moto) runs on one core and the load generator on "
+    "another (`--pin`, as `taskset -c`): each side gets exactly one core, the same one "
+    "for neffcache and its peer, so a ratio holds from one machine to the next. A "
+    "server that shares cores with its client measures the scheduler as much as itself "
+    "(two quiet unpinned runs of the same code once gave 0.80x and 0.37x nginx).",
+    "- **Rounds.** The server's GET figures are alternating rounds (nginx, then "
+    "neffcache, 5 times, wrk with one thread): the figure is the median round's, and "
+    "the lowest and highest ratios of the rounds are its spread, in the table's notes "
+    "and in the output. The client's whole-process figures are medians of 21 "
+    "alternating runs (the floor, `cp`, the server hit, the L1 hit). The load "
+    "benchmark runs 60 s per configuration, once.",
+    "- **Flags.** A run where the client's core was full (the client, not the server, "
+    "set the pace), or, pinned, where the server's core was not full, is flagged in "
+    "its output and notes: its ratio is a bound, not a measurement of the server.",
+    "- **Stand-ins.** The compile times in *herd* and *fleet* are the stand-in "
+    "compiler's (`tests/standins/neuronx-cc`), not the real compiler's: those "
+    "benchmarks count compiles and measure waiting, which do not depend on what the "
+    "compiler does while it runs.",
 )
 
 
@@ -253,8 +278,8 @@ def cell(text: str) -> str:
 def figures_table(outcomes: Sequence[Outcome]) -> list[str]:
     lines = [
         "| benchmark | figure | neffcache | peer (same run) | peer's | unit | ratio "
-        "| vs peer | goal |",
-        "|---|---|---:|---|---:|---|---:|---|---|",
+        "| vs peer | goal | how, and caveats |",
+        "|---|---|---:|---|---:|---|---:|---|---|---|",
     ]
     for outcome in outcomes:
         for f in outcome.figures:
@@ -262,7 +287,7 @@ def figures_table(outcomes: Sequence[Outcome]) -> list[str]:
             lines.append(
                 f"| {outcome.bench.name} | {cell(f['figure'])} | {number(f['value'])} "
                 f"| {cell(f['peer'])} | {number(f['peer_value'])} | {cell(f['unit'])} "
-                f"| {ratio} | {compared(f)} | {cell(goal_met(f))} |"
+                f"| {ratio} | {compared(f)} | {cell(goal_met(f))} | {cell(f.get('note', ''))} |"
             )
     return lines
 
@@ -289,12 +314,9 @@ def page(outcomes: Sequence[Outcome], quick: bool, started: datetime.datetime) -
         "full output is below the table. Nothing here is a timed assertion: the test "
         "suite checks behaviour, these scripts measure it.",
         "",
-        "The machine is small (2 cores): the servers, the clients and the peers share "
-        "it, so the throughput figures are floors, and a figure's output says when a "
-        "run saturated the machine. The compile times in *herd* and *fleet* are the "
-        "stand-in compiler's (`tests/standins/neuronx-cc`), not the real compiler's: "
-        "those benchmarks count compiles and measure waiting, which do not depend on "
-        "what the compiler does while it runs.",
+        "How the figures were taken:",
+        "",
+        *HOW,
         "",
         f"What they need: {needs.NEEDS}.",
         "",

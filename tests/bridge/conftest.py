@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from loopback import InThread
-from server.conftest import s3_bucket, s3_endpoint, unused_port
+from support.bridge_server import Run, Server, StartServer
 
 from neffcache.server.app import create_app
 from neffcache.server.blobs import BlobStore
@@ -30,43 +28,6 @@ from neffcache.server.blobs.memory import MemoryBlobStore
 from neffcache.server.index import Index
 from neffcache.server.index.memory import MemoryIndex
 from neffcache.server.settings import ServerSettings
-
-__all__ = ["s3_bucket", "s3_endpoint", "unused_port"]  # fixtures shared with tests/server
-
-
-@dataclass
-class Server:
-    url: str
-    blobs: BlobStore
-    index: Index
-
-    def get(self, path: str, token: str | None = None) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.get(self.url + path, headers=headers, timeout=10, trust_env=False)
-
-    def entries(self, namespace: str) -> list[dict[str, Any]]:
-        """Every entry of a namespace, through the listing route, two per page."""
-        found: list[dict[str, Any]] = []
-        after = None
-        while True:
-            query = "?limit=2" + (f"&after={after}" if after else "")
-            response = self.get(f"/v1/ns/{namespace}/entries{query}")
-            assert response.status_code == 200, response.text
-            found += response.json()["entries"]
-            after = response.json()["next"]
-            if after is None:
-                return found
-
-    def alias(self, namespace: str, alias: str) -> dict[str, Any] | None:
-        response = self.get(f"/v1/ns/{namespace}/aliases/{alias}")
-        if response.status_code == 404:
-            return None
-        assert response.status_code == 200, response.text
-        found: dict[str, Any] = response.json()
-        return found
-
-
-StartServer = Callable[..., Server]
 
 
 @pytest.fixture
@@ -118,9 +79,6 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-
-
-Run = Callable[..., tuple[int, str, str]]
 
 
 @pytest.fixture

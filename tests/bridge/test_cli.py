@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from bridge.conftest import Run, Server, StartServer
 from bridge.layout import StockCache
+from support.bridge_server import Run, Server, StartServer
 
 from neffcache.server.bridge.report import Progress, Report
 
@@ -151,6 +151,7 @@ def test_without_the_server_extra_says_which_extra(
         )
 
 
+@pytest.mark.e2e
 def test_importing_the_cli_module_loads_nothing_heavy() -> None:
     code = (
         "import sys; import neffcache.server.bridge.cli; "

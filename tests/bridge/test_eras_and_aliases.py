@@ -1,26 +1,21 @@
 """Import and export across the three eras of the stock layout
 (docs/neuron-sdk.md#layout-eras), and an export that writes a folder for every stock
-address an entry has (issue 19, item 10)."""
+address an entry has."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from bridge.conftest import Run, Server, StartServer
 from bridge.layout import StockCache, counts, hlo
-from server.conftest import redis_server
+from support.bridge_server import Run, Server, StartServer
 
 from neffcache.keying import CompileContext, KeyInputs, StockEra, compute_key, fingerprint_hlo
 from neffcache.server.bridge.stock import State, classify
-from neffcache.server.index import Entry, Index, open_index
-from neffcache.server.index.memory import MemoryIndex
-
-__all__ = ["redis_server"]  # a fixture, for the index test over Redis
+from neffcache.server.index import Entry, Index
 
 OLD = "2.14.227.0+2d4f85be"  # the version public caches show in both of the first eras
 NEW = "2.16.372.0+4a9b2326"
@@ -262,18 +257,6 @@ def test_an_old_server_without_the_route_stops_the_export(
     )
     with pytest.raises(Unusable, match="upgrade it"):
         old.aliases("f" * 64)
-
-
-@pytest.fixture(params=["memory", "sqlite", "redis"])
-def any_index(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Index]:
-    if request.param == "memory":
-        index: Index = MemoryIndex()
-    elif request.param == "sqlite":
-        index = open_index(f"sqlite:///{tmp_path}/index.db")
-    else:
-        index = open_index(request.getfixturevalue("redis_server"))
-    yield index
-    index.close()
 
 
 def test_aliases_of_in_every_index(any_index: Index, request: pytest.FixtureRequest) -> None:

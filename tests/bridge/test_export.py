@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 import pytest
-from bridge.conftest import Run, Server
 from bridge.layout import V1, V2, StockCache, counts, digest, standard_cache
+from support.bridge_server import Run, Server
 
 from neffcache.server.bridge.exporter import Filters, export_entry
 from neffcache.server.bridge.remote import Refused, Remote

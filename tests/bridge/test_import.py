@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bridge.conftest import Run, Server, StartServer
 from bridge.layout import STANDARD_COUNTS, V1, StockCache, counts, digest, standard_cache
+from support.bridge_server import Run, Server, StartServer
 
 from neffcache.server.blobs.memory import MemoryBlobStore
 from neffcache.server.errors import StoreFull

@@ -258,7 +258,7 @@ def test_import_manifest_has_the_client_shape(tmp_path: Path) -> None:
     assert sorted(manifest["files"]) == sorted(placed.artifacts)
 
 
-# --- found in review ----------------------------------------------------------------------
+# --- listings of another shape ---------------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -9,65 +9,18 @@ test.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
 
 import pytest
 from loopback import InThread
-from server.conftest import unused_port
+from support.cli_server import TOKEN, Done, Recorder, Run, Server
 
 from neffcache.client.cli import main
 from neffcache.server.app import create_app
 from neffcache.server.blobs.memory import MemoryBlobStore
 from neffcache.server.index.memory import MemoryIndex
 from neffcache.server.settings import ServerSettings
-
-__all__ = ["unused_port"]  # shared with tests/server
-
-# The server's admin token for '*': with it in place, a request without a token is
-# refused, so a command that succeeds has sent the token it was given.
-TOKEN = "cli-tests-admin-secret-0123456789abcdef"
-
-
-class Request(NamedTuple):
-    method: str
-    target: str  # path and query
-    authorization: str | None
-
-
-@dataclass
-class Recorder:
-    """An ASGI app that notes each HTTP request before ``app`` answers it."""
-
-    app: Any
-    seen: list[Request] = field(default_factory=list)
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            headers = dict(scope["headers"])
-            query = scope["query_string"].decode()
-            auth = headers.get(b"authorization")
-            self.seen.append(
-                Request(
-                    scope["method"],
-                    scope["path"] + (f"?{query}" if query else ""),
-                    auth.decode() if auth else None,
-                )
-            )
-        await self.app(scope, receive, send)
-
-
-@dataclass
-class Server:
-    url: str
-    recorder: Recorder
-
-    def take(self) -> list[Request]:
-        """The requests since the last call."""
-        seen, self.recorder.seen = self.recorder.seen, []
-        return seen
 
 
 @pytest.fixture(scope="module")
@@ -83,15 +36,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield Server(url, recorder)
     blobs.close()
     index.close()
-
-
-class Done(NamedTuple):
-    code: int
-    out: str
-    err: str
-
-
-Run = Callable[..., Done]
 
 
 @pytest.fixture

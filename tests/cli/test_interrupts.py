@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from bridge.layout import StockCache
-from cli.conftest import TOKEN, Run, Server
+from support.cli_server import TOKEN, Run, Server
 
 from neffcache.client import prewarm
 from neffcache.server.bridge import exporter, importer

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from bridge.layout import StockCache
-from cli.conftest import Run
+from support.cli_server import Run
 
 from neffcache.client.cli import _common, main
 from neffcache.server import manifest
@@ -45,6 +45,7 @@ for argv in json.loads(sys.argv[1]):
 """
 
 
+@pytest.mark.e2e
 def test_without_the_server_stack_each_command_needs_only_what_it_uses(
     tmp_path: Path, unused_port: int, clean_env: Path
 ) -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 from bridge.layout import StockCache
-from cli.conftest import TOKEN, Request, Run, Server
 from docs.cli_tree import options, resolve, walk
+from support.cli_server import TOKEN, Request, Run, Server
 
 from neffcache.client.cli import build_parser
 

@@ -13,35 +13,26 @@ on are in e2e_harness.py.
   token made on ``server`` would end its anonymous access for every other test), with
   a read token for ``team-a``, one for ``team-b`` only, and every request it answered.
 
-Nothing here is autouse: test_cli_key.py shares this directory.
+``server``, ``namespace`` and ``silent_server`` are tests/support/e2e_fixtures.py's;
+``unused_port`` is the whole suite's (tests/support/services.py).
+
+Nothing here is autouse but the reset of shared leases: test_cli_key.py shares this
+directory.
 """
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from client.e2e_harness import Sandbox, Server, SilentServer, free_port
+from client.e2e_harness import Sandbox, Server
+from support.client_units import TokenServer
+from support.e2e_fixtures import namespace, server, silent_server
+from support.lease_hosts import TTL
 
-
-@pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    running = Server(tmp_path_factory.mktemp("shared-server") / "data")
-    running.start()
-    yield running
-    running.kill()
-
-
-@dataclass
-class TokenServer:
-    url: str
-    tokens: dict[str, str]  # "read": reads team-a; "other": reads team-b; "unknown"
-    requests: list[tuple[str, str]] = field(default_factory=list)  # (method, path)
+__all__ = ["namespace", "server", "silent_server"]
 
 
 @pytest.fixture(scope="session")
@@ -96,13 +87,6 @@ def private_server(tmp_path: Path) -> Iterator[Server]:
 
 
 @pytest.fixture
-def namespace(request: pytest.FixtureRequest) -> str:
-    base = re.sub(r"[^a-z0-9._-]+", "-", request.node.name.lower()).strip("-._")[:40]
-    digest = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:10]
-    return f"{base}-{digest}"
-
-
-@pytest.fixture
 def sandbox(tmp_path: Path, namespace: str) -> Iterator[Sandbox]:
     box = Sandbox(tmp_path / "sandbox", namespace)
     box.root.mkdir()
@@ -115,30 +99,14 @@ def sandbox(tmp_path: Path, namespace: str) -> Iterator[Sandbox]:
 
 
 @pytest.fixture
-def silent_server() -> Iterator[SilentServer]:
-    silent = SilentServer()
-    yield silent
-    silent.close()
-
-
-@pytest.fixture
-def unused_port() -> int:
-    return free_port()
-
-
-# Seconds: the lease_ttl_seconds of ``short_ttl_server``.
-LEASE_TTL = 1.5
-
-
-@pytest.fixture
 def short_ttl_server(tmp_path: Path) -> Iterator[str]:
     """``http://127.0.0.1:<port>`` of a ``neffcache serve`` whose leases live
-    ``LEASE_TTL`` seconds (tests/herd.py's server)."""
+    ``TTL`` seconds (tests/herd.py's server)."""
     from herd import _Server
 
     root = tmp_path / "short-ttl-server"
     root.mkdir()
-    server = _Server(root, LEASE_TTL)
+    server = _Server(root, TTL)
     yield server.url
     server.stop()
 

@@ -359,6 +359,7 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.e2e
 def test_python_dash_m_uses_compiler_on_path(
     capsys: pytest.CaptureFixture[str], hlo_file: Path
 ) -> None:
@@ -366,6 +367,7 @@ def test_python_dash_m_uses_compiler_on_path(
     _check_process(done, _expected(capsys, hlo_file))
 
 
+@pytest.mark.e2e
 def test_real_process_bad_file(tmp_path: Path) -> None:
     path = tmp_path / "empty.pb"
     path.write_bytes(b"")
@@ -378,6 +380,7 @@ def test_real_process_bad_file(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.e2e
 def test_console_script(capsys: pytest.CaptureFixture[str], hlo_file: Path) -> None:
     script = shutil.which("neffcache", path=str(Path(sys.executable).parent))
     if script is None:

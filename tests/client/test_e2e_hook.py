@@ -20,8 +20,8 @@ Readings of the specification these tests commit to (beyond its letter):
   ``GET /v1/ns/NS/aliases/neuronxcc-<ver>/MODULE_<k>+<fh>`` answers 200.
 * When the SDK writes the HLO into the entry before probing ``model.done``
   (``NEFFCACHE_STANDIN_HLO_FIRST=1``), the hook alone gets the canonical hit for a
-  metadata-different trace (issue 4: "where the entry's HLO is already in L1 when the
-  SDK asks, for its direct or canonical key").
+  metadata-different trace (the entry's HLO is already in L1 when the SDK asks, for
+  its direct or canonical key).
 * A hit leaves the stock layout in L1: ``model.neff`` holding the NEFF and a 0-byte
   ``model.done`` (docs/neuron-sdk.md#entry-layout) under the stock address of the module
   the SDK asked for.
@@ -54,6 +54,8 @@ from client.e2e_harness import (
     reference_neff,
     stock_address,
 )
+
+pytestmark = pytest.mark.e2e
 
 
 def assert_stock_entry(l1: Path, name: str, neff: bytes) -> None:

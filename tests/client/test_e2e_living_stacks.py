@@ -78,6 +78,8 @@ from client.e2e_harness import (
     shim_dir,
 )
 
+pytestmark = pytest.mark.e2e
+
 TORCHNEURON = STANDINS / "torchneuron_like.py"
 VLLM = STANDINS / "vllm_neuron_like.py"
 TRACE = STANDINS / "trace_like.py"

@@ -1,6 +1,6 @@
-"""End to end: ``neuron_parallel_compile`` with the persistent-cache hook on (issue 4:
-"Locks, ``get_hlos``, ``try_lookup_for_compile``, ``clear_locks`` keep working for
-``neuron_parallel_compile``"), black-box.
+"""End to end: ``neuron_parallel_compile`` with the persistent-cache hook on (locks,
+``get_hlos``, ``try_lookup_for_compile`` and ``clear_locks`` keep working for it),
+black-box.
 
 Every child has a ``neffcache+`` URL in its environment, the stand-in ``libneuronxla``
 on PYTHONPATH and its own ``NEFFCACHE_LOCAL_DIR``, so the installed ``.pth`` arms the
@@ -40,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 from client.e2e_harness import (
     BLOCK_A,
     STANDIN_VERSION,
@@ -53,6 +54,8 @@ from client.e2e_harness import (
     reference_neff,
     stock_address,
 )
+
+pytestmark = pytest.mark.e2e
 
 PARALLEL_COMPILE = STANDINS / "neuron_parallel_compile.py"
 VARIANT_DTYPE = "variant_dtype"

@@ -15,7 +15,7 @@ Readings of the specification these tests commit to (beyond its letter):
   in every blob it forwards must not get its bytes served (the server itself refuses
   to serve a corrupted blob file, so the file test alone would not show that).
 * A failed compile through the hook is not replayed from the same L1 directory either
-  (issue 4: a failure "never blocks a later compile").
+  (a failure never blocks a later compile).
 * Eight wrappers racing for one graph on one host: one compile, and the run manifest
   they share has one miss and seven hits.
 * A killed lock holder blocks nobody, through the hook as through the wrapper.
@@ -46,6 +46,8 @@ from client.e2e_harness import (
     stock_address,
     wait_for,
 )
+
+pytestmark = pytest.mark.e2e
 
 CONNECT_TIMEOUT = 0.5
 REQUEST_TIMEOUT = 1.0

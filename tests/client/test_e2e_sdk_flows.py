@@ -17,7 +17,7 @@
 After every flow, no directory named after a ``neffcache+`` URL exists anywhere in the
 sandbox (every working directory, L1, TMPDIR and work directory is inside it).
 
-Readings these tests commit to (beyond the letter of issue 19):
+Readings these tests commit to (where the stacks' documentation is silent):
 
 * In an optimum session the hook's server-backed cache is bypassed by design: the
   graphs land in the stock layout in ``NEFFCACHE_LOCAL_DIR``, and the second host's
@@ -51,6 +51,8 @@ from client.e2e_harness import (
     reference_neff,
     stock_address,
 )
+
+pytestmark = pytest.mark.e2e
 
 PARALLEL_COMPILE = STANDINS / "neuron_parallel_compile.py"
 NAMES = (BLOCK_A, VARIANT)

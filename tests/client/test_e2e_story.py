@@ -1,4 +1,4 @@
-"""End to end, the whole of issue 7 in one story: training jobs through the
+"""End to end, the whole product in one story: training jobs through the
 persistent-cache hook (the stand-in ``libneuronxla``, activated by one variable), then
 the questions a platform team asks, answered by the ``neffcache`` commands a person
 would type.
@@ -25,6 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 from client.e2e_harness import (
     BLOCK_A,
     NEFFCACHE,
@@ -38,6 +39,8 @@ from client.e2e_harness import (
 )
 
 from neffcache.server.index import open_index
+
+pytestmark = pytest.mark.e2e
 
 INSTANCE = "trn1.32xlarge"
 MODEL = "llama-block"

@@ -48,6 +48,8 @@ from client.e2e_harness import (
 from neffcache.server.explain.reasons import CLIENT_REASONS, REASONS
 from neffcache.server.index import open_index
 
+pytestmark = pytest.mark.e2e
+
 INSTANCE = "trn1.32xlarge"
 MODEL = "e2e-model"
 # The facts a graph event shares with its run-manifest line.

@@ -57,6 +57,8 @@ from client.e2e_harness import (
     shim_dir,
 )
 
+pytestmark = pytest.mark.e2e
+
 
 def _out(sandbox: Sandbox) -> Path:
     return sandbox.new_dir("out") / "model.neff"

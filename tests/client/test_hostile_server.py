@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from client.e2e_harness import BLOCK_A, Sandbox, cache_url, reference_neff
+from support.http_stubs import send_json
 
 from neffcache.client.http import BODY_LIMIT, ERROR_LIMIT, Connection, HttpError
 
@@ -81,12 +82,7 @@ def hostile(answer: Answer) -> Iterator[HostileServer]:
 
 def json_answer(manifest: object) -> Answer:
     def answer(handler: BaseHTTPRequestHandler) -> None:
-        body = json.dumps(manifest).encode()
-        handler.send_response(200)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(body)))
-        handler.end_headers()
-        handler.wfile.write(body)
+        send_json(handler, 200, manifest)
 
     return answer
 
@@ -116,6 +112,7 @@ def assert_compiled_cleanly(sandbox: Sandbox, done: Any, out: Path) -> None:
     assert "Traceback" not in done.stderr, done.describe()
 
 
+@pytest.mark.e2e
 def test_an_absolute_digest_deletes_and_reads_nothing(sandbox: Sandbox, tmp_path: Path) -> None:
     victim = tmp_path / "victim.txt"
     victim.write_bytes(b"not the cache's")
@@ -127,6 +124,7 @@ def test_an_absolute_digest_deletes_and_reads_nothing(sandbox: Sandbox, tmp_path
     assert not any(str(victim) in path for path in server.paths)  # never became a URL
 
 
+@pytest.mark.e2e
 def test_a_device_as_digest_cannot_hang_the_job(sandbox: Sandbox) -> None:
     # /dev/zero stats as 0 bytes and never ends: read as a blob, the hash would run
     # until the job was killed.
@@ -136,6 +134,7 @@ def test_a_device_as_digest_cannot_hang_the_job(sandbox: Sandbox) -> None:
     assert_compiled_cleanly(sandbox, done, out)
 
 
+@pytest.mark.e2e
 def test_a_relative_digest_creates_nothing_outside_the_cache(
     sandbox: Sandbox, tmp_path: Path
 ) -> None:
@@ -148,6 +147,7 @@ def test_a_relative_digest_creates_nothing_outside_the_cache(
     assert not [p for p in created if "escaped" in str(p)], sorted(created)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("files", "why"),
     [
@@ -173,6 +173,7 @@ def test_malformed_manifests_are_one_line_each(sandbox: Sandbox, files: object, 
     assert not any(path.startswith("/v1/blobs/") for path in server.paths)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("answer", ["[1, 2]", '"text"', "null", "{"], ids=str)
 def test_answers_that_are_not_manifests(sandbox: Sandbox, answer: str) -> None:
     def send(handler: BaseHTTPRequestHandler) -> None:
@@ -199,6 +200,7 @@ def endless(handler: BaseHTTPRequestHandler) -> None:
             handler.wfile.write(frame)
 
 
+@pytest.mark.e2e
 def test_an_endless_answer_is_cut_at_the_limit(sandbox: Sandbox) -> None:
     with hostile(endless) as server:
         done, out, _ = run_wrapper(sandbox, server)

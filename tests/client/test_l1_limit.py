@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from client.unit_support import delta, digest
+from support.client_units import delta, digest
 
 from neffcache.client.config import ClientConfig, ConfigError
 from neffcache.client.l1limit import DEFAULT_MAX_SIZE, Evictor, Item, default_limit, grew, try_lock

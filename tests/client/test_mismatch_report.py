@@ -6,11 +6,7 @@ quarantines the blob on the report."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -23,62 +19,13 @@ from client.e2e_harness import (
     canonical_key,
     reference_neff,
 )
-from client.unit_support import delta, digest, no_server_down, open_remote
 from loopback import InThread
+from support.client_units import delta, digest, no_server_down, open_remote
+from support.http_stubs import scripted
 
 from neffcache.client import remote as remote_module
 from neffcache.client.remote import TELEMETRY
 from neffcache.client.stats import STATS
-
-Answer = Callable[[str, str], tuple[int, bytes]]  # (method, path) -> (status, body)
-
-
-class Scripted:
-    """An HTTP server in a thread that answers as ``answer`` says and records
-    ``(method, path)`` of every request."""
-
-    def __init__(self, answer: Answer) -> None:
-        self.requests: list[tuple[str, str]] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def _answer(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                if length:
-                    self.rfile.read(length)
-                outer.requests.append((self.command, self.path))
-                status, body = answer(self.command, self.path)
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            do_GET = do_POST = _answer  # noqa: N815
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        serve = self.httpd.serve_forever
-        thread = threading.Thread(target=serve, kwargs={"poll_interval": 0.01}, daemon=True)
-        thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@contextlib.contextmanager
-def scripted(answer: Answer) -> Iterator[Scripted]:
-    server = Scripted(answer)
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture(autouse=True)
@@ -118,6 +65,7 @@ def test_a_failed_report_changes_nothing_but_telemetry(tmp_path: Path) -> None:
     assert delta(before, "server_errors") == 0
 
 
+@pytest.mark.e2e
 def test_a_blob_rotten_at_rest_is_compiled_and_quarantined_on_the_report(
     sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

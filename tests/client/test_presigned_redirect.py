@@ -24,9 +24,8 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from client.unit_support import delta, digest, no_server_down
 from loopback import InThread, free_port
-from server.conftest import s3_bucket, s3_endpoint
+from support.client_units import delta, digest, no_server_down
 
 from neffcache.client.config import ClientConfig
 from neffcache.client.http import HttpError, redirect_target
@@ -37,8 +36,6 @@ from neffcache.server.app import create_app
 from neffcache.server.blobs import BlobStore, open_blob_store
 from neffcache.server.index.memory import MemoryIndex
 from neffcache.server.settings import ServerSettings
-
-__all__ = ["s3_bucket", "s3_endpoint"]  # fixtures shared with tests/server
 
 MIN = 1024  # the server's blob_redirect_min_bytes
 BIG = 256 * 1024  # a blob the server redirects

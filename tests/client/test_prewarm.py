@@ -61,7 +61,7 @@ from client.e2e_harness import (
     stock_address,
     wait_for,
 )
-from client.unit_support import no_server_down
+from support.client_units import no_server_down
 
 from neffcache.client import prewarm as prewarm_module
 from neffcache.client.cli import main
@@ -141,6 +141,7 @@ FAKE_ADDRESS = f"neuronxcc-{STANDIN_VERSION}/MODULE_1+00000000"
 # --- a real run, prewarmed, runs again from L1 alone -----------------------------------
 
 
+@pytest.mark.e2e
 def test_wrapper_run_prewarmed_runs_again_from_l1_alone(
     server: Server, sandbox: Sandbox, unused_port: int
 ) -> None:
@@ -188,6 +189,7 @@ def test_wrapper_run_prewarmed_runs_again_from_l1_alone(
     assert (result["in_l1"], result["fetched"], result["bytes"]) == (2, 0, 0)
 
 
+@pytest.mark.e2e
 def test_hook_run_prewarmed_runs_again_from_l1_alone(
     server: Server, sandbox: Sandbox, unused_port: int
 ) -> None:
@@ -240,6 +242,7 @@ def test_hook_run_prewarmed_runs_again_from_l1_alone(
 # --- misses, trouble, malformed input ---------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_graphs_missing_on_the_server_are_not_an_error(server: Server, sandbox: Sandbox) -> None:
     manifest = write_lines(
         sandbox.root / "run.jsonl",
@@ -263,6 +266,7 @@ def test_graphs_missing_on_the_server_are_not_an_error(server: Server, sandbox: 
     assert stored_files(l1) == []
 
 
+@pytest.mark.e2e
 def test_bytes_that_do_not_match_fail_and_leave_nothing(server: Server, sandbox: Sandbox) -> None:
     url = server.cache_url(sandbox.namespace)
     manifest = sandbox.root / "run.jsonl"
@@ -289,6 +293,7 @@ def test_bytes_that_do_not_match_fail_and_leave_nothing(server: Server, sandbox:
     assert summary(done)["fetched"] == 1
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["refused", "silent"])
 def test_an_unreachable_server_is_one_line_and_leaves_nothing(
     sandbox: Sandbox, silent_server: SilentServer, unused_port: int, kind: str
@@ -308,6 +313,7 @@ def test_an_unreachable_server_is_one_line_and_leaves_nothing(
     assert stored_files(l1) == []
 
 
+@pytest.mark.e2e
 def test_malformed_lines_are_counted_and_shared_ids_make_one_graph(
     server: Server, sandbox: Sandbox
 ) -> None:
@@ -387,6 +393,7 @@ def publish(
     return manifest
 
 
+@pytest.mark.e2e
 def test_the_stock_entry_is_written_under_the_hooks_lock(server: Server, sandbox: Sandbox) -> None:
     address = f"neuronxcc-{STANDIN_VERSION}/MODULE_77+0acef03a"
     published = publish(server, sandbox.namespace, address)
@@ -424,6 +431,7 @@ def same_entry(found: dict[str, Any] | None, published: dict[str, Any]) -> bool:
     return found is not None and all(found.get(k) == v for k, v in published.items())
 
 
+@pytest.mark.e2e
 def test_a_graph_found_under_another_trace_is_prewarmed_for_this_runs_keys(
     server: Server, sandbox: Sandbox
 ) -> None:
@@ -449,6 +457,7 @@ def test_a_graph_found_under_another_trace_is_prewarmed_for_this_runs_keys(
         assert (l1 / address / "model.neff").read_bytes() == neff
 
 
+@pytest.mark.e2e
 def test_keys_that_share_only_an_address_are_not_linked(server: Server, sandbox: Sandbox) -> None:
     # Two compiles of one HLO under other XLA_FLAGS share the stock address but not
     # the key: the entry of one must never be recorded under the other's key.
@@ -541,6 +550,7 @@ def down_mark(l1: Path, server: Server) -> Path:
     return l1 / ".neffcache" / "down" / blake3_hex(server.url.encode())[:16]
 
 
+@pytest.mark.e2e
 def test_one_server_hiccup_fails_no_graph_and_marks_nothing_down(
     server: Server, sandbox: Sandbox
 ) -> None:
@@ -561,6 +571,7 @@ def test_one_server_hiccup_fails_no_graph_and_marks_nothing_down(
     assert not (l1 / ".neffcache" / "down").exists()
 
 
+@pytest.mark.e2e
 def test_a_down_mark_left_by_a_job_does_not_stop_prewarm(server: Server, sandbox: Sandbox) -> None:
     keys = publish_keys(server, sandbox.namespace, 1)
     manifest = write_lines(sandbox.root / "run.jsonl", {"key": keys[0]})
@@ -573,6 +584,7 @@ def test_a_down_mark_left_by_a_job_does_not_stop_prewarm(server: Server, sandbox
     assert summary(done)["fetched"] == 1
 
 
+@pytest.mark.e2e
 def test_prewarm_gives_up_after_graphs_fail_in_a_row(
     server: Server,
     namespace: str,
@@ -612,6 +624,7 @@ def sigint_inherited_as_default() -> Iterator[None]:
         signal.signal(signal.SIGINT, before)
 
 
+@pytest.mark.e2e
 @pytest.mark.usefixtures("sigint_inherited_as_default")
 def test_ctrl_c_exits_130_at_once_and_leaves_no_partial_file(
     server: Server, sandbox: Sandbox
@@ -643,6 +656,7 @@ def test_ctrl_c_exits_130_at_once_and_leaves_no_partial_file(
     assert not (l1 / TRACE_A / "model.done").exists()
 
 
+@pytest.mark.e2e
 def test_old_temporary_files_are_removed_when_prewarm_starts(
     server: Server, sandbox: Sandbox
 ) -> None:
@@ -758,6 +772,7 @@ def test_bad_input_files_are_one_line_and_exit_2(
         assert not (tmp_path / "baked").exists()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("parallel", ["1", "64"])
 def test_parallel_bounds_are_accepted(
     server: Server,

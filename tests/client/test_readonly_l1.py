@@ -97,6 +97,7 @@ def left_in(tmpdir: str) -> list[str]:
 POINTS = [("hook", True, False), ("hook+shim", True, True), ("shim", False, True)]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("how", ["declared", "unwritable"])
 @pytest.mark.parametrize(("point", "hook", "shim"), POINTS, ids=[p[0] for p in POINTS])
 def test_a_baked_read_only_l1_serves_its_entries_and_compiles_the_rest(
@@ -140,6 +141,7 @@ def test_a_baked_read_only_l1_serves_its_entries_and_compiles_the_rest(
     assert left_in(env["TMPDIR"]) == []
 
 
+@pytest.mark.e2e
 def test_a_read_only_l1_publishes_its_compiles_and_takes_server_hits_to_output(
     server: Server, sandbox: Sandbox
 ) -> None:
@@ -304,6 +306,7 @@ def test_only_a_complete_entry_of_regular_files_is_linked(tmp_path: Path) -> Non
     assert os.readlink(upper / "model.done") == str(lower / "model.done")
 
 
+@pytest.mark.e2e
 def test_staging_is_one_directory_per_process_gone_with_it(private_tmp: Path) -> None:
     made = staging_dir()
     assert staging_dir() == made

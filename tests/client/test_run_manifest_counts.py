@@ -164,6 +164,7 @@ def test_jq_runs_the_docs_recipes_as_the_python_equivalents(tmp_path: Path) -> N
 # --- the hook and the shim, end to end --------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_with_the_hook_and_the_shim_the_docs_recipes_count_each_graph_once(
     server: Server, sandbox: Sandbox
 ) -> None:

@@ -220,6 +220,7 @@ def run_scenario(name: str, tmp_path: Path, *, importable: bool = True) -> dict[
     return report
 
 
+@pytest.mark.e2e
 def test_a_url_set_after_the_import_is_served(tmp_path: Path) -> None:
     report = run_scenario("late_url", tmp_path)
     assert report["at_start"] == []  # no URL at start-up: nothing of neffcache imported
@@ -227,6 +228,7 @@ def test_a_url_set_after_the_import_is_served(tmp_path: Path) -> None:
     assert report["cache_path"] == str(tmp_path / "l1")
 
 
+@pytest.mark.e2e
 def test_stock_constructors_build_a_neffcache_url_on_l1(tmp_path: Path) -> None:
     report = run_scenario("constructors", tmp_path)
     assert report["fs"] == ["CompileCacheFs", str(tmp_path / "l1")]
@@ -235,6 +237,7 @@ def test_stock_constructors_build_a_neffcache_url_on_l1(tmp_path: Path) -> None:
     assert report["again"] == 0  # guarded once
 
 
+@pytest.mark.e2e
 def test_an_optimum_session_compiles_into_l1(tmp_path: Path) -> None:
     report = run_scenario("optimum_session", tmp_path)
     assert report["neff"] > 0
@@ -242,14 +245,17 @@ def test_an_optimum_session_compiles_into_l1(tmp_path: Path) -> None:
     assert report["entries"][0].startswith("neuronxcc-")
 
 
+@pytest.mark.e2e
 def test_l1s_path_handed_over_gets_neffcache_cache(tmp_path: Path) -> None:
     assert run_scenario("l1_handed", tmp_path)["type"] == "NeffcacheCompileCache"
 
 
+@pytest.mark.e2e
 def test_l1s_path_without_a_neffcache_url_is_a_plain_directory(tmp_path: Path) -> None:
     assert run_scenario("l1_without_url", tmp_path)["type"] == "CompileCacheFs"
 
 
+@pytest.mark.e2e
 def test_a_url_handed_over_is_served_and_exported(tmp_path: Path) -> None:
     report = run_scenario("url_handed", tmp_path)
     assert report["type"] == "NeffcacheCompileCache"
@@ -257,6 +263,7 @@ def test_a_url_handed_over_is_served_and_exported(tmp_path: Path) -> None:
     assert report["exported"] == URL  # for the pool and the shim under it
 
 
+@pytest.mark.e2e
 def test_a_url_handed_over_while_disabled_is_l1_and_not_exported(tmp_path: Path) -> None:
     report = run_scenario("url_handed_disabled", tmp_path)
     assert report["type"] == "CompileCacheFs"
@@ -264,18 +271,21 @@ def test_a_url_handed_over_while_disabled_is_l1_and_not_exported(tmp_path: Path)
     assert report["exported"] is None
 
 
+@pytest.mark.e2e
 def test_neffcache_url_overrides_a_caller_supplied_default_path(tmp_path: Path) -> None:
     report = run_scenario("override_default", tmp_path)
     assert report["default"] == "NeffcacheCompileCache"
     assert report["other"] == "CompileCacheFs"
 
 
+@pytest.mark.e2e
 def test_libneuronxla_imports_when_neffcache_cannot(tmp_path: Path) -> None:
     report = run_scenario("l1_without_url", tmp_path, importable=False)
     assert report["type"] == "CompileCacheFs"
     assert "neffcache: the persistent-cache hook is off" in report["_stderr"]
 
 
+@pytest.mark.e2e
 def test_a_pool_worker_flushes_its_publishes_at_exit(tmp_path: Path) -> None:
     report = run_scenario("pool_worker", tmp_path)
     assert report["type"] == "NeffcacheCompileCache"

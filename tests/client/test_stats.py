@@ -90,6 +90,7 @@ def approx_sum(lines: list[dict[str, Any]], result: str, name: str) -> Any:
 # --- a job through the real client ------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_a_jobs_counters_are_what_its_run_manifest_says(
     server: Server, sandbox: Sandbox, unused_port: int
 ) -> None:
@@ -211,6 +212,7 @@ _APPENDER = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 def test_concurrent_processes_lose_no_counts(tmp_path: Path) -> None:
     processes, each = 8, 200
     children = [
@@ -245,6 +247,7 @@ def _count(local_dir: Path, n: int, **fields: Any) -> None:
         hoststats.count(str(local_dir), {**HIT, **fields})
 
 
+@pytest.mark.e2e
 def test_zero_resets_the_counters_not_l1(sandbox: Sandbox) -> None:
     l1 = sandbox.new_dir("l1")
     blob = l1 / ".neffcache" / "blobs" / "ab" / ("ab" * 32)
@@ -288,6 +291,7 @@ def test_zero_refuses_a_read_only_l1_and_writes_nothing(
     assert sorted(p.name for p in l1.rglob("*")) == before
 
 
+@pytest.mark.e2e
 def test_corrupt_records_and_summary_are_skipped(sandbox: Sandbox) -> None:
     l1 = sandbox.new_dir("l1")
     _count(l1, 3)
@@ -374,6 +378,7 @@ def test_a_log_past_its_cap_takes_no_more(tmp_path: Path, monkeypatch: pytest.Mo
     assert STATS.snapshot().get("host_stats_errors", 0) > errors
 
 
+@pytest.mark.e2e
 def test_an_l1_that_cannot_be_written_records_nothing_and_fails_nothing(
     sandbox: Sandbox,
 ) -> None:
@@ -399,6 +404,7 @@ def test_graphs_that_are_no_outcome_are_not_counted(tmp_path: Path) -> None:
 # --- the command ------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_a_server_that_cannot_answer_is_one_line_and_exit_1_after_the_hosts_part(
     sandbox: Sandbox, unused_port: int
 ) -> None:
@@ -415,6 +421,7 @@ def test_a_server_that_cannot_answer_is_one_line_and_exit_1_after_the_hosts_part
     assert line.startswith(f"neffcache stats: cannot reach http://127.0.0.1:{unused_port}")
 
 
+@pytest.mark.e2e
 def test_the_server_option_names_the_server_and_namespace(server: Server, sandbox: Sandbox) -> None:
     l1 = sandbox.new_dir("l1")
     env = sandbox.env(l1=l1)
@@ -425,6 +432,7 @@ def test_the_server_option_names_the_server_and_namespace(server: Server, sandbo
     assert shown["server"]["status"]["namespace"]["exists"] is False
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "args",
     [
@@ -442,6 +450,7 @@ def test_bad_input_is_exit_2(sandbox: Sandbox, args: list[str]) -> None:
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+@pytest.mark.e2e
 def test_a_bad_size_limit_is_exit_2(sandbox: Sandbox) -> None:
     env = sandbox.env(l1=sandbox.new_dir("l1"), extra={"NEFFCACHE_LOCAL_MAX_SIZE": "lots"})
     done = sandbox.run([*NEFFCACHE, "stats"], env)
@@ -449,6 +458,7 @@ def test_a_bad_size_limit_is_exit_2(sandbox: Sandbox) -> None:
     assert "NEFFCACHE_LOCAL_MAX_SIZE" in done.stderr
 
 
+@pytest.mark.e2e
 def test_reading_makes_no_directory(sandbox: Sandbox) -> None:
     l1 = sandbox.root / "never-made"
     shown = stats(sandbox, sandbox.env(l1=l1))

@@ -281,6 +281,7 @@ def test_pth_is_one_import_line() -> None:
     assert lines[0].startswith("import ")
 
 
+@pytest.mark.e2e
 def test_pth_without_a_url_imports_nothing_of_neffcache() -> None:
     result = _run_pth({"NEURON_CC_FLAGS": "--model-type=transformer"})
     assert result["any_neffcache"] == []
@@ -288,6 +289,7 @@ def test_pth_without_a_url_imports_nothing_of_neffcache() -> None:
     assert result["autohook"] is False
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "env",
     [
@@ -303,11 +305,13 @@ def test_pth_with_a_url_arms_the_hook(env: dict[str, str]) -> None:
     assert result["typos"] is False  # right settings cost no check beyond string tests
 
 
+@pytest.mark.e2e
 def test_pth_with_a_directory_url_imports_nothing() -> None:
     result = _run_pth({"NEURON_COMPILE_CACHE_URL": "s3://bucket/prefix"})
     assert result["any_neffcache"] == []
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("value", ["1", "yes", "TRUE"])
 def test_pth_with_disable_still_arms(value: str) -> None:
     # Disabled means "the stock cache on L1", which needs the hook: unarmed, the SDK
@@ -317,6 +321,7 @@ def test_pth_with_disable_still_arms(value: str) -> None:
     assert result["armed"] is True
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("value", ["0", "false", "off", ""])
 def test_pth_with_disable_off_values_still_arms(value: str) -> None:
     # As ClientConfig reads NEFFCACHE_DISABLE: the hook and the wrapper agree.
@@ -324,6 +329,7 @@ def test_pth_with_disable_off_values_still_arms(value: str) -> None:
     assert result["armed"] is True
 
 
+@pytest.mark.e2e
 def test_pth_with_a_malformed_url_does_not_break_start_up() -> None:
     result = _run_pth({"NEFFCACHE_URL": "neffcache+ftp://nowhere"})
     # The URL is checked when libneuronxla asks for a cache, not at start-up.
@@ -412,6 +418,7 @@ assert main(["/bin/true", "--version"]) == 0
 """
 
 
+@pytest.mark.e2e
 def test_the_pth_line_the_hook_and_the_shim_say_a_typo_once() -> None:
     env = {k: v for k, v in os.environ.items() if k not in _URL_VARS}
     roots = [str(REPO / "keying"), str(REPO / "client"), str(REPO / "server")]

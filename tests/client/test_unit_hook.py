@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from loopback import free_port
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parents[2]
 STANDINS = REPO / "tests" / "standins"
 VERSION = "2.20.9961.0+0acef03a"

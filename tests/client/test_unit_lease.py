@@ -19,9 +19,8 @@ from typing import Any
 
 import httpx
 import pytest
-from client.conftest import LEASE_TTL as TTL
-from client.test_unit_proxy import ADDRESS, FakeStock
-from client.unit_support import Clock, closing_remotes, delta, no_server_down
+from support.client_units import ADDRESS, Clock, FakeStock, closing_remotes, delta, no_server_down
+from support.lease_hosts import TTL
 
 from neffcache.client.config import ClientConfig
 from neffcache.client.lease import Leases
@@ -34,7 +33,7 @@ from neffcache.client.wrapper import parse
 TESTS = Path(__file__).resolve().parents[1]
 GRAPH = TESTS / "fixtures" / "hlo" / "block_a.pb"
 COMPILER = TESTS / "standins" / "neuronx-cc"
-NS = "review"
+NS = "unit-lease"
 KEY = "c" * 64
 
 
@@ -157,6 +156,7 @@ def test_a_waiter_long_polls_at_once_after_its_first_question(
 # --- the holder ---------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_a_live_holder_keeps_its_lease_while_the_server_is_marked_down(
     short_ttl_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -176,6 +176,7 @@ def test_a_live_holder_keeps_its_lease_while_the_server_is_marked_down(
     assert answer["state"] == "held", "a second host was granted a live holder's lease"
 
 
+@pytest.mark.e2e
 def test_an_exception_in_the_wrapper_is_not_reported_as_a_failed_compile(
     short_ttl_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -199,6 +200,7 @@ def test_an_exception_in_the_wrapper_is_not_reported_as_a_failed_compile(
     assert other_host(short_ttl_server, key, waited=5.0)["state"] != "failed"
 
 
+@pytest.mark.e2e
 def test_a_waiter_does_not_replay_a_failure_from_before_its_wait(
     short_ttl_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -244,6 +246,7 @@ def core(url: str, tmp_path: Path, **extra: str) -> tuple[Core, Path]:
     return Core(FakeStock(root), made), entry
 
 
+@pytest.mark.e2e
 def test_a_probe_that_compiles_nothing_does_not_hold_the_lease(
     short_ttl_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -296,6 +299,7 @@ _publisher(config).submit(publish_then_release)
 """
 
 
+@pytest.mark.e2e
 def test_exit_releases_a_lease_only_after_its_publish(
     short_ttl_server: str, tmp_path: Path
 ) -> None:
@@ -321,6 +325,7 @@ def test_exit_releases_a_lease_only_after_its_publish(
 # --- the SDK's entry lock -------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_a_probe_under_the_sdks_entry_lock_never_waits_for_a_lease_on_this_host(
     short_ttl_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from client.unit_support import Clock, delta, digest
+from support.client_units import Clock, delta, digest
 
 from neffcache.client.local import LocalStore, atomic_write, copy_atomic, file_digest, release
 from neffcache.client.stats import STATS
@@ -178,6 +178,7 @@ def holder(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
         process.stdout.close()
 
 
+@pytest.mark.e2e
 def test_a_held_lock_is_not_taken_by_another_process(
     holder: subprocess.Popen[str], store: LocalStore, clock: Clock
 ) -> None:
@@ -190,6 +191,7 @@ def test_a_held_lock_is_not_taken_by_another_process(
     assert (store.root / "locks" / "k.flock").read_text().strip() == str(holder.pid)
 
 
+@pytest.mark.e2e
 def test_a_killed_holder_releases_the_lock(
     holder: subprocess.Popen[str], store: LocalStore, clock: Clock
 ) -> None:
@@ -203,6 +205,7 @@ def test_a_killed_holder_releases_the_lock(
     assert clock.now == waited  # taken at the first try: the kernel released it
 
 
+@pytest.mark.e2e
 def test_other_keys_are_not_blocked(holder: subprocess.Popen[str], store: LocalStore) -> None:
     with store.lock("other", "graph other", wait=0.2) as held:
         assert held is True

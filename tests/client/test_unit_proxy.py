@@ -19,8 +19,8 @@ from typing import Any
 from urllib.parse import unquote
 
 import pytest
-from client.unit_support import delta, digest
 from loopback import free_port
+from support.client_units import ADDRESS, VERSION, FakeStock, delta, digest
 
 from neffcache.client import remote as remote_module
 from neffcache.client.config import ClientConfig
@@ -28,26 +28,7 @@ from neffcache.client.keys import context, direct_key
 from neffcache.client.proxy import Core, _publisher, make_proxy_class
 from neffcache.client.stats import STATS
 
-VERSION = "2.20.9961.0+0acef03a"
-ADDRESS = f"neuronxcc-{VERSION}/MODULE_123+abcdef01"
 HLO_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "hlo" / "block_a.pb"
-
-
-class FakeStock:
-    """The parts of the SDK's CompileCacheFs that Core uses; it records, for each
-    ``upload_string_to_file``, which entry files were already in place."""
-
-    def __init__(self, root: Path) -> None:
-        self.cache_path = str(root)
-        self.uploads: list[tuple[str, list[str]]] = []
-
-    def exists(self, path: str) -> bool:
-        return os.path.exists(path)
-
-    def upload_string_to_file(self, path: str, data: str) -> None:
-        directory = os.path.dirname(path)
-        self.uploads.append((os.path.basename(path), sorted(os.listdir(directory))))
-        Path(path).write_text(data)
 
 
 Route = Callable[[str, str, bytes], tuple[int, bytes]]
@@ -406,6 +387,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.e2e
 def test_a_killed_compile_frees_its_entry(tmp_path: Path) -> None:
     core, _, entry = make_core(tmp_path)
     hlo = entry / "model.hlo_module.pb"
@@ -666,8 +648,9 @@ def test_a_published_entry_records_its_era(
 def test_the_shim_claims_a_stock_address_of_every_era(
     flags8: str, user: list[str], target: str, era: str, flags_file: bytes
 ) -> None:
-    from neffcache.client.wrapper import flags_file as flags_file_of
-    from neffcache.client.wrapper import neuron_address_of, parse, stock_address_of
+    from neffcache.client.compile_call import flags_file as flags_file_of
+    from neffcache.client.compile_call import neuron_address_of, stock_address_of
+    from neffcache.client.wrapper import parse
 
     name = f"/w/model.MODULE_1+{flags8}.hlo_module.pb"
     argv = ["compile", "--framework=XLA", name, "--output", "o.neff", "--target", target]

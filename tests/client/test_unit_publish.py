@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from client.e2e_harness import Server, free_port
-from client.unit_support import Clock, delta, digest, no_server_down
+from support.client_units import Clock, delta, digest, no_server_down
 
 from neffcache.client import publish as publish_module
 from neffcache.client.config import ClientConfig
@@ -115,6 +115,7 @@ def test_make_manifest_without_optional_fields(
 # --- publish --------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_publish_uploads_what_is_missing_then_the_entry(
     remote: Remote, keys: tuple[CacheKey, CacheKey], tmp_path: Path
 ) -> None:
@@ -134,6 +135,7 @@ def test_publish_uploads_what_is_missing_then_the_entry(
     assert dest.read_bytes() == neff
 
 
+@pytest.mark.e2e
 def test_only_missing_blobs_are_uploaded(
     remote: Remote,
     keys: tuple[CacheKey, CacheKey],
@@ -160,6 +162,7 @@ def test_only_missing_blobs_are_uploaded(
     assert len(uploaded) == first
 
 
+@pytest.mark.e2e
 def test_a_different_manifest_for_a_published_key_is_a_counted_conflict(
     remote: Remote, keys: tuple[CacheKey, CacheKey], tmp_path: Path
 ) -> None:

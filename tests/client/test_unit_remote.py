@@ -15,13 +15,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from client.conftest import TokenServer
 from client.e2e_harness import Server, free_port
-from client.unit_support import delta, digest, no_server_down
+from support.client_units import TokenServer, delta, digest, no_server_down
+from support.http_stubs import ScriptedServer, scripted
 
 from neffcache.client import remote as remote_module
 from neffcache.client.config import ClientConfig
@@ -72,6 +71,7 @@ def real_server(server: Server) -> str:
     return server.url
 
 
+@pytest.mark.e2e
 def test_entry_and_alias_misses_are_none(real_server: str, tmp_path: Path) -> None:
     before = STATS.snapshot()
     with open_remote(config_for(real_server, tmp_path)) as remote:
@@ -82,6 +82,7 @@ def test_entry_and_alias_misses_are_none(real_server: str, tmp_path: Path) -> No
     assert delta(before, "server_errors") == 0
 
 
+@pytest.mark.e2e
 def test_blob_round_trip_and_entry(real_server: str, tmp_path: Path) -> None:
     data = os.urandom(50_000)
     source = tmp_path / "neff"
@@ -104,6 +105,7 @@ def test_blob_round_trip_and_entry(real_server: str, tmp_path: Path) -> None:
     assert [p.name for p in dest.parent.iterdir()] == ["blob"]
 
 
+@pytest.mark.e2e
 def test_put_blob_of_a_missing_file_is_false(real_server: str, tmp_path: Path) -> None:
     before = STATS.snapshot()
     with open_remote(config_for(real_server, tmp_path)) as remote:
@@ -112,6 +114,7 @@ def test_put_blob_of_a_missing_file_is_false(real_server: str, tmp_path: Path) -
     assert delta(before, "local_errors") == 1
 
 
+@pytest.mark.e2e
 def test_fetch_of_an_absent_large_blob_is_false_and_not_trouble(
     real_server: str, tmp_path: Path
 ) -> None:
@@ -122,6 +125,7 @@ def test_fetch_of_an_absent_large_blob_is_false_and_not_trouble(
     assert not dest.parent.exists() or list(dest.parent.iterdir()) == []
 
 
+@pytest.mark.e2e
 def test_fetch_of_an_absent_small_blob_does_not_mark_the_server_down(
     real_server: str, tmp_path: Path
 ) -> None:
@@ -135,57 +139,9 @@ def test_fetch_of_an_absent_small_blob_does_not_mark_the_server_down(
 Route = Callable[[str], tuple[int, bytes]]
 
 
-class FakeServer:
-    """Answers every request with ``route(path)``; ``hits`` counts the requests."""
-
-    def __init__(self, route: Route) -> None:
-        self.route = route
-        self.hits = 0
-        self.paths: list[str] = []
-        self.auth: list[str] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def _answer(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                if length:
-                    self.rfile.read(length)
-                outer.hits += 1
-                outer.paths.append(self.path)
-                outer.auth.append(self.headers.get("Authorization", ""))
-                status, body = outer.route(self.path)
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            do_GET = do_PUT = do_POST = _answer  # noqa: N815
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self._thread = threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
-        )
-        self._thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@contextlib.contextmanager
-def fake_server(route: Route) -> Iterator[FakeServer]:
-    server = FakeServer(route)
-    try:
-        yield server
-    finally:
-        server.close()
+def fake_server(route: Route) -> contextlib.AbstractContextManager[ScriptedServer]:
+    """A scripted server that answers by path alone."""
+    return scripted(lambda _method, path: route(path))
 
 
 def test_fetch_verifies_the_digest(tmp_path: Path) -> None:

@@ -73,6 +73,7 @@ for seq in range(50):
 """
 
 
+@pytest.mark.e2e
 def test_concurrent_writers_never_interleave(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
     env = dict(os.environ)

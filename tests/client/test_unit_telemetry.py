@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from client.unit_support import delta, no_server_down
 from loopback import free_port
+from support.client_units import delta, no_server_down
 
 from neffcache.client import runlog, telemetry
 from neffcache.client.config import JOB_ID_VARIABLES, ClientConfig, job_id
@@ -530,10 +530,12 @@ def _run_script(script: str, *args: str) -> str:
     return done.stdout.strip()
 
 
+@pytest.mark.e2e
 def test_a_child_forked_while_a_thread_held_the_locks_does_not_hang(tmp_path: Path) -> None:
     assert _run_script(_FORK_WHILE_HELD, str(tmp_path)) == "7"
 
 
+@pytest.mark.e2e
 def test_a_forked_childs_counters_count_from_the_fork(tmp_path: Path) -> None:
     """The parent reports what it counted before the fork; the child only its own."""
     assert _run_script(_CHILD_COUNTERS) == "1"
@@ -612,7 +614,7 @@ def test_every_job_id_variable_is_read() -> None:
 # --- events from run-manifest lines --------------------------------------------------------
 
 
-def test_a_graph_event_has_the_lines_facts_and_no_nulls(tmp_path: Path) -> None:
+def test_a_graph_event_has_the_lines_fields_and_no_nulls(tmp_path: Path) -> None:
     config = make_config(tmp_path, "http://x:1", NEFFCACHE_JOB_ID="j")
     line = {
         "time": "2026-01-01T00:00:00.000+00:00",
@@ -695,7 +697,7 @@ def _sender_for(monkeypatch: pytest.MonkeyPatch) -> Sender:
     return sender
 
 
-def test_one_line_and_one_event_per_graph_with_the_same_facts(
+def test_one_line_and_one_event_per_graph_with_the_same_fields(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sender = _sender_for(monkeypatch)

@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from client.conftest import TokenServer
-from client.unit_support import closing_remotes, no_server_down
 from loopback import free_port
+from support.client_units import TokenServer, closing_remotes, no_server_down
 
 from neffcache.client import remote as remote_module
+from neffcache.client.compile_call import flags_json, neuron_address_of, run_teeing
 from neffcache.client.keys import context
-from neffcache.client.wrapper import flags_json, main, neuron_address_of, parse, run_teeing
+from neffcache.client.wrapper import main, parse
 from neffcache.keying import neuron_cache_flags
 
 VERSION = "2.20.9961.0+0acef03a"
@@ -631,6 +631,7 @@ def test_run_teeing_closes_the_stderr_pipe(fake: Fake, capfd: pytest.CaptureFixt
     assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
 
 
+@pytest.mark.e2e
 def test_the_wrappers_modules_leave_argparse_unimported() -> None:
     # `neffcache wrap` runs once per graph and skips the parser (cli.main): argparse and
     # what it imports (gettext, locale) cost a hit several milliseconds.

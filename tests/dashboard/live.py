@@ -86,3 +86,13 @@ def publish(client: httpx.Client, namespace: str, key: str, data: bytes) -> None
         "compile_seconds": 600.0,
     }
     assert client.put(f"/v1/ns/{namespace}/entries/{key}", json=body).status_code == 201
+
+
+def report(server: LiveServer, by: str, period: str = "7d", token: str | None = None) -> Any:
+    """What the page asks for, asked again by the test."""
+    with server.client(token) as client:
+        answer = client.get(
+            "/v1/reports/cost", params={"since": period, "by": by, "top": 10, "format": "json"}
+        )
+    assert answer.status_code == 200, answer.text
+    return answer.json()

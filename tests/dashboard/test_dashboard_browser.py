@@ -18,12 +18,14 @@ from typing import Any
 
 import pytest
 from dashboard import display
-from dashboard.live import Clock, LiveServer, artifacts_dir, publish
+from dashboard.live import Clock, LiveServer, artifacts_dir, publish, report
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.wait import WebDriverWait
+from support.browser import open_page, state, wait_for
 
 from neffcache.client.cli import main
 from neffcache.server.explain.reasons import REASONS
+
+pytestmark = pytest.mark.e2e
 
 DAY = 86400.0
 NAMESPACES = ("team-a", "team-b")
@@ -127,30 +129,10 @@ def seed(server: LiveServer, clock: Clock, token: str | None = None) -> list[dic
 # --- reading the page -------------------------------------------------------------------
 
 
-def state(driver: Any) -> str:
-    value: str = driver.execute_script("return document.body.dataset.state")
-    return value
-
-
 def auth(driver: Any) -> str | None:
     """What the page last read of the server's auth mode (``GET /v1/status``)."""
     value: str | None = driver.execute_script("return document.body.dataset.auth || null")
     return value
-
-
-def open_page(driver: Any, url: str, want: str = "ready") -> None:
-    driver.get_log("browser")  # drop what earlier tests left
-    driver.get_log("performance")
-    driver.get(url)
-    wait_for(driver, lambda: state(driver) == want, f"the page never reached {want!r}")
-
-
-def wait_for(driver: Any, condition: Callable[[], bool], message: str) -> None:
-    try:
-        WebDriverWait(driver, 15, poll_frequency=0.05).until(lambda _: condition())
-    except Exception as exc:
-        page = driver.execute_script("return document.body.innerText")[:2000]
-        raise AssertionError(f"{message}; state {state(driver)!r}; page:\n{page}") from exc
 
 
 def text(driver: Any, element_id: str) -> str:
@@ -167,16 +149,6 @@ def table(driver: Any, element_id: str) -> list[list[str]]:
         element_id,
     )
     return rows
-
-
-def report(server: LiveServer, by: str, period: str = "7d", token: str | None = None) -> Any:
-    """What the page asks for, asked again by the test."""
-    with server.client(token) as client:
-        answer = client.get(
-            "/v1/reports/cost", params={"since": period, "by": by, "top": 10, "format": "json"}
-        )
-    assert answer.status_code == 200, answer.text
-    return answer.json()
 
 
 # --- what the page must show, from the API's numbers -------------------------------------

@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 from dashboard import display
-from dashboard.live import Clock, LiveServer, publish
-from dashboard.test_dashboard_browser import open_page, report
+from dashboard.live import Clock, LiveServer, publish, report
+from support.browser import open_page
+
+pytestmark = pytest.mark.e2e
 
 DAY = 86400.0
 LEAST_BAR = 2.0  # dashboard.js: the narrowest bar for a value above zero

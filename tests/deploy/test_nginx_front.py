@@ -27,10 +27,12 @@ from loopback import InThread, free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 from neffcache.server import verified
-from neffcache.server.api import blobs as blobs_api
 from neffcache.server.app import create_app
 from neffcache.server.blobs.fs import FsBlobStore
+from neffcache.server.services import blobs as blob_reads
 from neffcache.server.settings import ServerSettings
+
+pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "deploy" / "nginx" / "nginx.conf"
@@ -189,13 +191,13 @@ def test_a_verified_unchanged_file_is_handed_over_unhashed_and_a_changed_one_has
 ) -> None:
     monkeypatch.setattr(verified, "_RACY", 0.0)  # remembered although just written
     hashed: list[str] = []
-    real_verify = blobs_api.verify
+    real_verify = blob_reads.verify
 
     def counted(*args: object, **kwargs: object) -> object:
         hashed.append(str(args[3]))
         return real_verify(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(blobs_api, "verify", counted)
+    monkeypatch.setattr(blob_reads, "verify", counted)
     data = os.urandom(100_000)
     key = upload(front, data)
     for _ in range(3):

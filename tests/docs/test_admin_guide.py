@@ -181,6 +181,7 @@ def _expect(words: list[str], out: str, state: dict[str, Any]) -> None:
         raise AssertionError(f"admin.md shows `neffcache {' '.join(words)}`: add its check")
 
 
+@pytest.mark.e2e
 def test_the_admin_guide_runs_as_written(
     server: Serve, cli_env: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -214,6 +215,7 @@ def _operations_command(prefix: tuple[str, ...]) -> Command:
     return found[0]
 
 
+@pytest.mark.e2e
 def test_a_local_admin_token_works_on_the_running_server(
     server: Serve, cli_env: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -228,6 +230,7 @@ def test_a_local_admin_token_works_on_the_running_server(
         assert http.get("/v1/admin/namespaces").status_code == 200
 
 
+@pytest.mark.e2e
 def test_fsck_and_reindex_run_on_the_server_s_data_dir(
     server: Serve, cli_env: None, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -60,6 +60,7 @@ def test_each_subcommand_is_listed_with_a_summary(node: Node) -> None:
     assert (node.help or "").strip(), f"{_id(node)}: no summary in its parent's list"
 
 
+@pytest.mark.e2e
 def test_the_installed_console_script_prints_help() -> None:
     script = shutil.which("neffcache")
     assert script, "the neffcache console script is not installed (pip install -e .)"

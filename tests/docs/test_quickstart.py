@@ -23,6 +23,8 @@ import pytest
 from client.e2e_harness import STANDINS, clean_environ, compile_args, hlo, search_path
 from docs.doctext import DOCS, blocks, logical_lines
 
+pytestmark = pytest.mark.e2e
+
 PAGE = DOCS / "quickstart.md"
 HOST = "cache.internal:8787"
 DATA_DIR = "/var/lib/neffcache"

@@ -1,7 +1,7 @@
 """Fixtures for ``neffcache doctor``'s tests; the helpers are in doctor_harness.py.
 
-* ``server``, ``silent_server``, ``unused_port``: tests/client's (the shared anonymous
-  ``neffcache serve``, a port that never answers, a port nothing listens on).
+* ``server``, ``silent_server``: tests/support/e2e_fixtures.py's (the shared anonymous
+  ``neffcache serve``, a port that never answers); ``unused_port`` is the suite's.
 * ``token_server``: a ``neffcache serve`` that requires tokens, with an admin, a
   write and a read token for namespace ``team-a`` (the same harness ``Server``).
 * ``status_server``: a stand-in for the server's ``/v1/status`` whose answer a test
@@ -19,9 +19,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from client.conftest import server, silent_server, unused_port  # noqa: F401  (reused)
 from client.e2e_harness import NEFFCACHE, Server, clean_environ
 from doctor.doctor_harness import StatusServer, TokenServer
+from support.e2e_fixtures import server, silent_server
+
+__all__ = ["server", "silent_server"]
 
 
 @pytest.fixture(scope="session")

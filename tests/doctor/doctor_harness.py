@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from client.e2e_harness import NEFFCACHE, STANDINS, Server, clean_environ, search_path, shim_dir
+from support.http_stubs import send_json
 
 DOCTOR = [*NEFFCACHE, "doctor"]
 
@@ -136,12 +137,7 @@ class StatusServer:
                     self._send(404, {"detail": "absent", "reason": "absent"})
 
             def _send(self, status: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, status, body)
 
         self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self._http.server_address[1]

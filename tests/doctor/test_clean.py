@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from client.e2e_harness import Server
 from doctor.doctor_harness import doctor_env, run_doctor
 
@@ -12,6 +13,7 @@ from neffcache.client.cli._doctor_cmd import _GROUPS
 from neffcache.client.doctor.runner import GROUPS
 
 
+@pytest.mark.e2e
 def test_a_correct_set_up_passes_with_exit_0(server: Server, tmp_path: Path) -> None:
     env = doctor_env(tmp_path, server.cache_url("doctor-clean"))
     done = run_doctor(env, "--json")
@@ -39,6 +41,7 @@ def test_a_correct_set_up_passes_with_exit_0(server: Server, tmp_path: Path) -> 
     assert results["stacks.libneuronxla"]["status"] == "PASS"
 
 
+@pytest.mark.e2e
 def test_the_text_output_names_every_check_and_its_status(server: Server, tmp_path: Path) -> None:
     env = doctor_env(tmp_path, server.cache_url("doctor-text"))
     done = run_doctor(env, "--read-only")
@@ -57,6 +60,7 @@ def test_the_command_line_names_every_group() -> None:
     assert tuple(g.name for g in GROUPS) == _GROUPS
 
 
+@pytest.mark.e2e
 def test_bad_input_exits_2(tmp_path: Path) -> None:
     env = doctor_env(tmp_path)
     assert run_doctor(env, "--only", "nosuch").code == 2

@@ -16,6 +16,8 @@ from doctor.doctor_harness import (
     status_body,
 )
 
+pytestmark = pytest.mark.e2e
+
 HOST = "127.0.0.1:8787"
 GOOD = f"neffcache+http://{HOST}/team-a"
 

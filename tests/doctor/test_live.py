@@ -17,8 +17,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 from client.e2e_harness import STANDINS, Server, search_path
 from doctor.doctor_harness import doctor_env, installed, results, run_doctor, said
+
+pytestmark = pytest.mark.e2e
 
 DRIVERS = Path(__file__).resolve().parent / "live_standins.py"
 TORCHNEURON = {"torch": "2.10.0", "torch_neuronx": "2.10.0.2.34.0"}

@@ -7,8 +7,11 @@ import os
 import site
 from pathlib import Path
 
+import pytest
 from client.e2e_harness import COMPILER, STANDINS, search_path, shim_dir
 from doctor.doctor_harness import doctor_env, results, said
+
+pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 

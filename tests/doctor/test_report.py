@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from doctor.doctor_harness import TokenServer, doctor_env, run_doctor
+
+pytestmark = pytest.mark.e2e
 
 SECRETS = {
     "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMIplantedSECRETKEY",

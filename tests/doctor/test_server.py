@@ -5,8 +5,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from client.e2e_harness import SilentServer
 from doctor.doctor_harness import StatusServer, doctor_env, results, run_doctor, status_body
+
+pytestmark = pytest.mark.e2e
 
 
 def test_a_server_that_is_down(tmp_path: Path, unused_port: int) -> None:

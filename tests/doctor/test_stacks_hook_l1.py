@@ -7,8 +7,11 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
 from client.e2e_harness import STANDINS, search_path, shim_dir
 from doctor.doctor_harness import doctor_env, installed, results, said
+
+pytestmark = pytest.mark.e2e
 
 URL = "neffcache+http://127.0.0.1:9/team-a"  # port 9: nothing answers; no server needed
 

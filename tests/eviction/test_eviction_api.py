@@ -1,4 +1,4 @@
-"""Issue 6 (eviction and ownership) through the HTTP API, in process: namespace
+"""Eviction and ownership through the HTTP API, in process: namespace
 policies, read-through, trusted writers, limits, the eviction rules, pins, expiry,
 blob collection and the audit log.
 
@@ -25,23 +25,25 @@ import blake3
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from support.backends import backends, open_stores
 
 from neffcache.server import access as access_module
-from neffcache.server.api import entries as entries_module
 from neffcache.server.app import create_app
-from neffcache.server.blobs import BlobStore, open_blob_store
+from neffcache.server.blobs import BlobStore
 from neffcache.server.blobs.memory import MemoryBlobStore
 from neffcache.server.deps import Backends
 from neffcache.server.eviction import evictor as evictor_module
-from neffcache.server.index import Index, open_index
+from neffcache.server.index import Index
 from neffcache.server.index.memory import MemoryIndex
+from neffcache.server.services import publish as publish_module
 from neffcache.server.settings import ServerSettings
 
 DAY = 86400.0
 ADDRESS = "neuronxcc-2.20.9961.0+0acef03a/MODULE_16518787498567201059+3cc9a3cb"
 OTHER_ADDRESS = "neuronxcc-2.20.9961.0+0acef03a/MODULE_42+3cc9a3cb"
 REPORT = {"compiler_version": "2.20.9961.0+0acef03a"}
-BACKENDS = ["memory", "sqlite", "redis"]
+# Eviction over each index; blobs in memory or on the filesystem.
+BACKENDS = ["memory", "filesystem+sqlite", "filesystem+redis"]
 _REAL_TIME = time.time
 
 
@@ -253,26 +255,9 @@ def removed(done: dict[str, Any]) -> set[tuple[str, str]]:
     return keys_of(done["removed"])
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=backends(*BACKENDS))
 def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[BlobStore, Index]]:
-    blobs: BlobStore
-    index: Index
-    if request.param == "memory":
-        blobs, index = MemoryBlobStore(), MemoryIndex()
-    else:
-        blobs = open_blob_store((tmp_path / "store").as_uri())
-        if request.param == "redis":
-            import redis
-
-            url = request.getfixturevalue("redis_server")
-            with redis.Redis.from_url(url) as connection:
-                connection.flushdb()
-            index = open_index(url)
-        else:
-            index = open_index(f"sqlite://{tmp_path / 'index.db'}")
-    yield blobs, index
-    blobs.close()
-    index.close()
+    yield from open_stores(request.param, request, tmp_path)
 
 
 @pytest.fixture
@@ -281,7 +266,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     set per app): only the server's own modules see it."""
     made = Clock()
     fake = SimpleNamespace(time=made.time)
-    monkeypatch.setattr(entries_module, "time", fake)
+    monkeypatch.setattr(publish_module, "time", fake)
     monkeypatch.setattr(access_module, "time", fake)
     return made
 

@@ -1,14 +1,12 @@
-"""Issue 6 against real ``neffcache serve`` processes: a download in flight when its entry
+"""Eviction against real ``neffcache serve`` processes: a download in flight when its entry
 is evicted, one evicting replica at a time (SQLite file and Redis index shared by two
 servers), and the admin commands end to end (run through the CLI's entry point in this
 process, against a real server; two of them through the installed command)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,10 +15,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import blake3
 import httpx
 import pytest
 from loopback import free_port, wait_healthy
+from support.backends import backends
+from support.served import actor_pid, digest, evictions, key, neff, publish, until
 
 from neffcache.client.cli import main
 
@@ -33,20 +32,6 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("NEFFCACHE_")}
     env.update(extra)
     return env
-
-
-def digest(data: bytes) -> str:
-    value: str = blake3.blake3(data).hexdigest()
-    return value
-
-
-def key(n: int | str) -> str:
-    return hashlib.sha256(f"key {n}".encode()).hexdigest()
-
-
-def neff(label: str, size: int) -> bytes:
-    seed = hashlib.sha256(label.encode()).digest()
-    return (seed * (size // len(seed) + 1))[:size]
 
 
 class Server:
@@ -103,28 +88,10 @@ def servers(tmp_path: Path) -> Iterator[Callable[..., Server]]:
         server.kill()
 
 
-def publish(
-    client: httpx.Client, namespace: str, key_: str, data: bytes, **fields: Any
-) -> httpx.Response:
-    stored = client.put(f"/v1/blobs/{digest(data)}", content=data)
-    assert stored.status_code in (200, 201), stored.text
-    body = {"key": key_, "files": {"model.neff": {"digest": digest(data), "size": len(data)}}}
-    body.update(fields)
-    return client.put(f"/v1/ns/{namespace}/entries/{key_}", json=body)
-
-
-def until(what: Callable[[], bool], seconds: float, message: str) -> None:
-    """Wait for ``what``; ``seconds`` only ends the wait (no time is asserted)."""
-    start = time.monotonic()
-    while not what():
-        if time.monotonic() - start > seconds:
-            raise AssertionError(f"{message}: not within {seconds} s")
-        time.sleep(0.1)
-
-
 # --- downloads in flight ----------------------------------------------------------------
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("verified_before", [False, True], ids=["first-read", "verified-blob"])
 def test_a_download_in_flight_completes_when_its_entry_is_evicted(
     servers: Callable[..., Server], tmp_path: Path, verified_before: bool
@@ -179,22 +146,9 @@ def test_a_download_in_flight_completes_when_its_entry_is_evicted(
 
 # --- one evicting replica ---------------------------------------------------------------
 
-_ACTOR = re.compile(r"^evictor@\S+ pid (\d+)$")
 
-
-def evictions(client: httpx.Client) -> list[dict[str, Any]]:
-    records = client.get("/v1/admin/audit", params={"limit": 10_000})
-    assert records.status_code == 200, records.text
-    return [r for r in records.json()["records"] if r["action"] == "evict"]
-
-
-def actor_pid(record: dict[str, Any]) -> int:
-    found = _ACTOR.match(record["actor"])
-    assert found is not None, record["actor"]
-    return int(found[1])
-
-
-@pytest.mark.parametrize("index", ["sqlite", "redis"])
+@pytest.mark.e2e
+@pytest.mark.parametrize("index", backends("sqlite", "redis"))
 def test_one_replica_evicts_at_a_time_and_another_takes_over(
     servers: Callable[..., Server],
     tmp_path: Path,
@@ -327,6 +281,7 @@ def one_line_error(done: subprocess.CompletedProcess[str], *words: str) -> str:
     return done.stderr
 
 
+@pytest.mark.e2e
 def test_the_admin_commands_end_to_end(
     servers: Callable[..., Server], tmp_path: Path, in_process: InProcess
 ) -> None:

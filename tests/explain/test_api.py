@@ -17,18 +17,15 @@ import httpx
 import pytest
 from explain.graphs import NEW, OLD, Graph, digest, hlo
 from fastapi.testclient import TestClient
+from support.backends import backends, stores_of
 
-from neffcache.server.api import entries as entries_module
 from neffcache.server.api import explain as explain_api
 from neffcache.server.app import create_app
-from neffcache.server.blobs import open_blob_store
-from neffcache.server.blobs.memory import MemoryBlobStore
 from neffcache.server.deps import Backends
 from neffcache.server.explain import gather as gather_module
 from neffcache.server.explain.notes import MissNote, note_misses
-from neffcache.server.index import Index, open_index
 from neffcache.server.index.base import Event
-from neffcache.server.index.memory import MemoryIndex
+from neffcache.server.services import publish as publish_module
 from neffcache.server.settings import ServerSettings
 
 DAY = 86400.0
@@ -89,28 +86,14 @@ class Api:
 MakeApi = Callable[[], Api]
 
 
-def _stores(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[Any, Index]:
-    if kind == "memory":
-        return MemoryBlobStore(), MemoryIndex()
-    blobs = open_blob_store((tmp_path / "blobs").as_uri())
-    if kind == "sqlite":
-        return blobs, open_index(f"sqlite://{tmp_path / 'index.db'}")
-    import redis
-
-    url = request.getfixturevalue("redis_server")
-    with redis.Redis.from_url(url) as connection:
-        connection.flushdb()
-    return blobs, open_index(url)
-
-
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=backends("memory", "filesystem+sqlite"))
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
 @pytest.fixture
 def api(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Api]:
-    blobs, index = _stores(backend, tmp_path, request)
+    blobs, index = stores_of(backend, request, tmp_path)
     settings = ServerSettings(data_dir=tmp_path, eviction_interval_seconds=0, blob_grace_seconds=0)
     app = create_app(settings, blob_store=blobs, index=index)
     with TestClient(app) as client:
@@ -443,7 +426,7 @@ def test_expired_after_its_ttl_unused(api: Api, monkeypatch: pytest.MonkeyPatch)
     # default TTL of 30 days expires it at the next pass.
     real = time.time
     with monkeypatch.context() as patched:
-        patched.setattr(entries_module, "time", SimpleNamespace(time=lambda: real() - 31 * DAY))
+        patched.setattr(publish_module, "time", SimpleNamespace(time=lambda: real() - 31 * DAY))
         api.publish("team-a", BLOCK)
     api.admin("POST", "/v1/admin/evict", {"dry_run": False})
     got = api.explain_key("team-a", BLOCK.key)
@@ -642,6 +625,8 @@ def test_a_read_token_of_another_namespace_is_refused(api: Api) -> None:
 # --- the main flows over Redis
 
 
+@pytest.mark.e2e
+@pytest.mark.backend("filesystem", "redis")
 def test_main_flows_over_redis(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     flows = [
         test_compiler_flags_target_and_env_changes,
@@ -653,7 +638,7 @@ def test_main_flows_over_redis(tmp_path: Path, request: pytest.FixtureRequest) -
     ]
     settings = ServerSettings(data_dir=tmp_path, eviction_interval_seconds=0, blob_grace_seconds=0)
     for flow in flows:
-        blobs, index = _stores("redis", tmp_path / flow.__name__, request)  # flushed
+        blobs, index = stores_of("filesystem+redis", request, tmp_path / flow.__name__)
         app = create_app(settings, blob_store=blobs, index=index)
         try:
             with TestClient(app) as client:

@@ -119,6 +119,7 @@ def first_line(done: subprocess.CompletedProcess[str]) -> str:
     return done.stdout.split("\n", 1)[0]
 
 
+@pytest.mark.e2e
 def test_compiler_upgrade(server: Server) -> None:
     server.publish("upgrade", BLOCK)
     server.noted("upgrade", BLOCK.with_(version=NEW), "compiler-changed")
@@ -142,6 +143,7 @@ def test_compiler_upgrade(server: Server) -> None:
     assert f"compiler_version: {BLOCK.components['compiler_version']} vs {NEW}" in done.stdout
 
 
+@pytest.mark.e2e
 def test_flag_change(server: Server) -> None:
     server.publish("flags", BLOCK)
     server.noted("flags", BLOCK.with_(target="trn2"), "target-changed")
@@ -161,6 +163,7 @@ def test_flag_change(server: Server) -> None:
     assert first_line(done) == "flag --optlevel differs: 1 vs 2"
 
 
+@pytest.mark.e2e
 def test_target_change(server: Server) -> None:
     server.publish("target", BLOCK)
     server.noted("target", BLOCK.with_(target="trn2"), "target-changed")
@@ -179,6 +182,7 @@ def test_target_change(server: Server) -> None:
     assert first_line(done) == "same program, target trn1 vs trn2"
 
 
+@pytest.mark.e2e
 def test_evicted_by_quota(server: Server) -> None:
     made = server.http.post(
         "/v1/admin/namespaces/quota", json={"quota_bytes": 5000, "ranking": "lru"}
@@ -196,6 +200,7 @@ def test_evicted_by_quota(server: Server) -> None:
     assert "removed: " in shown.stdout
 
 
+@pytest.mark.e2e
 def test_failed_before_prints_the_log_tail(server: Server) -> None:
     failing = BLOCK.with_(version=NEW)
     log = "".join(f"pass {n}: ok\n" for n in range(40)) + "ERROR: NCC_EVRF009 out of memory\n"
@@ -224,6 +229,7 @@ def _shape_variant(tmp: Path) -> Path:
     return path
 
 
+@pytest.mark.e2e
 def test_never_seen_closest_graph_differs_in_two_shapes(server: Server, tmp_path: Path) -> None:
     server.publish("shapes", BLOCK)
     wider = _shape_variant(tmp_path)
@@ -242,18 +248,21 @@ def test_never_seen_closest_graph_differs_in_two_shapes(server: Server, tmp_path
     assert (answer["reason"], answer["graph"]["differing"]) == ("shapes-changed", 2)
 
 
+@pytest.mark.e2e
 def test_an_unknown_key_is_explained_not_an_error(server: Server) -> None:
     done = explain(server, "nobody", "0" * 64, "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["reason"] == "unknown"
 
 
+@pytest.mark.e2e
 def test_namespace_option_overrides_the_url(server: Server) -> None:
     server.publish("elsewhere", BLOCK)
     done = explain(server, "upgrade-not-this", BLOCK.key, "--namespace", "elsewhere")
     assert first_line(done).startswith("an entry exists now: published ")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("args", "said"),
     [
@@ -274,6 +283,7 @@ def test_bad_input_is_one_line_and_exit_2(server: Server, args: list[str], said:
     assert done.stdout == ""
 
 
+@pytest.mark.e2e
 def test_no_namespace_is_exit_2_and_a_server_down_is_exit_1(server: Server) -> None:
     env = clean_env()
     done = subprocess.run(

@@ -23,6 +23,7 @@ from urllib.parse import unquote
 
 import pytest
 from client.e2e_harness import BLOCK_A, HLO_DIR, Sandbox, stock_address
+from support.http_stubs import send_json
 
 from neffcache.client.cli._common import CommandError
 from neffcache.client.explain_target import resolve_target
@@ -75,12 +76,7 @@ class _SinkHandler(BaseHTTPRequestHandler):
     server: PublishSink
 
     def _answer(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, status, body)
 
     def _body(self) -> bytes:
         return self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -158,6 +154,7 @@ def test_a_key_is_itself(text: str, key: str) -> None:
 # --- the hook's miss, by its stock address ----------------------------------------------
 
 
+@pytest.mark.e2e
 def test_the_hook_names_its_miss_by_address_and_explain_key(hook_run: HookRun) -> None:
     # The line's ``key`` stays null (prewarm fetches by it into the wrapper's side of
     # L1); the key to explain is its own field.
@@ -169,6 +166,7 @@ def test_the_hook_names_its_miss_by_address_and_explain_key(hook_run: HookRun) -
     assert hook_lines[0]["explain_key"] == hook_run.key
 
 
+@pytest.mark.e2e
 def test_a_miss_whose_entry_left_l1_is_found_by_its_explain_key(
     hook_run: HookRun, tmp_path: Path
 ) -> None:
@@ -192,6 +190,7 @@ SPELLINGS: dict[str, Callable[[HookRun], str]] = {
 }
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("spelling", list(SPELLINGS))
 def test_every_spelling_of_the_address_is_the_key_the_hook_published(
     hook_run: HookRun, spelling: str
@@ -200,6 +199,7 @@ def test_every_spelling_of_the_address_is_the_key_the_hook_published(
     assert resolve_target(text, hook_run.env) == hook_run.key
 
 
+@pytest.mark.e2e
 def test_an_entry_in_the_sdks_own_stock_cache_is_keyed(hook_run: HookRun, tmp_path: Path) -> None:
     copy_entry(hook_run, tmp_path / "stock")
     environ = hook_run.environ(
@@ -209,6 +209,7 @@ def test_an_entry_in_the_sdks_own_stock_cache_is_keyed(hook_run: HookRun, tmp_pa
     assert resolve_target(hook_run.address, environ) == hook_run.key
 
 
+@pytest.mark.e2e
 def test_several_keys_are_listed_one_per_line(hook_run: HookRun, tmp_path: Path) -> None:
     copy_entry(hook_run, tmp_path)
     copy_entry(hook_run, tmp_path, f"neuronxcc-{OTHER_VERSION}")
@@ -225,6 +226,7 @@ def test_several_keys_are_listed_one_per_line(hook_run: HookRun, tmp_path: Path)
 # --- the eras of a stock entry --------------------------------------------------------
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("hlo", "flags_file", "flags"),
     [
@@ -257,6 +259,7 @@ def test_each_era_of_an_entry_is_keyed_as_the_hook_keys_it(
     assert resolve_target(str(entry / "model.neff"), hook_run.env) == hook_run.key
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("change", "said"),
     [
@@ -289,6 +292,7 @@ def test_an_entry_that_cannot_be_keyed_says_why_in_one_line(
 # --- where the client records addresses: the run manifest, L1's manifests ------------
 
 
+@pytest.mark.e2e
 def test_a_run_manifest_line_without_a_key_is_said_not_guessed(
     hook_run: HookRun, tmp_path: Path
 ) -> None:
@@ -307,6 +311,7 @@ def test_a_run_manifest_line_without_a_key_is_said_not_guessed(
     assert "\n" not in message
 
 
+@pytest.mark.e2e
 def test_a_run_manifest_line_with_a_key_names_it(hook_run: HookRun, tmp_path: Path) -> None:
     line = json.loads(hook_run.run_manifest.read_text().splitlines()[0])
     run = tmp_path / "run.jsonl"
@@ -323,6 +328,7 @@ def test_a_run_manifest_line_with_a_key_names_it(hook_run: HookRun, tmp_path: Pa
     assert resolve_target(hook_run.module, environ) == hook_run.key
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["directory", "fifo"])
 def test_a_run_manifest_that_is_no_file_is_said_not_waited_for(
     hook_run: HookRun, tmp_path: Path, kind: str
@@ -349,6 +355,7 @@ def l1_with_manifest(run: HookRun, tmp_path: Path) -> tuple[Path, LocalStore]:
     return tmp_path / "l1", local
 
 
+@pytest.mark.e2e
 def test_l1s_manifests_name_the_key_of_an_address(hook_run: HookRun, tmp_path: Path) -> None:
     l1, local = l1_with_manifest(hook_run, tmp_path)
     (local.root / "keys" / "00").mkdir()
@@ -357,6 +364,7 @@ def test_l1s_manifests_name_the_key_of_an_address(hook_run: HookRun, tmp_path: P
     assert resolve_target(f"{hook_run.address}/model.neff", environ) == hook_run.key
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", ["key", "direct_key"])
 def test_an_l1_manifest_file_is_its_key(hook_run: HookRun, tmp_path: Path, name: str) -> None:
     _, local = l1_with_manifest(hook_run, tmp_path)
@@ -365,6 +373,7 @@ def test_an_l1_manifest_file_is_its_key(hook_run: HookRun, tmp_path: Path, name:
     assert resolve_target(str(path), {}) == hook_run.key
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("damage", "said"),
     [

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from explain.graphs import NEW, Graph, digest, hlo
+from support.backends import backends, open_index_of
 
 from neffcache.server.blobs.memory import MemoryBlobStore
 from neffcache.server.errors import StoreError
@@ -29,11 +30,9 @@ from neffcache.server.manifest import canonical_json
 T0 = time.time()
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=backends("memory", "sqlite"))
 def index(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Index]:
-    made: Index = (
-        MemoryIndex() if request.param == "memory" else open_index(f"sqlite://{tmp_path / 'i.db'}")
-    )
+    made = open_index_of(request.param, request, tmp_path)
     yield made
     made.close()
 

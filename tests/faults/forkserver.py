@@ -32,8 +32,20 @@ on stdin, one answer a line on stdout:
 - ``alive PID``: ``alive PID 1`` while it runs; ``alive PID 0`` once it has exited on
   its own (it is reaped then).
 
+- ``trap WHEN NTH ARMED PREFIX``: the next ``start`` only forks a server that SIGKILLs
+  itself ``before`` or ``after`` (``WHEN``) the ``NTH`` time it puts a file under its
+  final name in ``PREFIX`` (an ``os.link`` or ``os.replace`` whose destination starts
+  with that path: a blob's commit, a document's write) while the file ``ARMED`` exists;
+  answers ``trap set``. Just before the kill it logs ``trap: SIGKILL ...``.
+
 The launcher answers ``ready`` once its imports are done. When its stdin closes it
 kills and reaps any child still running, then exits.
+
+A trap is the one thing a child does that ``neffcache serve`` does not: it wraps
+``os.link`` and ``os.replace`` with a counter, so that a kill lands at one exact step of
+a write (between the fsync of a staged file and its link, between the link and the
+directory's fsync, between an index row and its document) however loaded the machine.
+The test creates ``ARMED`` once the server answers, so start-up never counts.
 """
 
 from __future__ import annotations
@@ -45,6 +57,9 @@ import sqlite3  # noqa: F401
 import sys
 import threading
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 # What a server start imports (the point of the launcher), imported once here. None of
 # these starts a thread or opens anything on import.
@@ -64,7 +79,53 @@ import neffcache.server.index.sqlite  # noqa: F401
 from neffcache.client.cli import build_parser
 
 
-def _serve(args: argparse.Namespace, log: str) -> None:
+@dataclass(frozen=True)
+class Trap:
+    """Where a child kills itself: see the module's docstring (``trap``)."""
+
+    when: str  # "before" or "after" the call
+    nth: int
+    armed: str  # a file: only calls made while it exists count
+    prefix: str
+
+    @classmethod
+    def parse(cls, words: list[str]) -> Trap:
+        when, nth, armed, prefix = words
+        if when not in ("before", "after") or int(nth) < 1:
+            raise ValueError(f"not a trap: {' '.join(words)}")
+        return cls(when, int(nth), armed, prefix)
+
+    def install(self) -> None:
+        """Wrap ``os.link`` and ``os.replace`` (in the child: the launcher keeps its own)."""
+        lock = threading.Lock()
+        count = 0
+
+        def wrap(name: str, real: Callable[..., None]) -> Callable[..., None]:
+            def placing(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+                nonlocal count
+                hit = False
+                if os.fsdecode(dst).startswith(self.prefix) and os.path.exists(self.armed):
+                    with lock:
+                        count += 1
+                        hit = count == self.nth
+                if hit and self.when == "before":
+                    self._die(name, dst)
+                real(src, dst, *args, **kwargs)
+                if hit and self.when == "after":
+                    self._die(name, dst)
+
+            return placing
+
+        os.link = wrap("link", os.link)
+        os.replace = wrap("replace", os.replace)
+
+    def _die(self, name: str, dst: Any) -> None:
+        line = f"trap: SIGKILL {self.when} os.{name} #{self.nth} to {os.fsdecode(dst)}\n"
+        os.write(2, line.encode())
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _serve(args: argparse.Namespace, log: str, trap: Trap | None) -> None:
     """The child: run the parsed command, then exit. Never returns."""
     code = 1
     try:
@@ -75,6 +136,8 @@ def _serve(args: argparse.Namespace, log: str) -> None:
         os.dup2(out, 2)
         os.close(null)
         os.close(out)
+        if trap is not None:
+            trap.install()
         code = args.run(args, [])
     except BaseException:
         traceback.print_exc()
@@ -84,14 +147,14 @@ def _serve(args: argparse.Namespace, log: str) -> None:
         os._exit(code)
 
 
-def _start(args: argparse.Namespace, log: str) -> int:
+def _start(args: argparse.Namespace, log: str, trap: Trap | None) -> int:
     if threading.active_count() != 1:
         raise RuntimeError("the launcher has threads: a forked child would not start fresh")
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        _serve(args, log)
+        _serve(args, log, trap)
     return pid
 
 
@@ -103,14 +166,20 @@ def _answer(line: str) -> None:
 def run(log: str, argv: list[str]) -> None:
     parser = build_parser()  # imports the command's plugins too, once
     children: set[int] = set()
+    trap: Trap | None = None  # for the next start only
     _answer("ready")
     try:
         for line in sys.stdin:
             command, *rest = line.split()
             if command == "start":
-                pid = _start(parser.parse_args([*argv, *rest]), log)
+                pid = _start(parser.parse_args([*argv, *rest]), log, trap)
+                trap = None
                 children.add(pid)
                 _answer(f"pid {pid}")
+            elif command == "trap":
+                # The prefix is the rest of the line: a path may hold spaces.
+                trap = Trap.parse(line.rstrip("\n").split(" ", 4)[1:])
+                _answer("trap set")
             elif command == "reap":
                 pid = int(rest[0])
                 _, status = os.waitpid(pid, 0)

@@ -1,4 +1,4 @@
-"""The authorization matrix (issue 8, fault 11): every route the app serves, called by
+"""The authorization matrix: every route the app serves, called by
 every kind of caller, against one table written from the docs (protocol.md, admin.md,
 telemetry.md, reports.md, explain.md, dashboard.md), not from the code.
 

@@ -1,4 +1,4 @@
-"""Fault suite item 9 (issue 8): clock skew of plus and minus one day on clients has no
+"""Clock skew of plus and minus one day on clients has no
 effect on expiry.
 
 Criterion (nothing lost, nothing kept by a wrong clock): a client whose clock is a day
@@ -34,8 +34,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from client.unit_support import closing_remotes, open_remote
 from faults.support import Server, running_server
+from support.client_units import closing_remotes, open_remote
 
 import neffcache.client
 from neffcache.client import remote as remote_module
@@ -44,6 +44,8 @@ from neffcache.client.keys import canonical_key, context
 from neffcache.client.publish import make_manifest, publish
 from neffcache.server.index import open_index
 from neffcache.server.index.base import Entry
+
+pytestmark = pytest.mark.e2e
 
 DAY = 86400.0
 TTL = 60.0  # the shortest a namespace takes

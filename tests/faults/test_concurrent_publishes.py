@@ -1,4 +1,4 @@
-"""Fault suite item 4 (issue 8): concurrent publishes of one key against a real
+"""Concurrent publishes of one key against a real
 ``neffcache serve`` (filesystem blobs), once over its SQLite index and once over a real
 ``redis-server`` (``NEFFCACHE_INDEX_URL``), each writer and reader a thread with its own
 HTTP connection, released together by a barrier.
@@ -24,6 +24,9 @@ from typing import Any
 import httpx
 import pytest
 from faults.support import Server, digest, running_server, running_server_with
+from support.backends import backends
+
+pytestmark = pytest.mark.e2e
 
 IDENTICAL = 100  # publishers of one manifest
 DIFFERENT = 40  # publishers of one key, each with its own manifest
@@ -31,7 +34,7 @@ READERS = 8
 VERSION = "2.20.9961.0+0acef03a"
 
 
-@pytest.fixture(scope="module", params=["sqlite", "redis"])
+@pytest.fixture(scope="module", params=backends("sqlite", "redis"))
 def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:

@@ -1,4 +1,4 @@
-"""Fault suite item 3 (issue 8): corruption at rest on the filesystem blob store of a
+"""Corruption at rest on the filesystem blob store of a
 real ``neffcache serve``, seen by the real client (``neffcache.client.remote.Remote``).
 
 Nothing lost, for a flipped byte, truncation, same-size garbage and a blob deleted
@@ -29,10 +29,12 @@ from typing import Any
 
 import httpx
 import pytest
-from client.unit_support import open_remote
 from faults.support import NEFFCACHE, Server, digest, running_server
+from support.client_units import open_remote
 
 from neffcache.client import remote as remote_module
+
+pytestmark = pytest.mark.e2e
 
 SMALL = 64 * 1024
 BIG = 17 * 2**20  # over the server's verify-first size: hashed as it streams

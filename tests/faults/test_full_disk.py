@@ -1,4 +1,4 @@
-"""Fault suite item 6 (issue 8): a full disk under a real ``neffcache serve``. The test
+"""A full disk under a real ``neffcache serve``. The test
 mounts a small tmpfs (it runs as root, as CI does; it is skipped, saying why, where
 ``mount`` is not permitted) and fills it with a filler file, once under the blob store
 (the SQLite index elsewhere) and once under the SQLite index (the blobs elsewhere).
@@ -31,6 +31,8 @@ from typing import Any
 import httpx
 import pytest
 from faults.support import Server, answer_status, digest, running_server_with
+
+pytestmark = pytest.mark.e2e
 
 DISK = 8 * 2**20  # the tmpfs's size
 VERSION = "2.20.9961.0+0acef03a"

@@ -1,4 +1,4 @@
-"""Fault suite item 10 (issue 8), the API half: schemathesis fuzzes every operation of
+"""The API half of the fuzzing: schemathesis fuzzes every operation of
 the served OpenAPI schema (``/openapi.json``), with and without tokens.
 
 Nothing lost: no request, however malformed, gets a 5xx; every answer has a status the

@@ -1,4 +1,4 @@
-"""Fault suite item 10 (issue 8), the parser half: hypothesis throws random and mutated
+"""The parser half of the fuzzing: hypothesis throws random and mutated
 bytes at the parsers that read what clients send.
 
 Nothing lost: every parser answers only with its documented clean error, never another

@@ -1,4 +1,4 @@
-"""Fault suite item 8: Redis killed, Redis wiped, S3 unreachable.
+"""Losing the index and its neighbours: Redis killed, Redis wiped, S3 unreachable.
 
 One ``neffcache serve`` over a real ``redis-server`` (no persistence, as a cache's
 Redis often runs) and moto's S3 reached through a loopback proxy the test can cut.
@@ -8,7 +8,10 @@ training image runs them.
 Nothing lost: every training run completes with the right NEFF bytes whatever state
 the stores are in (compiling locally when the cache cannot answer); and once the
 stores are back, ``neffcache admin reindex`` restores every entry the server ever
-acknowledged, so later runs hit without compiling."""
+acknowledged, so later runs hit without compiling. The server and the training runs
+are processes; reindex runs through the CLI's entry point in this process, with the
+server's settings in its environment (a cold CLI process would add seconds of imports
+per reindex and prove nothing more: tests/cli runs the command line itself)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,9 +36,12 @@ from client.e2e_harness import (
 from faults.proxy import FaultProxy
 from faults.support import Server, running_server_with
 from loopback import free_port, redis_argv, redis_ready
-from server.conftest import _wait_until_ready
+from support.services import wait_until_ready
 
-NEFFCACHE = [sys.executable, "-m", "neffcache.client.cli"]
+from neffcache.client.cli import main as neffcache
+
+pytestmark = pytest.mark.e2e
+
 NAMESPACE = "jobs"
 
 
@@ -59,7 +64,7 @@ class Redis:
         log = self.workdir / "redis.log"
         with open(log, "ab") as out:
             self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
-        _wait_until_ready(self.process, lambda: redis_ready(self.port), log)
+        wait_until_ready(self.process, lambda: redis_ready(self.port), log)
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -68,7 +73,7 @@ class Redis:
 
 
 @pytest.fixture
-def stores(
+def cuttable_stores(
     tmp_path: Path, s3_bucket: str, s3_endpoint: str
 ) -> Iterator[tuple[Redis, FaultProxy, dict[str, str]]]:
     host, _, port = s3_endpoint.removeprefix("http://").partition(":")
@@ -111,18 +116,21 @@ def train(sandbox: Sandbox, server: Server, names: list[str]) -> int:
     return sandbox.compiles() - before
 
 
-def reindex(data_dir: Path, settings: dict[str, str]) -> dict[str, object]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NEFFCACHE_")}
-    env.update({f"NEFFCACHE_{k.upper()}": v for k, v in settings.items()})
-    done = subprocess.run(
-        [*NEFFCACHE, "admin", "reindex", "--data-dir", str(data_dir), "--json"],
-        env=env,
-        capture_output=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr.decode()
-    report: dict[str, object] = json.loads(done.stdout)
+def reindex(
+    data_dir: Path, settings: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> dict[str, object]:
+    """``neffcache admin reindex --json`` with the server's settings (as its environment
+    gives them: ``NEFFCACHE_<NAME>``, and this process's AWS endpoint); its report."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in [n for n in os.environ if n.startswith("NEFFCACHE_")]:
+            patch.delenv(name)
+        for name, value in settings.items():
+            patch.setenv(f"NEFFCACHE_{name.upper()}", value)
+        capsys.readouterr()
+        code = neffcache(["admin", "reindex", "--data-dir", str(data_dir), "--json"])
+        out, err = capsys.readouterr()
+    assert code == 0, err
+    report: dict[str, object] = json.loads(out)
     return report
 
 
@@ -134,9 +142,11 @@ def held(server: Server) -> set[str]:
 
 
 def test_redis_killed_wiped_and_s3_cut_lose_nothing(
-    tmp_path: Path, stores: tuple[Redis, FaultProxy, dict[str, str]]
+    tmp_path: Path,
+    cuttable_stores: tuple[Redis, FaultProxy, dict[str, str]],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    db, proxy, settings = stores
+    db, proxy, settings = cuttable_stores
     sandbox = Sandbox(tmp_path / "sandbox", NAMESPACE)
     sandbox.root.mkdir()
     data_dir = tmp_path / "server"
@@ -158,7 +168,7 @@ def test_redis_killed_wiped_and_s3_cut_lose_nothing(
             assert train(sandbox, server, [OTHER]) == 1
             acknowledged |= held(server)
             # ... and reindex brings back what the lost index held.
-            report = reindex(data_dir, settings)
+            report = reindex(data_dir, settings, capsys)
             assert report["restored"] == 2
             assert report["present"] == 1
             assert report["missing_blobs"] == report["damaged"] == []
@@ -168,7 +178,7 @@ def test_redis_killed_wiped_and_s3_cut_lose_nothing(
             # 3. Redis wiped while the server runs (FLUSHALL): the same.
             redis.Redis.from_url(db.url).flushall()
             assert train(sandbox, server, [VARIANT]) == 1
-            report = reindex(data_dir, settings)
+            report = reindex(data_dir, settings, capsys)
             assert (report["restored"], report["present"]) == (2, 1)
             assert held(server) == acknowledged
 
@@ -179,7 +189,7 @@ def test_redis_killed_wiped_and_s3_cut_lose_nothing(
         with FaultProxy(proxy.upstream) as back:
             os.environ["AWS_ENDPOINT_URL_S3"] = back.url
             with running_server_with(data_dir, **settings) as server:
-                report = reindex(data_dir, settings)
+                report = reindex(data_dir, settings, capsys)
                 assert (report["restored"], report["present"]) == (0, 3)
                 assert held(server) == acknowledged
                 assert train(sandbox, server, [BLOCK_A, VARIANT, OTHER]) == 0

@@ -1,4 +1,4 @@
-"""Fault suite item 2 (issue 8): lying uploads against a real ``neffcache serve``
+"""Lying uploads against a real ``neffcache serve``
 (filesystem blobs, SQLite index), sent byte for byte over raw sockets.
 
 Nothing lost, for every lie: the answer is the documented one (``400``, or no answer
@@ -103,6 +103,7 @@ def assert_nothing_stored(server: Server, rejected: str, namespace: str) -> None
     assert server.http.put(f"/v1/ns/{namespace}/entries/{key}", json=manifest).status_code == 201
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("lie", list(LIES))
 def test_a_lying_upload_is_rejected_and_stores_nothing(server: Server, lie: str) -> None:
     """Nothing lost: the documented answer, no blob under the announced digest (nor
@@ -119,6 +120,7 @@ def test_a_lying_upload_is_rejected_and_stores_nothing(server: Server, lie: str)
         assert_nothing_stored(server, digest(b"not these bytes" + data), namespace)
 
 
+@pytest.mark.e2e
 def test_a_client_that_hangs_up_is_an_aborted_request_not_a_server_fault(
     server: Server,
 ) -> None:
@@ -133,6 +135,7 @@ def test_a_client_that_hangs_up_is_an_aborted_request_not_a_server_fault(
     assert "ClientDisconnect" not in log
 
 
+@pytest.mark.e2e
 def test_bytes_after_an_honest_body_never_join_the_blob(server: Server) -> None:
     """Nothing lost: the server reads exactly Content-Length bytes, and the extra ones
     are a malformed next request that uvicorn answers ``400`` (closing the connection,

@@ -1,10 +1,10 @@
-"""Fault suite item 7 (issue 8): network faults between the real client and a real
+"""Network faults between the real client and a real
 ``neffcache serve``, injected by a loopback TCP proxy (``faults.proxy``) that drops
 (FIN), resets (RST) or stalls a connection after a given number of bytes in either
 direction, stalls it from the start (accepted, then silence), or delays every chunk.
 
 The client is ``neffcache.client.remote.Remote`` as a training job configures it
-(``client.unit_support.open_remote``, ``NEFFCACHE_TIMEOUT`` 1 s, connect timeout 1 s),
+(``support.client_units.open_remote``, ``NEFFCACHE_TIMEOUT`` 1 s, connect timeout 1 s),
 and ``publish`` is the function the compiler wrapper's session publishes with. The
 client's bounds (docs/client.md, "Never fail, never hang"): a request ends within its
 deadline, ``NEFFCACHE_TIMEOUT`` plus one second per 8 MiB for a blob transfer, and
@@ -33,12 +33,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from client.unit_support import no_server_down, open_remote
 from faults.proxy import Fault, fault_proxy
 from faults.support import Server, digest, running_server
+from support.client_units import no_server_down, open_remote
 
 from neffcache.client.publish import publish
 from neffcache.client.remote import Remote
+
+pytestmark = pytest.mark.e2e
 
 TIMEOUT = 1.0  # NEFFCACHE_TIMEOUT of the client under test
 # Its timeout where nothing goes wrong on the way, and success is asserted: a loaded

@@ -1,4 +1,4 @@
-"""Fault suite item 5 (issue 8): reads during writes and during eviction, against a real
+"""Reads during writes and during eviction, against a real
 ``neffcache serve`` with no blob grace (``NEFFCACHE_BLOB_GRACE_SECONDS=0``: a blob no
 entry references goes at the next pass) and passes run by the test through the admin
 API (``POST /v1/admin/evict``, ``POST /v1/admin/expire``), over the filesystem store
@@ -28,6 +28,8 @@ from typing import Any
 import httpx
 import pytest
 from faults.support import Server, digest, running_server_with
+
+pytestmark = pytest.mark.e2e
 
 VERSION = "2.20.9961.0+0acef03a"
 NAMESPACE = "churn"

@@ -3,13 +3,21 @@ tests/bench/bench_fleet.py): a small fleet (2 hosts x 2 ranks, 2 graphs, compile
 fraction of a second) through every configuration, and the counts that must hold
 whatever the timing: who compiled what, and what crossed the network. Never timing.
 
+The configurations run at once, each in a thread (their phases in order): each has
+its own directories, services and relay, and the counts do not depend on timing. The
+S3 stand-in's endpoint is the session's moto server (``s3_endpoint``), not one more.
+
 Also the pure parts: the interval arithmetic behind the modelled time to first step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -32,14 +40,28 @@ NAMES = [g.fixture for g in GRAPHS]
 
 
 def run_fleet() -> dict[str, dict[str, PhaseResult]]:
-    with Fleet(PLAN) as fleet:
-        return {c: {r.phase: r for r in fleet.run(c)} for c in PLAN.configs}
+    with Fleet(PLAN) as fleet, ThreadPoolExecutor(len(PLAN.configs)) as pool:
+        runs = dict(zip(PLAN.configs, pool.map(fleet.run, PLAN.configs), strict=True))
+    return {c: {r.phase: r for r in results} for c, results in runs.items()}
+
+
+@pytest.fixture
+def session_moto(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fleet's S3 stand-in against the session's moto (buckets are fresh per
+    fleet), instead of a moto server of its own: starting one costs seconds of CPU."""
+
+    @contextlib.contextmanager
+    def running(_root: Path) -> Iterator[SimpleNamespace]:
+        yield SimpleNamespace(url=s3_endpoint)  # what the fleet reads of its service
+
+    monkeypatch.setattr(fleet_sim, "moto_service", running)
 
 
 def hosts_of(result: PhaseResult) -> set[str]:
     return {r["host"] for r in result.ranks}
 
 
+@pytest.mark.usefixtures("session_moto")
 def test_fleet_counts() -> None:
     """One fleet run (one test, so that pytest-xdist never runs it twice), every count."""
     runs = run_fleet()

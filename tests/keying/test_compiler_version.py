@@ -178,7 +178,7 @@ def test_failure_is_not_memoized(bin_dir: Path, counter: Path) -> None:
 
 
 @pytest.mark.parametrize("flag", ["--version", "-V"])
-def test_standin_prints_facts_block(flag: str) -> None:
+def test_standin_prints_the_version_block(flag: str) -> None:
     done = subprocess.run(
         [sys.executable, str(STANDIN), flag], capture_output=True, text=True, check=False
     )

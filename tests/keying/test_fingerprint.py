@@ -266,9 +266,9 @@ def test_kept_bytes_that_look_like_a_marker_still_reorder_correctly() -> None:
 
 
 def test_a_marker_field_in_an_instruction_cannot_move_fields_to_its_neighbour() -> None:
-    # Found in review: with a fixed marker, an instruction carrying the marker field
+    # With a fixed marker, an instruction carrying the marker field
     # could hand a kept field (here parameter_number=1, field 9) to the next
-    # instruction, and modules with different parameters shared a fingerprint.
+    # instruction, and modules with different parameters would share a fingerprint.
     def m1(module: Any) -> None:
         module.computations[-1].instructions[0].MergeFromString(FAKE_MARK + b"\x48\x01")
 
@@ -331,8 +331,8 @@ def _mutated_from(name: str, mutate: Any) -> bytes:
 @pytest.mark.parametrize("buffer_assignment", [b"", field(2, b"\x08\x01")])
 def test_an_hlo_proto_is_refused_with_a_hint(buffer_assignment: bytes) -> None:
     # XLA's --xla_dump_hlo_as_proto writes an HloProto: the module is its field 1, and
-    # a buffer assignment (field 3) must not be read as computations. Found in review:
-    # with one buffer alias, two different wrapped programs shared a fingerprint.
+    # a buffer assignment (field 3) must not be read as computations:
+    # with one buffer alias, two different wrapped programs would share a fingerprint.
     for name in ("block_a", "variant_op"):
         wrapped = field(1, load(name)) + (field(3, buffer_assignment) if buffer_assignment else b"")
         with pytest.raises(KeyingError, match="HloProto"):

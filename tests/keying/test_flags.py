@@ -540,3 +540,23 @@ def test_nxdi_two_word_target_is_the_target_era() -> None:
 def test_unreadable_flags_files_are_keying_errors(name: str, content: bytes) -> None:
     with pytest.raises(KeyingError):
         read_stock_flags(name, content)
+
+
+def test_the_flags_hash_loads_no_openssl() -> None:
+    # The wrapper computes it on every hit: hashlib would load OpenSSL and blake2 for
+    # eight hex digits of a directory name (the builtin _md5 gives the same digest).
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; from neffcache.keying import neuron_flags_hash; "
+        "before = '_hashlib' in sys.modules; "
+        "assert neuron_flags_hash(['--target=trn1', '--model-type=transformer']) == '3cc9a3cb'; "
+        "print(before, '_hashlib' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    before, after = done.stdout.split()
+    assert after == before

@@ -420,7 +420,7 @@ def test_neuron_address_round_trip(version: str, module_key: str, flags_hash: st
     assert str(parsed) == address
 
 
-def test_parse_neuron_address_facts_examples() -> None:
+def test_parse_neuron_address_of_real_cache_entries() -> None:
     parsed = parse_neuron_address(
         "neuronxcc-2.20.9961.0+0acef03a/MODULE_16518787498567201059+3cc9a3cb"
     )

@@ -255,8 +255,8 @@ def test_importing_keying_does_not_import_dataclasses() -> None:
 
 
 def test_a_dataclass_era_pickle_state_loads_by_name_and_others_are_refused() -> None:
-    # Found in review: a dataclass pickle's state is a dict; zipping its keys with the
-    # fields loaded CompileContext(compiler_version='compiler_version', ...) silently.
+    # A dataclass pickle's state is a dict; zipping its keys with the
+    # fields would load CompileContext(compiler_version='compiler_version', ...) silently.
     from neffcache.keying import CompileContext
 
     ctx = CompileContext.create(

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from leases.conftest import TTL, make_config, peek
-from leases.test_hook_lease_chain import A1, HLO, FakeStock
+from support.client_units import FakeStock
+from support.lease_hosts import A1, HLO, TTL, make_config, peek
 
 from neffcache.client import proxy, publish
 from neffcache.client.proxy import Core, _flush_publishes, _publisher

@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 
 import pytest
-from leases.conftest import make_config, peek
-from leases.test_hook_lease_chain import A1, FakeStock
+from support.client_units import FakeStock
+from support.lease_hosts import A1, make_config, peek
 
 from neffcache.client.proxy import Core
 

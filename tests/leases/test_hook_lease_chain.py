@@ -11,7 +11,7 @@ Two everyday ways to get there with the SDK's probe-before-writing-the-HLO order
   with other metadata: the case canonical keys exist for). The hook's publish gets 409
   (``publish`` treats it as success) and never adds its address as an alias, although
   ``PUT /aliases`` exists for exactly this;
-* the graph cannot be keyed (no ``--target`` in compile_flags.json, facts 4.3 item 6):
+* the graph cannot be keyed (no ``--target`` in compile_flags.json, docs/neuron-sdk.md#flags-hash):
   nothing is published at all.
 """
 
@@ -26,26 +26,12 @@ from typing import Any
 
 import httpx
 import pytest
-from leases.conftest import NS, make_config
+from support.client_units import VERSION, FakeStock
+from support.lease_hosts import A1, HLO, NS, make_config
 
 from neffcache.client.proxy import Core, _flush_publishes
 
-TESTS = Path(__file__).resolve().parents[1]
-HLO = (TESTS / "fixtures" / "hlo" / "block_a.pb").read_bytes()
-VERSION = "2.20.9961.0+0acef03a"
-A1 = f"neuronxcc-{VERSION}/MODULE_111+abcdef01"  # this run's address
 A2 = f"neuronxcc-{VERSION}/MODULE_222+abcdef01"  # an earlier trace of the same program
-
-
-class FakeStock:
-    def __init__(self, root: Path) -> None:
-        self.cache_path = str(root)
-
-    def exists(self, path: str) -> bool:
-        return os.path.exists(path)
-
-    def upload_string_to_file(self, path: str, data: str) -> None:
-        Path(path).write_text(data)
 
 
 def host(url: str, l1: Path, address: str) -> tuple[Core, Path]:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from client.e2e_harness import clean_environ, search_path
-from leases.conftest import NS
+from support.lease_hosts import NS
 
 TESTS = Path(__file__).resolve().parents[1]
 STANDINS = TESTS / "standins"

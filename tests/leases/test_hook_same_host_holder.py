@@ -14,8 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from leases.conftest import NS, make_config, peek
-from leases.test_hook_lease_chain import A1, FakeStock
+from support.client_units import FakeStock
+from support.lease_hosts import A1, NS, make_config, peek
 
 from neffcache.client.lease import holder_name
 from neffcache.client.proxy import Core

@@ -1,7 +1,8 @@
 """The hook asks for the lease (``take``) only from an ``exists(model.done)`` probe made
 while this process holds the SDK's entry lock. The stand-in SDK probes again after
-taking its lock; whether the real one does is not public (facts 3.3, 6.2: only
-``neuron_parallel_compile``'s re-check is seen). An SDK that probes once, then locks
+taking its lock; whether the real one does is not public (docs/neuron-sdk.md,
+"Hit detection" and "Per-entry compile lock": only ``neuron_parallel_compile``'s
+re-check is seen). An SDK that probes once, then locks
 and compiles, never gets a lease through the hook: every host compiles the graph
 (only the compiler wrapper, when it is enabled too, still de-duplicates, by key).
 Taking the lease in ``hlo_acquire_lock`` itself (and releasing it in
@@ -12,8 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from leases.conftest import make_config, peek
-from leases.test_hook_lease_chain import A1, FakeStock
+from support.client_units import FakeStock
+from support.lease_hosts import A1, make_config, peek
 
 from neffcache.client.proxy import Core
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from client.unit_support import Clock
-from leases.conftest import make_config
+from support.client_units import Clock
+from support.lease_hosts import make_config
 
 from neffcache.client import lease
 from neffcache.client.lease import Leases

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from leases.conftest import make_config
+from support.lease_hosts import make_config
 
 from neffcache.client.lease import Leases
 from neffcache.client.remote import Remote

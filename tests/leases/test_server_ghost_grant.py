@@ -13,7 +13,7 @@ import time
 from urllib.parse import urlsplit
 
 import httpx
-from leases.conftest import NS, TTL
+from support.lease_hosts import NS, TTL
 
 KEY = "f" * 64
 

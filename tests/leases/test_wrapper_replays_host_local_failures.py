@@ -1,10 +1,11 @@
 """On ``failed`` the wrapper replays the holder's failure record on every host that
 waited for it (session.Session._fleet). It replays whatever exit code the holder saw,
 including a compiler killed by a signal (the kernel's OOM killer: neuronx-cc is the
-biggest process on the host; facts 12 row 11) or one that could not be started (127
-from run_teeing): failures of that host, not of the graph. One host's OOM kill then
-fails the compile, and the training job, on every host that was waiting, where each
-would have compiled the graph (or its own rank 0 would have) without a lease."""
+biggest process on the host; docs/neuron-sdk.md#per-entry-compile-lock) or one that
+could not be started (127 from run_teeing): failures of that host, not of the graph.
+One host's OOM kill then fails the compile, and the training job, on every host that
+was waiting, where each would have compiled the graph (or its own rank 0 would have)
+without a lease."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from leases.conftest import make_config
+from support.lease_hosts import make_config
 
 from neffcache.client import lease as lease_module
 from neffcache.client import session as session_module

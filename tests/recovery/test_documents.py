@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 import blake3
 import pytest
+from support.backends import BLOB_STORES, backends
 
 from neffcache.server.blobs import BlobStore
 from neffcache.server.blobs.documents import DocumentStore, check_name
@@ -92,7 +93,7 @@ def s3_stray(url: str) -> Callable[[str], None]:
     return put
 
 
-@pytest.fixture(params=["memory", "fs", "s3"])
+@pytest.fixture(params=backends(*BLOB_STORES))
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     opened: list[BlobStore] = []
 
@@ -103,7 +104,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     if request.param == "memory":
         memory = MemoryBlobStore()
         found = Backend("memory", track(memory), lambda: memory)
-    elif request.param == "fs":
+    elif request.param == "filesystem":
         root = tmp_path / "store"
         found = Backend(
             "fs", track(FsBlobStore(root)), lambda: track(FsBlobStore(root)), fs_stray(root)
@@ -585,6 +586,7 @@ _CRASH = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("mode", "old"),
     [("replace", b"old bytes"), ("create-only", b"old bytes"), ("create-only", None)],

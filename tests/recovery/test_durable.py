@@ -27,8 +27,8 @@ from pathlib import Path
 import blake3
 import pytest
 import redis
+from support.backends import backends
 
-from neffcache.server.app import durable
 from neffcache.server.auth import TokenPresence
 from neffcache.server.blobs import BlobStore
 from neffcache.server.blobs.documents import DocumentStore
@@ -47,7 +47,6 @@ from neffcache.server.recovery.durable import (
     META,
     TOMBSTONE,
     DurableIndex,
-    check_at_start,
     has_documents,
     is_complete,
     mark_complete,
@@ -56,11 +55,13 @@ from neffcache.server.recovery.fsck import fsck
 from neffcache.server.recovery.reindex import (
     IndexRecovery,
     ReindexReport,
+    check_at_start,
     reconcile,
     reindex,
     restore_configuration,
     restore_entry,
 )
+from neffcache.server.services import durable
 from neffcache.server.settings import ServerSettings
 
 NS = "team-a"
@@ -160,17 +161,18 @@ class Pair:
         return SqliteIndex(self.tmp / f"index-{uuid.uuid4().hex}.db")
 
 
-PAIRS = ["memory", "sqlite+fs", "redis+memory"]
+# Blob store + index: every index, each beside a document store.
+PAIRS = ["memory", "filesystem+sqlite", "memory+redis"]
 
 
-@pytest.fixture(params=PAIRS)
+@pytest.fixture(params=backends(*PAIRS))
 def pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Pair]:
     redis_url = ""
     index: Index
     blobs: BlobStore
     if request.param == "memory":
         index, blobs = MemoryIndex(), MemoryBlobStore()
-    elif request.param == "sqlite+fs":
+    elif request.param == "filesystem+sqlite":
         index, blobs = SqliteIndex(tmp_path / "index.db"), FsBlobStore(tmp_path / "blobs")
     else:
         redis_url = request.getfixturevalue("redis_server")
@@ -179,7 +181,7 @@ def pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Pair]:
         index, blobs = RedisIndex.from_url(redis_url), MemoryBlobStore()
     assert isinstance(blobs, DocumentStore)
     spy = Spy(blobs)
-    kind = request.param.partition("+")[0]
+    kind = request.param.rpartition("+")[2]  # the index
     yield Pair(kind, index, blobs, spy, DurableIndex(index, spy, blobs), tmp_path, redis_url)
     index.close()
     blobs.close()

@@ -21,6 +21,7 @@ import pytest
 import redis
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from support.backends import backends
 
 from neffcache.server.app import create_app
 from neffcache.server.auth import new_token
@@ -91,10 +92,10 @@ class Cluster:
 
 # A running SQLite index cannot be flushed under its server: it is lost by a restart
 # (a deleted or restored ``index.db``), so the flush tests run on Redis only.
-REDIS_ONLY = pytest.mark.parametrize("cluster", ["redis"], indirect=True)
+REDIS_ONLY = pytest.mark.parametrize("cluster", backends("redis"), indirect=True)
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=backends("sqlite", "redis"))
 def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
     redis_url = ""
     if request.param == "redis":

@@ -20,6 +20,7 @@ import blake3
 import pytest
 import redis
 from fastapi.testclient import TestClient
+from support.backends import backends
 
 from neffcache.server.app import create_app
 from neffcache.server.blobs import BlobStore, open_blob_store
@@ -34,7 +35,8 @@ from neffcache.server.recovery.reindex import reindex
 from neffcache.server.settings import ServerSettings
 
 ADDRESS = "neuronxcc-2.20.9961.0+0acef03a/MODULE_16518787498567201059+3cc9a3cb"
-BACKENDS = ["memory", "fs+sqlite", "fs+redis", "s3+redis"]
+# A pair whose index can be wiped and opened again: its own fixture, these backends.
+BACKENDS = ["memory", "filesystem+sqlite", "filesystem+redis", "s3+redis"]
 
 
 def digest(data: bytes) -> str:
@@ -71,7 +73,7 @@ class Pair:
                 (self.tmp / name).unlink(missing_ok=True)
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=backends(*BACKENDS))
 def pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Pair]:
     blob_kind, _, index_kind = request.param.partition("+")
     if blob_kind == "memory":

@@ -17,13 +17,12 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 from reports.support import HOUR, NEW, OLD, key, keyed
+from support.backends import backends, open_stores
 
 from neffcache.server.app import create_app
 from neffcache.server.blobs import BlobStore, open_blob_store
-from neffcache.server.blobs.memory import MemoryBlobStore
 from neffcache.server.deps import Backends
 from neffcache.server.index import Index, open_index
-from neffcache.server.index.memory import MemoryIndex
 from neffcache.server.settings import ServerSettings
 
 BIG = "trn1.32xlarge"  # $21.50 an hour (shipped)
@@ -130,18 +129,9 @@ class Cache:
         return entry_key
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=backends("memory", "filesystem+sqlite"))
 def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[BlobStore, Index]]:
-    blobs: BlobStore
-    index: Index
-    if request.param == "memory":
-        blobs, index = MemoryBlobStore(), MemoryIndex()
-    else:
-        blobs = open_blob_store((tmp_path / "blobs").as_uri())
-        index = open_index(f"sqlite://{tmp_path / 'index.db'}")
-    yield blobs, index
-    blobs.close()
-    index.close()
+    yield from open_stores(request.param, request, tmp_path)
 
 
 def _cache(stores: tuple[BlobStore, Index], tmp_path: Path) -> Iterator[Cache]:

@@ -20,6 +20,8 @@ import pytest
 from loopback import free_port, wait_healthy
 from reports.support import HOUR, key
 
+pytestmark = pytest.mark.e2e
+
 NEFFCACHE = [sys.executable, "-m", "neffcache.client.cli"]
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN = "nfc_reports_e2e_admin_secret"

@@ -1,5 +1,5 @@
 """Fixtures for the scale-out tests: the session's real ``redis-server`` and moto S3
-server (tests/server/conftest.py), and ``pair``: two ``neffcache serve`` replicas over
+server (tests/support/services.py), and ``pair``: two ``neffcache serve`` replicas over
 them, started once per module.
 
 Each module gets a Redis database of its own (flushed first) and a fresh bucket, so
@@ -15,9 +15,9 @@ from collections.abc import Iterator
 
 import pytest
 from scaleout.replicas import Pair, running_replicas
-from server.conftest import new_bucket, redis_server, s3_endpoint
+from support.services import new_bucket
 
-__all__ = ["pair", "redis_server", "s3_endpoint"]
+__all__ = ["pair"]
 
 ADMIN = "scaleout-bootstrap-admin-secret"
 # Databases 8 to 15 of the session's redis-server (other tests use 0), one per module.

@@ -1,5 +1,5 @@
-"""Background work runs on one replica at a time, over Redis and S3 (issue 8,
-scale-out): the evictor lease (``_system``/``evictor`` in the index, see
+"""Background work runs on one replica at a time, over Redis and S3: the evictor
+lease (``_system``/``evictor`` in the index, see
 server/neffcache/server/eviction/maintenance.py) has one holder while both replicas
 live, and passes to the other when its holder dies or stops.
 
@@ -18,8 +18,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from eviction.test_eviction_serve import actor_pid, evictions, key, neff, publish, until
 from scaleout.replicas import Pair, Replica
+from support.served import actor_pid, evictions, key, neff, publish, until
 
 from neffcache.server.eviction.maintenance import LEADER, SYSTEM
 from neffcache.server.index import Index, open_index

@@ -1,6 +1,6 @@
 """Two replicas over one Redis index and one S3 bucket agree: what is published
 through one is served by the other, and leases, quotas, reports and tokens are the
-same whichever replica is asked (issue 8, scale-out).
+same whichever replica is asked.
 
 One pair of replicas serves the whole module (``pair`` in conftest.py); each test
 works in a namespace of its own. No background eviction here (interval 0): the quota
@@ -16,8 +16,8 @@ import time
 from typing import Any
 
 import httpx
-from eviction.test_eviction_serve import digest, evictions, key, neff, publish, until
 from scaleout.replicas import Pair, create_token
+from support.served import digest, evictions, key, neff, publish, until
 
 REPLICA_SETTINGS = {"NEFFCACHE_EVICTION_INTERVAL_SECONDS": "0"}
 KIB = 1024

@@ -154,6 +154,7 @@ def test_audit_and_eviction_reasons_read_as_the_admin_wrote(admin: Admin) -> Non
     assert all(row.split()[2] == "ops" for row in rows[1:]), rows
 
 
+@pytest.mark.e2e
 def test_a_reader_that_leaves_early_is_no_traceback(tmp_path: Path) -> None:
     """``neffcache ... --json | head``: the reader closes the pipe before the output
     is written; the command exits as a tool killed by SIGPIPE does, and says nothing."""

@@ -12,81 +12,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import blake3
 import pytest
-import redis
 from fastapi.testclient import TestClient
+from support.api import ADDRESS, admin_token, digest, make_token, manifest, put_blob
 
 from neffcache.server.app import create_app
-from neffcache.server.blobs import BlobStore, open_blob_store
+from neffcache.server.blobs import BlobStore
 from neffcache.server.blobs.memory import MemoryBlobStore
-from neffcache.server.blobs.s3 import S3BlobStore, make_client
 from neffcache.server.errors import StoreFull
-from neffcache.server.index import Index, open_index
+from neffcache.server.index import Index
 from neffcache.server.index.memory import MemoryIndex
 from neffcache.server.settings import ServerSettings
 
-ADDRESS = "neuronxcc-2.20.9961.0+0acef03a/MODULE_16518787498567201059+3cc9a3cb"
-
-
-def digest(data: bytes) -> str:
-    value: str = blake3.blake3(data).hexdigest()
-    return value
-
-
-BACKENDS = ["memory", "fs+sqlite", "fs+redis", "s3+sqlite"]
-
-
-class LentClient:
-    """The module's S3 client, lent to one test's store: the store's ``close`` must
-    leave it open for the next test (making a boto3 client takes from a quarter of a
-    second to a second, more than most of these tests)."""
-
-    def __init__(self, client: Any) -> None:
-        self._client = client
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
-
-    def close(self) -> None:
-        """The module's fixture closes the client."""
-
-
-@pytest.fixture(scope="module")
-def s3_client(s3_endpoint: str) -> Iterator[Any]:
-    """One S3 client on moto for the module, made as ``S3BlobStore.from_url`` makes one."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)
-        client = make_client()
-    yield client
-    client.close()
-
-
-def s3_store(request: pytest.FixtureRequest) -> BlobStore:
-    """A store on a fresh bucket (``s3_bucket``) through the module's client."""
-    bucket, _, prefix = request.getfixturevalue("s3_bucket").removeprefix("s3://").partition("/")
-    return S3BlobStore(LentClient(request.getfixturevalue("s3_client")), bucket, prefix)
-
-
-@pytest.fixture(params=BACKENDS)
-def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[BlobStore, Index]]:
-    blob_kind, _, index_kind = request.param.partition("+")
-    blobs: BlobStore
-    index: Index
-    if blob_kind == "memory":
-        blobs, index = MemoryBlobStore(), MemoryIndex()
-    else:
-        local = (tmp_path / "store").as_uri()
-        blobs = s3_store(request) if blob_kind == "s3" else open_blob_store(local)
-        if index_kind == "redis":
-            redis_url = request.getfixturevalue("redis_server")
-            redis.Redis.from_url(redis_url).flushdb()
-            index = open_index(redis_url)
-        else:
-            index = open_index(f"sqlite://{tmp_path / 'index.db'}")
-    yield blobs, index
-    blobs.close()
-    index.close()
+# ``stores`` (tests/support/backends.py): each test once per backend pair.
 
 
 def corrupt(blobs: BlobStore, key: str, data: bytes) -> None:
@@ -124,20 +62,6 @@ def checker(tmp_path: Any) -> Iterator[TestClient]:
     with TestClient(create_app(settings, blob_store=blobs, index=MemoryIndex())) as test_client:
         yield test_client
     blobs.close()
-
-
-def put_blob(client: TestClient, data: bytes, **headers: str) -> int:
-    response = client.put(f"/v1/blobs/{digest(data)}", content=data, headers=headers)
-    return response.status_code
-
-
-def manifest(files: dict[str, bytes], key: str = "a" * 64, **extra: Any) -> dict[str, Any]:
-    return {
-        "key": key,
-        "files": {name: {"digest": digest(d), "size": len(d)} for name, d in files.items()},
-        "compile_seconds": 12.5,
-        **extra,
-    }
 
 
 # --- blobs ------------------------------------------------------------------------------
@@ -310,24 +234,6 @@ def test_non_json_manifest_and_bad_namespace_are_400(client: TestClient) -> None
 # --- tokens and scopes ------------------------------------------------------------------
 
 
-def admin_token(client: TestClient) -> str:
-    created = client.post("/v1/admin/tokens", json={"scope": "admin", "namespaces": ["*"]})
-    assert created.status_code == 201
-    token: str = created.json()["token"]
-    return token
-
-
-def make_token(client: TestClient, admin: str, scope: str, namespaces: list[str]) -> str:
-    created = client.post(
-        "/v1/admin/tokens",
-        json={"scope": scope, "namespaces": namespaces, "name": f"{scope} for {namespaces}"},
-        headers={"Authorization": f"Bearer {admin}"},
-    )
-    assert created.status_code == 201
-    token: str = created.json()["token"]
-    return token
-
-
 def test_authorization_matrix(client: TestClient, stores: tuple[BlobStore, Index]) -> None:
     admin = admin_token(client)  # anonymous may create the first token (no tokens yet)
     reader = make_token(client, admin, "read", ["team-a"])
@@ -403,7 +309,7 @@ def test_out_of_space_is_507_with_nothing_kept(tmp_path: Path) -> None:
     blobs.close()
 
 
-# --- found in review -----------------------------------------------------------------------
+# --- secrets, body limits and slow bodies -----------------------------------------------
 
 
 def test_a_changed_bootstrap_secret_rotates_it(
@@ -775,7 +681,7 @@ def test_failure_routes_are_in_the_schema(client: TestClient) -> None:
     assert schema["additionalProperties"] is False
 
 
-# --- failure records: found in review --------------------------------------------------
+# --- failure records --------------------------------------------------------------------
 
 
 def test_a_failure_record_over_256_kib_is_413_and_nothing_is_stored(client: TestClient) -> None:

@@ -7,7 +7,6 @@ fast this machine is."""
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -16,16 +15,21 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from server.test_api import ADDRESS, admin_token, make_token, manifest, put_blob
+from support.api import (
+    ADDRESS,
+    KEY,
+    LEASES,
+    admin_token,
+    ask,
+    make_client,
+    make_token,
+    publish,
+)
+from support.backends import backends, open_index_of
 
-from neffcache.server.app import create_app
-from neffcache.server.blobs.memory import MemoryBlobStore
 from neffcache.server.index import Index, Lease, open_index
 from neffcache.server.index.memory import MemoryIndex
-from neffcache.server.settings import ServerSettings
 
-KEY = "a" * 64
-LEASES = "/v1/ns/team-a/leases"
 # A waiter told to wait this long that answers well before it was woken by an event.
 LONG = 60.0
 
@@ -42,30 +46,14 @@ class CountingIndex(MemoryIndex):
         return super().get_lease(namespace, name, now)
 
 
-@contextlib.contextmanager
-def make_client(index: Index, tmp_path: Path, **settings: Any) -> Iterator[TestClient]:
-    values = {"lease_ttl_seconds": 30.0, "lease_recheck_seconds": 60.0, **settings}
-    blobs = MemoryBlobStore()
-    app = create_app(ServerSettings(data_dir=tmp_path, **values), blob_store=blobs, index=index)
-    try:
-        with TestClient(app) as client:
-            yield client
-    finally:
-        blobs.close()
-
-
-@pytest.fixture(params=["memory", "sqlite", "redis"])
+@pytest.fixture(params=backends("memory", "sqlite", "redis"))
 def index(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Index]:
-    if request.param == "memory":
-        opened: Index = CountingIndex()
-    elif request.param == "sqlite":
-        opened = open_index(f"sqlite://{tmp_path / 'index.db'}")
-    else:
-        import redis
-
-        url = request.getfixturevalue("redis_server")
-        redis.Redis.from_url(url).flushdb()
-        opened = open_index(url)
+    # In memory, an index that counts its lease reads.
+    opened = (
+        CountingIndex()
+        if request.param == "memory"
+        else open_index_of(request.param, request, tmp_path)
+    )
     yield opened
     opened.close()
 
@@ -74,22 +62,6 @@ def index(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Index]:
 def client(index: Index, tmp_path: Path) -> Iterator[TestClient]:
     with make_client(index, tmp_path) as test_client:
         yield test_client
-
-
-def ask(client: TestClient, name: str = KEY, **body: Any) -> dict[str, Any]:
-    response = client.post(f"{LEASES}/{name}", json=body)
-    answer: dict[str, Any] = response.json()
-    expected_status = {"done": 200, "granted": 201, "held": 202, "failed": 200}
-    assert response.status_code == expected_status[answer["state"]], answer
-    return answer
-
-
-def publish(client: TestClient, key: str = KEY, **extra: Any) -> dict[str, Any]:
-    neff = b"the neff of " + key.encode()
-    assert put_blob(client, neff) in (200, 201)
-    body = manifest({"model.neff": neff}, key=key, **extra)
-    assert client.put(f"/v1/ns/team-a/entries/{key}", json=body).status_code == 201
-    return body
 
 
 def in_background(fn: Any, *args: Any, **kwargs: Any) -> tuple[Future[Any], ThreadPoolExecutor]:

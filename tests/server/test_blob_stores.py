@@ -22,6 +22,7 @@ import blake3
 import boto3
 import pytest
 from botocore.exceptions import EndpointConnectionError
+from support.backends import BLOB_STORES, backends
 
 from neffcache.server.blobs import BlobInfo, BlobStore, open_blob_store
 from neffcache.server.blobs import fs as fs_module
@@ -59,11 +60,11 @@ def read_all(store: BlobStore, digest: str, start: int = 0, end: int | None = No
     return None if chunks is None else b"".join(chunks)
 
 
-@pytest.fixture(params=["memory", "fs", "s3"])
+@pytest.fixture(params=backends(*BLOB_STORES))
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BlobStore]:
     if request.param == "memory":
         url = "memory://"
-    elif request.param == "fs":
+    elif request.param == "filesystem":
         url = (tmp_path / "store").as_uri()
     else:
         url = request.getfixturevalue("s3_bucket")
@@ -301,6 +302,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+@pytest.mark.e2e
 def test_fs_leftovers_of_a_killed_process_are_removed_on_start(fs_root: Path) -> None:
     server_root = Path(fs_module.__file__).resolve().parents[3]
     env = {**os.environ, "PYTHONPATH": str(server_root)}

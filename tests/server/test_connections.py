@@ -22,7 +22,7 @@ import blake3
 import httpx
 import pytest
 from loopback import InThread
-from server.test_serve import Server
+from support.served import Server
 
 from neffcache.server.app import create_app
 from neffcache.server.blobs.memory import MemoryBlobStore
@@ -34,7 +34,8 @@ HEAD_TIMEOUT = 1.0  # a test sends each head at once; a stall this long is not e
 CAP = 20
 HELD = 2 * CAP  # sockets a test holds open: bounded, and twice the cap
 WAIT = 20.0  # how long a test waits for the server to close or answer
-KINDS = ["serve", "httptools", "h11"]
+# ``serve`` is a `neffcache serve` process (end to end); the others, uvicorn in a thread.
+KINDS = [pytest.param("serve", marks=pytest.mark.e2e), "httptools", "h11"]
 
 
 class Target(NamedTuple):

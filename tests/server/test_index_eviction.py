@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 import redis
-from server.test_indexes import (
+from support.backends import IndexHandles
+from support.indexes import (
     HANG_LIMIT_S,
     KEY,
     OTHER_KEY,
-    Store,
     entry,
     index,
     persistent_store,
@@ -44,7 +44,7 @@ from neffcache.server.index.memory import MemoryIndex
 from neffcache.server.index.redis import RedisIndex
 from neffcache.server.index.sqlite import SCHEMA_VERSION, SqliteIndex
 
-__all__ = ["index", "persistent_store", "store"]  # fixtures shared with test_indexes.py
+__all__ = ["index", "persistent_store", "store"]  # fixtures: support/indexes.py
 
 CREATED = 1_712_000_000.125
 # A key that no entry ever had: what an alias left behind by older data names.
@@ -461,7 +461,7 @@ def test_token_trust_round_trips(index: Index) -> None:
 # --- replicas and races ----------------------------------------------------------------
 
 
-def test_replicas_see_each_others_writes(persistent_store: Store) -> None:
+def test_replicas_see_each_others_writes(persistent_store: IndexHandles) -> None:
     a, b = persistent_store.open(), persistent_store.open()
     a.put_entry(entry(KEY, FULL), ("resnet",))
     assert b.entry_stats("team-a", None, 10) == [
@@ -486,7 +486,7 @@ def test_replicas_see_each_others_writes(persistent_store: Store) -> None:
     assert found.trusted
 
 
-def test_stats_survive_close_and_reopen(persistent_store: Store) -> None:
+def test_stats_survive_close_and_reopen(persistent_store: IndexHandles) -> None:
     first = persistent_store.open()
     first.put_entry(entry(KEY, FULL), ())
     first.touch_entries([Touch("team-a", KEY, CREATED + 3, 4)])
@@ -519,7 +519,7 @@ def _race_touches_with_a_deletion(handles: list[Index], created: float, touchers
         return deleted.result(timeout=HANG_LIMIT_S)
 
 
-def test_a_touch_racing_a_deletion_never_revives_the_entry(store: Store) -> None:
+def test_a_touch_racing_a_deletion_never_revives_the_entry(store: IndexHandles) -> None:
     handles = [store.open(), store.open()]
     for round_ in range(20):
         created = 1000.0 + round_
@@ -533,7 +533,7 @@ def test_a_touch_racing_a_deletion_never_revives_the_entry(store: Store) -> None
     assert one_stats(handles[1]) == EntryStats("team-a", KEY, 5000.0, "tok1", BARE_FACTS, 5000.0, 0)
 
 
-def test_racing_deleters_have_one_winner(store: Store) -> None:
+def test_racing_deleters_have_one_winner(store: IndexHandles) -> None:
     handles = [store.open(), store.open()]
     handles[0].put_entry(entry(KEY, FULL), ("resnet",))
     start = threading.Barrier(16)

@@ -7,111 +7,35 @@ import dataclasses
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import redis
+from support.backends import IndexHandles
+from support.indexes import (
+    BEFORE_ALL,
+    HANG_LIMIT_S,
+    KEY,
+    OTHER_KEY,
+    entry,
+    failure,
+    index,
+    persistent_store,
+    store,
+    token,
+)
 
 from neffcache.server.config_errors import ConfigError
 from neffcache.server.errors import StoreError
-from neffcache.server.index import Entry, Failure, Index, Lease, PutResult, Token, open_index
+from neffcache.server.index import Entry, Failure, Index, Lease, PutResult, open_index
 from neffcache.server.index.memory import MemoryIndex
 from neffcache.server.index.redis import RedisIndex
 from neffcache.server.index.sqlite import SCHEMA_VERSION, SqliteIndex
 
-KEY = "ab" * 32
-OTHER_KEY = "cd" * 32
-# Generous: only there so a hung backend fails the test instead of the run.
-HANG_LIMIT_S = 60.0
-
-
-@dataclass
-class Store:
-    """One backing store per test; ``open`` gives a new handle on it, as a replica would."""
-
-    name: str
-    open: Callable[[], Index]
-
-
-def make_store(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    handles: list[Index] = []
-    if name == "memory":
-        shared = MemoryIndex()  # a memory index has no second handle: reuse it
-        opener: Callable[[], Index] = lambda: shared  # noqa: E731
-    elif name == "sqlite":
-        url = f"sqlite:///{tmp_path}/data/index.db"
-        opener = lambda: open_index(url)  # noqa: E731
-    else:
-        url = request.getfixturevalue("redis_server")
-        with redis.Redis.from_url(url) as client:
-            client.flushdb()
-        opener = lambda: open_index(url)  # noqa: E731
-
-    def open_tracked() -> Index:
-        handles.append(opener())
-        return handles[-1]
-
-    yield Store(name, open_tracked)
-    for handle in handles:
-        handle.close()
-
-
-@pytest.fixture(params=["memory", "sqlite", "redis"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    yield from make_store(request.param, request, tmp_path)
-
-
-@pytest.fixture(params=["sqlite", "redis"])
-def persistent_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    yield from make_store(request.param, request, tmp_path)
-
-
-@pytest.fixture
-def index(store: Store) -> Index:
-    return store.open()
-
-
-def entry(
-    key: str = KEY,
-    manifest: str = '{"neff":"11"}',
-    *,
-    namespace: str = "team-a",
-    writer: str = "tok1",
-    created_at: float = 1_712_000_000.125,
-) -> Entry:
-    return Entry(namespace, key, manifest, created_at, writer)
-
-
-def failure(
-    created_at: float,
-    record: str | None = None,
-    *,
-    key: str = KEY,
-    namespace: str = "team-a",
-    ttl: float = 3600.0,
-) -> Failure:
-    record = record if record is not None else f'{{"at":{created_at!r}}}'
-    return Failure(namespace, key, record, created_at, created_at + ttl)
-
-
-# Earlier than every record: failures(..., now=BEFORE_ALL) shows all a backend stores.
-BEFORE_ALL = 0.0
-
-
-def token(
-    token_id: str, created_at: float = 1_712_000_000.5, *, namespaces: tuple[str, ...] = ("*",)
-) -> Token:
-    return Token(
-        token_id=token_id,
-        secret_hash=f"hash-of-{token_id}",
-        scope="write",
-        namespaces=namespaces,
-        name=f"ci job {token_id}",
-        created_at=created_at,
-    )
+# The contract runs once per backend: ``store``, ``persistent_store`` and ``index``.
+__all__ = ["index", "persistent_store", "store"]
 
 
 # --- entries --------------------------------------------------------------------------
@@ -311,7 +235,7 @@ def test_revoking_an_unknown_token_is_false(index: Index) -> None:
 # --- concurrency and persistence -------------------------------------------------------
 
 
-def test_racing_writers_of_one_key_have_one_winner(store: Store) -> None:
+def test_racing_writers_of_one_key_have_one_winner(store: IndexHandles) -> None:
     writers = 50
     # Two handles: for sqlite and redis, two processes (replicas) sharing one store.
     handles = [store.open(), store.open()]
@@ -338,7 +262,7 @@ def test_racing_writers_of_one_key_have_one_winner(store: Store) -> None:
     assert aliases == {i: KEY if i == winner else None for i in range(writers)}
 
 
-def test_racing_failure_writers_never_exceed_keep(store: Store) -> None:
+def test_racing_failure_writers_never_exceed_keep(store: IndexHandles) -> None:
     writers, keep = 20, 5
     handles = [store.open(), store.open()]
     barrier = threading.Barrier(writers)
@@ -358,7 +282,7 @@ def test_racing_failure_writers_never_exceed_keep(store: Store) -> None:
         assert [f.created_at for f in stored] == newest
 
 
-def test_data_survives_close_and_reopen(persistent_store: Store) -> None:
+def test_data_survives_close_and_reopen(persistent_store: IndexHandles) -> None:
     first = persistent_store.open()
     first.put_entry(entry(), ("resnet",))
     first.put_token(token("t1"))
@@ -434,11 +358,11 @@ def test_sqlite_reads_failures_through_the_key_index(tmp_path: Path) -> None:
 
 def test_a_write_reclaims_expired_failures_of_every_key(tmp_path: Path) -> None:
     # Redis reclaims by key expiry instead (test_redis_failure_keys_expire).
-    for index in (MemoryIndex(), SqliteIndex.from_url(f"sqlite:///{tmp_path}/index.db")):
-        index.put_failure(failure(100.0, key=OTHER_KEY, ttl=10.0), keep=5)
-        index.put_failure(failure(200.0), keep=5)
-        assert index.failures("team-a", OTHER_KEY, now=BEFORE_ALL) == []
-        index.close()
+    for each in (MemoryIndex(), SqliteIndex.from_url(f"sqlite:///{tmp_path}/index.db")):
+        each.put_failure(failure(100.0, key=OTHER_KEY, ttl=10.0), keep=5)
+        each.put_failure(failure(200.0), keep=5)
+        assert each.failures("team-a", OTHER_KEY, now=BEFORE_ALL) == []
+        each.close()
 
 
 @pytest.mark.parametrize(
@@ -549,13 +473,13 @@ def test_each_scheme_opens_its_backend(tmp_path: Path, unused_port: int) -> None
         open_index(f"redis://127.0.0.1:{unused_port}/0"),  # connects on first use
         open_index("memory://"),
     ]
-    assert [type(index) for index in opened] == [SqliteIndex, RedisIndex, MemoryIndex]
-    for index in opened:
-        index.close()
+    assert [type(each) for each in opened] == [SqliteIndex, RedisIndex, MemoryIndex]
+    for each in opened:
+        each.close()
 
 
 def test_memory_failure_bookkeeping_grows_with_records_not_writes() -> None:
-    # Found in review: every write left a heap item behind, trimmed or not.
+    # Not one heap item per write, trimmed or not: the bookkeeping follows the records.
     from neffcache.server.index.memory import MemoryIndex
 
     index = MemoryIndex()
@@ -729,7 +653,7 @@ def test_leases_of_names_and_namespaces_stay_apart(index: Index) -> None:
     assert got.lease_id == "a" * 32
 
 
-def test_racing_askers_get_one_holder(store: Store) -> None:
+def test_racing_askers_get_one_holder(store: IndexHandles) -> None:
     """32 askers on separate handles (as replicas would be): all see one holder."""
     handles = [store.open() for _ in range(8)]
     start = threading.Barrier(32)
@@ -786,7 +710,7 @@ def test_add_alias_needs_the_entry_in_that_namespace(index: Index) -> None:
     assert index.list_entries("team-a", None, 10) == []
 
 
-def test_racing_alias_adders_agree_on_one_key(store: Store) -> None:
+def test_racing_alias_adders_agree_on_one_key(store: IndexHandles) -> None:
     handles = [store.open() for _ in range(8)]
     keys = [f"{i:02x}" * 32 for i in range(8)]
     for key in keys:

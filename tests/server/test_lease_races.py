@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from server.test_api_leases import KEY, LEASES, ask, make_client, publish
+from support.api import KEY, LEASES, ask, make_client, publish
 
 from neffcache.server.index import Lease, open_index
 from neffcache.server.index.memory import MemoryIndex

@@ -1,5 +1,5 @@
 """Blob GETs answered with a redirect to a presigned S3 URL (``blob_redirect_seconds``),
-against moto's S3 server (tests/server/conftest.py) through Starlette's TestClient.
+against moto's S3 server (tests/support/services.py) through Starlette's TestClient.
 
 The "nothing lost, nothing wrong" criteria, test by test in the docstrings, come down
 to: a redirect is given only for a blob that exists, only to a caller the server would

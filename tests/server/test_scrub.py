@@ -19,7 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from neffcache.server import verified
-from neffcache.server.app import create_app, durable
+from neffcache.server.app import create_app
 from neffcache.server.auth import TokenPresence
 from neffcache.server.blobs import open_blob_store
 from neffcache.server.blobs.fs import FsBlobStore
@@ -39,6 +39,7 @@ from neffcache.server.scrub import (
     Verdict,
     verify,
 )
+from neffcache.server.services import durable
 from neffcache.server.settings import ServerSettings
 from neffcache.server.verified import VerifiedMemo
 

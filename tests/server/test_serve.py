@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -16,38 +15,10 @@ from typing import Any
 import blake3
 import httpx
 import pytest
-from loopback import free_port, wait_healthy
+from loopback import free_port
+from support.served import Server
 
 NEFFCACHE = [sys.executable, "-m", "neffcache.client.cli"]
-
-
-class Server:
-    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
-        self.data_dir = data_dir
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, **(env or {})}
-        self.process: subprocess.Popen[bytes] | None = None
-        # A file, not a pipe: uvicorn logs every request, and an undrained pipe would
-        # eventually block the server.
-        self.log = data_dir.parent / f"server-{self.port}.log"
-
-    def start(self) -> None:
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                [*NEFFCACHE, "serve", "--port", str(self.port), "--data-dir", str(self.data_dir)],
-                env=self.env,
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-            )
-        if not wait_healthy(self.process, self.url):
-            self.kill()
-            raise AssertionError(f"the server did not start: {self.log.read_text()[-3000:]}")
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(timeout=10)
 
 
 @pytest.fixture
@@ -73,6 +44,7 @@ def publish(url: str, namespace: str, key: str, neff: bytes, **headers: str) -> 
     assert response.status_code == 201
 
 
+@pytest.mark.e2e
 def test_entries_survive_a_killed_server(server: Server) -> None:
     neff = os.urandom(3 * 2**20)
     publish(server.url, "team-a", "a" * 64, neff)
@@ -105,6 +77,7 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     )
 
 
+@pytest.mark.e2e
 def test_protected_mode_refuses_a_public_address_without_tokens(tmp_path: Path) -> None:
     # 192.0.2.1 is a documentation address: even a broken check could not listen there.
     done = run("serve", "--host", "192.0.2.1", "--port", "9", "--data-dir", str(tmp_path))
@@ -114,6 +87,7 @@ def test_protected_mode_refuses_a_public_address_without_tokens(tmp_path: Path) 
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.e2e
 def test_admin_token_commands_local_and_remote(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     created = run(
@@ -153,6 +127,7 @@ def test_admin_token_commands_local_and_remote(tmp_path: Path) -> None:
         server.kill()
 
 
+@pytest.mark.e2e
 def test_unknown_store_scheme_is_one_line(tmp_path: Path) -> None:
     done = run(
         "serve", "--port", str(free_port()), "--data-dir", str(tmp_path),
@@ -177,6 +152,7 @@ def banner_of(log: str) -> list[str]:
     return lines[first : first + 1 + end]
 
 
+@pytest.mark.e2e
 def test_the_version_prints_with_and_without_the_server(tmp_path: Path) -> None:
     from importlib import metadata
 
@@ -197,6 +173,7 @@ def test_the_version_prints_with_and_without_the_server(tmp_path: Path) -> None:
     assert (done.returncode, done.stdout) == (0, f"neffcache {__version__}\n"), done.stderr
 
 
+@pytest.mark.e2e
 def test_the_banner_of_a_server_without_tokens(server: Server) -> None:
     from neffcache.server import __version__
 
@@ -219,6 +196,7 @@ def test_the_banner_of_a_server_without_tokens(server: Server) -> None:
     assert httpx.get(fields["dashboard"]).status_code == 200
 
 
+@pytest.mark.e2e
 def test_the_banner_with_tokens_and_store_urls_keeps_their_secrets(
     tmp_path: Path, redis_server: str
 ) -> None:
@@ -250,6 +228,7 @@ def test_the_banner_with_tokens_and_store_urls_keeps_their_secrets(
     assert "anyone who can reach it" not in " ".join(shown)  # the open mode's words
 
 
+@pytest.mark.e2e
 def test_a_port_in_use_is_one_line_before_any_start_up(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -265,6 +244,7 @@ def test_a_port_in_use_is_one_line_before_any_start_up(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.e2e
 def test_refusals_admin_changes_and_evictions_are_logged(tmp_path: Path) -> None:
     """At info level, one line each, with the access log off (the default)."""
     # No background passes: the one asked for below is the only eviction.

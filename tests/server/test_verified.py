@@ -14,15 +14,15 @@ import pytest
 from fastapi.testclient import TestClient
 
 from neffcache.server import verified
-from neffcache.server.api import blobs as blobs_api
 from neffcache.server.app import create_app
 from neffcache.server.blobs import open_blob_store
 from neffcache.server.blobs.fs import FsBlobStore
 from neffcache.server.index.memory import MemoryIndex
+from neffcache.server.services import blobs as blob_reads
 from neffcache.server.settings import ServerSettings
 from neffcache.server.verified import VerifiedMemo
 
-BIG = 17 * 2**20  # streamed, hashed as it goes (over _VERIFY_FIRST)
+BIG = 17 * 2**20  # streamed, hashed as it goes (over VERIFY_FIRST)
 SMALL = 4096  # hashed whole before the answer
 
 
@@ -36,7 +36,7 @@ class Hashes:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.count = 0
-        verified_response, held_back = blobs_api._verified_response, blobs_api._held_back
+        verified_response, held_back = blob_reads._verified, blob_reads._held_back
 
         def counted_verified(*args: object, **kwargs: object) -> object:
             self.count += 1
@@ -46,8 +46,8 @@ class Hashes:
             self.count += 1
             return held_back(*args, **kwargs)  # type: ignore[arg-type]
 
-        monkeypatch.setattr(blobs_api, "_verified_response", counted_verified)
-        monkeypatch.setattr(blobs_api, "_held_back", counted_held_back)
+        monkeypatch.setattr(blob_reads, "_verified", counted_verified)
+        monkeypatch.setattr(blob_reads, "_held_back", counted_held_back)
 
 
 @pytest.fixture
@@ -120,7 +120,7 @@ def test_a_file_changed_after_verification_is_hashed_again_and_never_served(
             other = path.with_name("other")
             other.write_bytes(os.urandom(size))
             os.replace(other, path)
-        if size <= blobs_api._VERIFY_FIRST:
+        if size <= blob_reads.VERIFY_FIRST:
             assert http.get(f"/v1/blobs/{key}").status_code == 404  # hashed first
         else:
             # Streamed: its last chunk is held back and the stream breaks off instead.
@@ -197,7 +197,7 @@ def test_a_write_after_the_stat_is_served_unhashed(
             return real_read(d, start, end)
 
         monkeypatch.setattr(store, "read", read_after_a_write)
-        if size > blobs_api._VERIFY_FIRST:
+        if size > blob_reads.VERIFY_FIRST:
             # Streamed: its last chunk is held back and the stream breaks off.
             with pytest.raises(Exception, match=key):
                 http.get(f"/v1/blobs/{key}")

@@ -1,30 +1,16 @@
-"""Fixtures for the tests of the compiler shim's boundaries: the same ``server`` and
-``sandbox`` as tests/client/conftest.py, which does not reach this folder."""
+"""Fixtures for the tests of the compiler shim's boundaries: the shared ``server`` and
+``namespace`` (tests/support/e2e_fixtures.py) and a ``sandbox`` per test."""
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from client.e2e_harness import Sandbox, Server
+from client.e2e_harness import Sandbox
+from support.e2e_fixtures import namespace, server
 
-
-@pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    running = Server(tmp_path_factory.mktemp("shim-boundaries-server") / "data")
-    running.start()
-    yield running
-    running.kill()
-
-
-@pytest.fixture
-def namespace(request: pytest.FixtureRequest) -> str:
-    base = re.sub(r"[^a-z0-9._-]+", "-", request.node.name.lower()).strip("-._")[:40]
-    digest = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:10]
-    return f"{base}-{digest}"
+__all__ = ["namespace", "server"]
 
 
 @pytest.fixture

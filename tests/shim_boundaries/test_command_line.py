@@ -89,6 +89,7 @@ def _prime_then_probe(
 # --- tokens the compiler sees that the key does not hold ----------------------
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("odd", "plain"),
     [
@@ -119,6 +120,7 @@ def test_double_dash_and_what_follows_it_are_not_in_the_key(
     assert ok, "false hit: the plain command got the NEFF of another command line\n" + text
 
 
+@pytest.mark.e2e
 def test_value_after_a_valueless_wrapper_option_is_dropped_from_the_key_only(
     server: Server, sandbox: Sandbox
 ) -> None:
@@ -134,6 +136,7 @@ def test_value_after_a_valueless_wrapper_option_is_dropped_from_the_key_only(
     assert ok, "false hit: the key does not hold an option the compiler was given\n" + text
 
 
+@pytest.mark.e2e
 def test_options_suffix_takes_a_dash_value_in_the_key_but_not_in_parse(
     server: Server, sandbox: Sandbox
 ) -> None:
@@ -148,6 +151,7 @@ def test_options_suffix_takes_a_dash_value_in_the_key_but_not_in_parse(
     assert ok, "false hit: two command lines the compiler reads apart share a key\n" + text
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "odd",
     [
@@ -169,6 +173,7 @@ def test_pipeline_words_and_one_spaced_word_share_a_key(
     assert ok, "false hit: --pipeline's words are joined with spaces in the key\n" + text
 
 
+@pytest.mark.e2e
 def test_identical_repeat_collapses_where_the_compiler_counts_it(
     server: Server, sandbox: Sandbox
 ) -> None:
@@ -186,6 +191,7 @@ def test_identical_repeat_collapses_where_the_compiler_counts_it(
 # --- a hit where an argparse compiler rejects the command ---------------------
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "odd",
     [
@@ -207,6 +213,7 @@ def test_output_neutral_option_swallows_a_following_option(
     assert ok, "the shim served a NEFF for a command the compiler rejects\n" + text
 
 
+@pytest.mark.e2e
 def test_documented_value_option_with_a_dash_word_hits_the_equals_form(
     server: Server, sandbox: Sandbox
 ) -> None:
@@ -225,6 +232,7 @@ def test_documented_value_option_with_a_dash_word_hits_the_equals_form(
     assert ok, "the shim served a NEFF for a command the compiler rejects\n" + text
 
 
+@pytest.mark.e2e
 def test_missing_framework_is_served(server: Server, sandbox: Sandbox) -> None:
     """The CLI reference lists ``--framework`` and ``--target`` as required (no
     square brackets). parse() requires ``--target`` but takes a missing ``--framework``
@@ -235,6 +243,7 @@ def test_missing_framework_is_served(server: Server, sandbox: Sandbox) -> None:
     assert ok, "the shim served a NEFF for a command the compiler rejects\n" + text
 
 
+@pytest.mark.e2e
 def test_abbreviated_output_after_output_publishes_a_stale_file(
     server: Server, sandbox: Sandbox
 ) -> None:
@@ -261,6 +270,7 @@ def test_abbreviated_output_after_output_publishes_a_stale_file(
     assert ok, "the shim wrote other files than the compiler would\n" + text
 
 
+@pytest.mark.e2e
 def test_empty_input_argument_keys_the_working_directory(server: Server, sandbox: Sandbox) -> None:
     """``compile "" ...`` (an unset variable in a launcher): parse() takes
     ``Path("")``, which is ``.``, so the shim keys the working directory as a trace
@@ -301,6 +311,7 @@ def test_empty_input_argument_keys_the_working_directory(server: Server, sandbox
     )
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("extra", "what"),
     [
@@ -442,6 +453,7 @@ def test_environment_allowlist_splits_keys() -> None:
     assert context(v, "trn1", [], {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}) == plain
 
 
+@pytest.mark.e2e
 def test_same_option_twice_same_value_compiles_alike(server: Server, sandbox: Sandbox) -> None:
     """``--model-type transformer`` beside ``--model-type=transformer`` (TorchNeuron
     plus NEURON_CC_FLAGS) hits the single form's entry, and the stand-in, which counts
@@ -452,6 +464,7 @@ def test_same_option_twice_same_value_compiles_alike(server: Server, sandbox: Sa
     assert ok, text
 
 
+@pytest.mark.e2e
 def test_output_equal_to_input(server: Server, sandbox: Sandbox) -> None:
     """``--output`` naming the input: a hit overwrites the input with the NEFF, as
     the compiler does after reading it."""
@@ -460,6 +473,7 @@ def test_output_equal_to_input(server: Server, sandbox: Sandbox) -> None:
     assert ok, text
 
 
+@pytest.mark.e2e
 def test_relative_paths_resolve_in_the_callers_directory(server: Server, sandbox: Sandbox) -> None:
     """Relative input and output in a subdirectory of the working directory."""
     argv = [

@@ -87,6 +87,7 @@ os.execv(sys.executable, [sys.executable, COMPILER, *sys.argv[1:]])
 ).replace("COMPILER", repr(str(COMPILER)), 1)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["file", "trace-folder-weights"])
 def test_input_rewritten_after_keying_poisons_the_old_key(
     server: Server, sandbox: Sandbox, tmp_path: Path, kind: str
@@ -147,6 +148,7 @@ def test_input_rewritten_after_keying_poisons_the_old_key(
 # --- the compiler version -----------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_compiler_version_is_remembered_per_entry_script_not_per_compiler(
     server: Server, sandbox: Sandbox
 ) -> None:
@@ -187,6 +189,7 @@ def test_compiler_version_is_remembered_per_entry_script_not_per_compiler(
 # --- the stock address taken from the file name -------------------------------
 
 
+@pytest.mark.e2e
 def test_sdk_file_name_claims_a_stock_address_for_other_content(
     server: Server, sandbox: Sandbox
 ) -> None:
@@ -229,6 +232,7 @@ def test_sdk_file_name_claims_a_stock_address_for_other_content(
 # --- never fail or hang a job -------------------------------------------------
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_killing_the_shim_leaves_the_compiler_running(
     server: Server, sandbox: Sandbox, signum: int
@@ -265,6 +269,7 @@ def test_killing_the_shim_leaves_the_compiler_running(
     )
 
 
+@pytest.mark.e2e
 def test_a_broken_import_on_pythonpath_fails_the_job(
     server: Server, sandbox: Sandbox, tmp_path: Path
 ) -> None:
@@ -291,6 +296,7 @@ def test_a_broken_import_on_pythonpath_fails_the_job(
     assert ok, f"the job failed because of the shim\n{text}\n{done.stderr[-1500:]}"
 
 
+@pytest.mark.e2e
 def test_a_broken_protobuf_on_pythonpath_falls_back_to_the_compiler(
     server: Server, sandbox: Sandbox, tmp_path: Path
 ) -> None:
@@ -430,6 +436,7 @@ def test_non_utf8_names_in_a_folder_stay_apart(tmp_path: Path) -> None:
     assert _keys(a) != _keys(b)
 
 
+@pytest.mark.e2e
 def test_same_bytes_other_name_is_the_same_input(server: Server, sandbox: Sandbox) -> None:
     """the name of an input file is not in
     its key (``module.hlo.pb``, ``graph.hlo``)."""
@@ -447,6 +454,7 @@ def test_same_bytes_other_name_is_the_same_input(server: Server, sandbox: Sandbo
     assert (h2.last() or {}).get("result") == "hit"
 
 
+@pytest.mark.e2e
 def test_version_probe_is_redone_for_another_binary(server: Server, sandbox: Sandbox) -> None:
     """Another ``neuronx-cc`` file (an upgrade that rewrites the script) is asked
     its version again."""
@@ -476,6 +484,7 @@ def _rss_kib(pid: int) -> int:
     return 0
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["mlir-text", "unkeyable-bytes"])
 def test_huge_input_is_held_in_memory_for_the_whole_compile(
     server: Server, sandbox: Sandbox, kind: str
@@ -519,6 +528,7 @@ def test_huge_input_is_held_in_memory_for_the_whole_compile(
 # --- a trace folder's metadata names files outside the folder -----------------
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("where", ["relative-outside", "absolute"])
 def test_weights_named_by_metadata_outside_the_folder_are_not_keyed(
     server: Server, sandbox: Sandbox, where: str

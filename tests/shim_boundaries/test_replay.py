@@ -26,6 +26,8 @@ from shim_boundaries.support import (
     same_outcome,
 )
 
+pytestmark = pytest.mark.e2e
+
 SLOW = """
 import os, sys, time
 if "compile" in sys.argv[1:]:

@@ -13,13 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from fastapi.testclient import TestClient
 
 import neffcache.server.api.body as body_module
 from neffcache.server.app import create_app
 from neffcache.server.blobs.memory import MemoryBlobStore
-from neffcache.server.index import Index, open_index
+from neffcache.server.index import Index
 from neffcache.server.index.base import Event, event_size
 from neffcache.server.index.memory import MemoryIndex
 from neffcache.server.settings import ServerSettings
@@ -114,21 +113,6 @@ def every_field_miss() -> dict[str, Any]:
         compiler_version="2.21.1.0",
         components=components(),
     )
-
-
-@pytest.fixture(params=["memory", "sqlite", "redis"])
-def any_index(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Index]:
-    if request.param == "memory":
-        yield MemoryIndex()
-        return
-    url = f"sqlite:///{tmp_path}/index.db"
-    if request.param == "redis":
-        url = request.getfixturevalue("redis_server")
-        with redis.Redis.from_url(url) as flushing:
-            flushing.flushdb()
-    index = open_index(url)
-    yield index
-    index.close()
 
 
 def test_a_batch_is_accepted_and_stored_exactly(any_index: Index, tmp_path: Path) -> None:

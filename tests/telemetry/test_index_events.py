@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
+from support.backends import IndexHandles
+from support.indexes import index, store
 
 import neffcache.server.index.redis as redis_module
 from neffcache.server.index import Index, open_index
 from neffcache.server.index.base import Event, event_size
-from neffcache.server.index.memory import MemoryIndex
 from neffcache.server.index.sqlite import SCHEMA_VERSION
 
 KEY = "ab" * 32
@@ -24,38 +24,8 @@ NEVER = 1e12  # an ``until`` past every event
 NONE_OLD = 0.0  # a ``before`` that drops nothing by age
 MANY = 1_000_000  # a ``keep`` that drops nothing by count
 
-Opener = Callable[[], Index]
-
-
-@pytest.fixture(params=["memory", "sqlite", "redis"])
-def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
-    """A new handle on one store per call, as a replica would open it (memory: the
-    same index, which has no second handle)."""
-    handles: list[Index] = []
-    if request.param == "memory":
-        shared = MemoryIndex()
-
-        def make() -> Index:
-            return shared
-    else:
-        url = f"sqlite:///{tmp_path}/index.db"
-        if request.param == "redis":
-            url = request.getfixturevalue("redis_server")
-            with redis.Redis.from_url(url) as client:
-                client.flushdb()
-
-        def make() -> Index:
-            handles.append(open_index(url))
-            return handles[-1]
-
-    yield make
-    for handle in handles:
-        handle.close()
-
-
-@pytest.fixture
-def index(opener: Opener) -> Index:
-    return opener()
+# ``store`` and ``index`` (support/indexes.py): each test once per kind of index.
+__all__ = ["index", "store"]
 
 
 def event(at: float, n: int, namespace: str = "team-a", key: str = KEY) -> Event:
@@ -167,8 +137,8 @@ def test_paging_within_a_time_range(index: Index) -> None:
     ]
 
 
-def test_paging_goes_on_across_appends_and_handles(opener: Opener) -> None:
-    writer, reader = opener(), opener()
+def test_paging_goes_on_across_appends_and_handles(store: IndexHandles) -> None:
+    writer, reader = store.open(), store.open()
     writer.append_events(many(30), MANY, NONE_OLD)
     found: list[Event] = []
     cursor: str | None = None
@@ -359,9 +329,9 @@ def test_a_batch_bounds_each_of_its_namespaces(index: Index) -> None:
     assert index.events_bytes("team-a") == 0
 
 
-def test_the_byte_bound_and_the_count_bound_together(opener: Opener) -> None:
+def test_the_byte_bound_and_the_count_bound_together(store: IndexHandles) -> None:
     # Another handle (another replica) sees the same totals.
-    writer, reader = opener(), opener()
+    writer, reader = store.open(), store.open()
     for round_ in range(5):  # small events: the count binds
         small = [padded(float(round_), round_ * 10 + i, 100) for i in range(10)]
         writer.append_events(small, 25, NONE_OLD, 5000)

@@ -189,6 +189,6 @@ def test_every_client_counter_is_labelled_by_name() -> None:
     names = _client_counter_names()
     assert len(names) > 20  # the scan found the client's counters
     missing = sorted(names - CLIENT_COUNTERS)
-    assert missing == [], f"add to telemetry/counters.py: {missing}"
+    assert missing == [], f"add to neffcache/protocol/counters.py: {missing}"
     assert counter_label("compiles") == "compiles"
     assert counter_label("nonsense") == "other"

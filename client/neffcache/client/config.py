@@ -20,7 +20,6 @@ from typing import NamedTuple
 
 SCHEME_PREFIX = "neffcache+"
 DEFAULT_LOCAL_DIR = "/var/tmp/neuron-compile-cache"
-_NAMESPACE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _CACHE_DIR = re.compile(r"--cache_dir(?:=|\s+)(\S+)")
 
 
@@ -159,9 +158,11 @@ def parse_url(url: str) -> tuple[str, str]:
         raise ConfigError(
             f"{url!r}: use neffcache+http://HOST:PORT/NAMESPACE (or neffcache+https://)"
         )
+    from neffcache.protocol import is_namespace  # here: the .pth line imports this module
+
     host, slash, namespace = tail.partition("/")
     namespace = namespace.strip("/")
-    if not host or not slash or not _NAMESPACE.fullmatch(namespace):
+    if not host or not slash or not is_namespace(namespace):
         raise ConfigError(
             f"{url!r}: the URL must end with one namespace name "
             "(lowercase letters, digits, '.', '_', '-'), as in "

@@ -31,7 +31,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
-from urllib.parse import quote
 
 import blake3
 
@@ -48,6 +47,7 @@ from neffcache.client.http import (
 from neffcache.client.local import LocalStore, new_temp
 from neffcache.client.manifests import Manifest, checked, is_digest, is_size
 from neffcache.client.stats import STATS
+from neffcache.protocol import LeaseOutcome, routes
 
 # Blob transfers get the request timeout plus this much time per byte: a 256 MiB NEFF
 # over a slow link must not count as a dead server, a stalled one must still end.
@@ -93,7 +93,7 @@ class Remote:
         self._headers = {"Accept": "application/json"}
         if config.token:
             self._headers["Authorization"] = f"Bearer {config.token}"
-        self._ns = f"/v1/ns/{config.namespace}"
+        self._ns = config.namespace
         # A refusal is this token's in this namespace, not the server's: another job of
         # the host, with its own token or namespace, keeps using the server.
         ident = blake3.blake3(f"{config.namespace} {config.token or ''}".encode()).hexdigest()
@@ -304,12 +304,12 @@ class Remote:
     # -- reads ------------------------------------------------------------------------
 
     def entry(self, key: str) -> Manifest | None:
-        found = self._json("entry lookup", f"{self._ns}/entries/{key}")
+        found = self._json("entry lookup", routes.entry_path(self._ns, key))
         return checked(found, f"the server's entry {key[:12]}")
 
     def alias(self, alias: str) -> Manifest | None:
         """By direct key or stock Neuron address."""
-        found = self._json("alias lookup", f"{self._ns}/aliases/{quote(alias, safe='/')}")
+        found = self._json("alias lookup", routes.alias_path(self._ns, alias))
         return checked(found, f"the server's entry for {alias[:80]}")
 
     def fetch(self, digest: str, size: int, dest: Path) -> bool:
@@ -345,7 +345,7 @@ class Remote:
 
                 budget = self.config.timeout + size / _MIN_RATE
                 deadline = time.monotonic() + budget
-                path = f"/v1/blobs/{digest}"
+                path = routes.blob_path(digest)
                 try:
                     response = self._call("blob download", "GET", path, sink=sink, timeout=budget)
                     if response is not None and response.status in REDIRECTS:
@@ -423,7 +423,7 @@ class Remote:
         self._call(
             "reporting a blob that did not match its digest",
             "POST",
-            f"/v1/blobs/{digest}/mismatch",
+            routes.blob_mismatch_path(digest),
             body=b"",
             timeout=min(self.config.timeout, _REPORT_TIMEOUT),
             scope=TELEMETRY,
@@ -456,7 +456,7 @@ class Remote:
         response = self._call(
             "blob check",
             "POST",
-            "/v1/blobs/missing",
+            routes.BLOBS_MISSING,
             body=body,
             headers={"Content-Type": "application/json"},
             write=True,  # a publish's first step: nothing to ask while writes are skipped
@@ -476,7 +476,7 @@ class Remote:
                 response = self._call(
                     "blob upload",
                     "PUT",
-                    f"/v1/blobs/{digest}",
+                    routes.blob_path(digest),
                     body_file=(f, size),
                     headers={"Content-Type": "application/octet-stream"},
                     timeout=self.config.timeout + size / _MIN_RATE,
@@ -492,7 +492,7 @@ class Remote:
         return self._call(
             "publish",
             "PUT",
-            f"{self._ns}/entries/{key}",
+            routes.entry_path(self._ns, key),
             body=json.dumps(manifest).encode(),
             headers={"Content-Type": "application/json"},
             write=True,
@@ -505,7 +505,7 @@ class Remote:
         response = self._call(
             "alias publish",
             "PUT",
-            f"{self._ns}/aliases/{quote(alias, safe='/')}",
+            routes.alias_path(self._ns, alias),
             body=json.dumps({"key": key}).encode(),
             headers={"Content-Type": "application/json"},
             write=True,
@@ -516,7 +516,7 @@ class Remote:
         response = self._call(
             "failure report",
             "PUT",
-            f"{self._ns}/failures/{key}",
+            routes.failure_path(self._ns, key),
             body=json.dumps(record).encode(),
             headers={"Content-Type": "application/json"},
             write=True,
@@ -530,7 +530,7 @@ class Remote:
         response = self._call(
             "sending telemetry",
             "POST",
-            "/v1/events",
+            routes.EVENTS,
             body=body,
             headers={"Content-Type": "application/json"},
             timeout=timeout,
@@ -543,7 +543,7 @@ class Remote:
         return self._call(
             "asking why a graph missed",
             "POST",
-            f"{self._ns}/explain",
+            routes.explain_path(self._ns),
             body=body,
             headers={"Content-Type": "application/json"},
             timeout=timeout,
@@ -579,7 +579,7 @@ class Remote:
         response = self._call(
             "lease request",
             "POST",
-            f"{self._ns}/leases/{quote(name, safe='/')}",
+            routes.lease_path(self._ns, name),
             body=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
             wait=wait,
@@ -611,7 +611,7 @@ class Remote:
         response = self._call(
             "lease renewal",
             "PUT",
-            f"{self._ns}/leases/{quote(name, safe='/')}?lease={lease_id}",
+            routes.lease_renew_path(self._ns, name, lease_id),
             gated=False,
             forbidden_ok=True,
         )
@@ -620,14 +620,16 @@ class Remote:
         return response.status == 200 if response.status in (200, 409) else None
 
     def release(self, name: str, lease_id: str, failed: bool) -> bool:
-        outcome = "failed" if failed else "done"
-        path = f"{self._ns}/leases/{quote(name, safe='/')}?lease={lease_id}&outcome={outcome}"
+        outcome: LeaseOutcome = "failed" if failed else "done"
+        path = routes.lease_release_path(self._ns, name, lease_id, outcome)
         response = self._call("lease release", "DELETE", path, gated=False, forbidden_ok=True)
         return response is not None and response.status == 204
 
 
 class LeaseAnswer(NamedTuple):
-    state: str  # "done", "granted", "held", "failed" or "free" (asked without taking)
+    # One of protocol.ANSWER_STATES ("free" only when asked without taking), or a word
+    # of a newer server, which lease.py treats as a reason to compile.
+    state: str
     lease: str  # the lease id, when granted
     ttl: float  # the server's lease lifetime: renew well within it
     holder: str  # who holds it, when held or failed

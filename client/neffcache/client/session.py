@@ -14,6 +14,7 @@ A rank that waited on the lock while the holder's compile failed replays that fa
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -22,12 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neffcache.client._log import log
-from neffcache.client.config import ClientConfig
-from neffcache.client.keys import SDK_VERSION_VARIABLE
-from neffcache.client.l1limit import grew
-from neffcache.client.manifests import Manifest
-from neffcache.client.stats import STATS
-from neffcache.client.wrapper import (
+from neffcache.client.compile_call import (
     HLO,
     NEFF,
     CompileCall,
@@ -36,18 +32,23 @@ from neffcache.client.wrapper import (
     run_teeing,
     stock_address_of,
 )
+from neffcache.client.config import ClientConfig
+from neffcache.client.keys import SDK_VERSION_VARIABLE
+from neffcache.client.l1limit import grew
+from neffcache.client.manifests import Manifest
+from neffcache.client.stats import STATS
 
 if TYPE_CHECKING:
     from neffcache.client.inputs import GraphInput
     from neffcache.client.lease import Leases
     from neffcache.client.reasons import Explanation
+    from neffcache.client.remote import Remote
     from neffcache.keying import CacheKey, CompileContext
 
 
 class Session:
     def __init__(self, config: ClientConfig, real: str, call: CompileCall) -> None:
         from neffcache.client.local import SDK_CACHE_VARIABLE, LocalStore
-        from neffcache.client.remote import Remote
 
         self.config = config
         self.real = real
@@ -57,7 +58,6 @@ class Session:
         self.sdk_cache = LocalStore(os.environ.get(SDK_CACHE_VARIABLE) or config.local_dir)
         if self.sdk_cache.root == self.local.root:
             self.sdk_cache = self.local
-        self.remote = Remote(config)
         self.outcome: int | None = None  # set once the compiler ran or --output is written
         from neffcache.keying import StockEra
 
@@ -74,6 +74,13 @@ class Session:
             "neuron_address": None,
             "fallback": None,
         }
+
+    @functools.cached_property
+    def remote(self) -> Remote:
+        """Made on first use: an L1 hit never loads the HTTP client."""
+        from neffcache.client.remote import Remote
+
+        return Remote(self.config)
 
     def run(self) -> int:
         from neffcache.client.compiler import compiler_version
@@ -257,14 +264,17 @@ class Session:
         digest, size = ref.get("digest"), ref.get("size")
         if not isinstance(digest, str) or not isinstance(size, int):
             return None
-        if self.local.read_only and not self.local.has_blob(digest, size):
+        if self.local.has_blob(digest, size):  # first: an L1 hit needs no HTTP client
+            source: str | None = "l1"
+        elif self.local.read_only:
             # Nowhere in L1 to keep it: from the server straight to --output, verified.
             if not self.remote.fetch(digest, size, self.call.output):
                 return None
             self.outcome = 0
             self.report["bytes"] = size
             return "server"
-        source = "l1" if self.local.read_only else self.remote.fetch_into(self.local, digest, size)
+        else:
+            source = self.remote.fetch_into(self.local, digest, size)
         if source is None:
             return None
         try:

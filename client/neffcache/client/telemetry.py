@@ -47,6 +47,7 @@ from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
 from neffcache.client.remote import TELEMETRY
 from neffcache.client.stats import STATS
+from neffcache.protocol import is_counter_name
 
 if TYPE_CHECKING:
     from neffcache.client.remote import Remote
@@ -94,7 +95,6 @@ DMI_PRODUCT_NAME = "/sys/devices/virtual/dmi/id/product_name"
 _INSTANCE_TYPE = re.compile(
     r"[a-z][a-z0-9-]{0,15}\.(?:nano|micro|small|medium|large|[0-9]{0,3}xlarge|metal(?:-[0-9]{1,3}xl)?)"
 )
-_COUNTER = re.compile(r"[a-z0-9_]{1,64}")
 _MAX_COUNTERS = 64
 
 
@@ -467,7 +467,7 @@ class Sender:
         rises = {
             name: value - self._reported.get(name, 0)
             for name, value in sorted(snapshot.items())
-            if _COUNTER.fullmatch(name) and value > self._reported.get(name, 0)
+            if is_counter_name(name) and value > self._reported.get(name, 0)
         }
         return dict(list(rises.items())[:_MAX_COUNTERS])
 

@@ -299,6 +299,16 @@ def neuron_flags_hash(flags: Sequence[str], *, legacy: bool = False) -> str:
     else:
         tokens = split_flags(flags)
         preimage = " ".join(tokens) if legacy else json.dumps(tokens)
-    import hashlib  # here: loading OpenSSL costs milliseconds the wrapper's hits lack
+    return _md5_hex(preimage.encode("utf-8"))[:8]
 
-    return hashlib.md5(preimage.encode("utf-8"), usedforsecurity=False).hexdigest()[:8]
+
+def _md5_hex(data: bytes) -> str:
+    """MD5 from CPython's own module when it has one: ``hashlib`` loads OpenSSL and
+    blake2 first, milliseconds that every hit through the wrapper would pay for eight
+    hex digits of a directory name."""
+    try:
+        from _md5 import md5  # type: ignore[import-not-found]  # CPython's; some builds lack it
+    except ImportError:
+        from hashlib import md5
+    digest: str = md5(data, usedforsecurity=False).hexdigest()
+    return digest

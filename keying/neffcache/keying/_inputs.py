@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, ClassVar
+
+from neffcache.protocol import is_hex64
 
 from ._compiler import check_compiler_version
 from ._env import check_env, check_frameworks
@@ -14,8 +15,6 @@ from ._flags import normalize_flags
 # Accelerator families neuronx-cc compiles for (--target). inf1 uses the older
 # neuron-cc and is out of scope.
 TARGETS = ("inf2", "trn1", "trn2", "trn3")
-
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 Pairs = tuple[tuple[str, str], ...]
 
@@ -173,7 +172,7 @@ class KeyInputs(Frozen):
         def context(self) -> CompileContext: ...
 
     def __init__(self, fingerprint: str, context: CompileContext) -> None:
-        if not isinstance(fingerprint, str) or not _HEX64.fullmatch(fingerprint):
+        if not is_hex64(fingerprint):
             raise KeyingError(
                 f"fingerprint {fingerprint!r} is not 64 lowercase hex digits (use fingerprint_hlo)"
             )

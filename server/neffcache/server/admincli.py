@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from . import cli
+from . import clihost
 from .admintext import audit_text, out, pin_text, pins_text, table, when
 from .units import human_bytes, human_seconds
 
@@ -80,7 +80,7 @@ def since(text: str) -> float:
 def _one_line(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Bad input is one line on stderr and exit code 2, as every neffcache command
     reports it, not argparse's usage block (the host CLI's own ``one_line``)."""
-    made: argparse.ArgumentParser = cli.host.one_line(parser)
+    made: argparse.ArgumentParser = clihost.host.one_line(parser)
     return made
 
 
@@ -215,7 +215,7 @@ def register(admin_sub: Any) -> None:
 
 
 def _target(parser: argparse.ArgumentParser) -> None:
-    cli._target_arguments(parser, local=False)
+    clihost.target_arguments(parser, local=False)
     parser.add_argument("--json", action="store_true", help="print the API's JSON answer")
 
 
@@ -297,7 +297,7 @@ _FIELDS = {
 
 
 def run_namespace_write(args: argparse.Namespace, extra: list[str]) -> int:
-    cli._no_extra(extra)
+    clihost.no_extra(extra)
     body: dict[str, Any] = {}
     for option, name in _FIELDS.items():
         if hasattr(args, option):
@@ -305,23 +305,23 @@ def run_namespace_write(args: argparse.Namespace, extra: list[str]) -> int:
     if "read_through" in body:
         body["read_through"] = [n.strip() for n in body["read_through"].split(",") if n.strip()]
     if "failure_ttl_seconds" in body and body["failure_ttl_seconds"] is None:
-        raise cli.CommandError("--failure-ttl needs a duration; failure records always expire")
+        raise clihost.CommandError("--failure-ttl needs a duration; failure records always expire")
     if args.action == "set" and not body:
-        raise cli.CommandError("name at least one setting to change (see --help)")
+        raise clihost.CommandError("name at least one setting to change (see --help)")
     method = "POST" if args.action == "create" else "PATCH"
-    answer = cli._request(args, method, f"/v1/admin/namespaces/{args.namespace}", body)
+    answer = clihost.request(args, method, f"/v1/admin/namespaces/{args.namespace}", body)
     return out(args, answer, _policy_text)
 
 
 def run_namespace_show(args: argparse.Namespace, extra: list[str]) -> int:
-    cli._no_extra(extra)
-    answer = cli._request(args, "GET", f"/v1/admin/namespaces/{args.namespace}")
+    clihost.no_extra(extra)
+    answer = clihost.request(args, "GET", f"/v1/admin/namespaces/{args.namespace}")
     return out(args, answer, _policy_text)
 
 
 def run_namespace_list(args: argparse.Namespace, extra: list[str]) -> int:
-    cli._no_extra(extra)
-    answer = cli._request(args, "GET", "/v1/admin/namespaces")
+    clihost.no_extra(extra)
+    answer = clihost.request(args, "GET", "/v1/admin/namespaces")
 
     def text(value: dict[str, Any]) -> str:
         rows = [("NAMESPACE", "ENTRIES", "BYTES", "QUOTA", "TTL", "WRITERS")]
@@ -342,16 +342,16 @@ def run_namespace_list(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def run_pin(args: argparse.Namespace, extra: list[str]) -> int:
-    cli._no_extra(extra)
+    clihost.no_extra(extra)
     kind, value = args.pin
     path = f"/v1/admin/namespaces/{args.namespace}/pins"
     if args.action == "pin":
-        answer = cli._request(
+        answer = clihost.request(
             args, "PUT", path, {"kind": kind, "value": value, "reason": args.reason}
         )
         return out(args, answer, lambda a: pin_text(a, args.namespace))
     query = urlencode({"kind": kind, "value": value, "reason": args.reason}, quote_via=quote)
-    cli._request(args, "DELETE", f"{path}?{query}")
+    clihost.request(args, "DELETE", f"{path}?{query}")
     return out(
         args,
         {"unpinned": {"kind": kind, "value": value}},
@@ -360,30 +360,32 @@ def run_pin(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def run_pins(args: argparse.Namespace, extra: list[str]) -> int:
-    cli._no_extra(extra)
-    answer = cli._request(args, "GET", f"/v1/admin/namespaces/{args.namespace}/pins")
+    clihost.no_extra(extra)
+    answer = clihost.request(args, "GET", f"/v1/admin/namespaces/{args.namespace}/pins")
     return out(args, answer, lambda a: pins_text(a, args.namespace))
 
 
 def run_expire(args: argparse.Namespace, extra: list[str]) -> int:
-    cli._no_extra(extra)
+    clihost.no_extra(extra)
     body: dict[str, Any] = {"compiler_version": args.compiler_version, "dry_run": args.dry_run}
     if args.namespace:
         body["namespaces"] = args.namespace
     # A whole generation may take a while to remove: a long wait, not a retry.
-    answer = cli._request(args, "POST", "/v1/admin/expire", body, timeout=_LONG)
+    answer = clihost.request(args, "POST", "/v1/admin/expire", body, timeout=_LONG)
     verb = "would remove" if args.dry_run else "removed"
     return out(args, answer, lambda a: _victims_text(a, verb))
 
 
 def run_evict(args: argparse.Namespace, extra: list[str]) -> int:
-    cli._no_extra(extra)
+    clihost.no_extra(extra)
     body: dict[str, Any] = {"dry_run": args.dry_run}
     if args.namespace:
         if not args.dry_run:
-            raise cli.CommandError("--namespace goes with --dry-run: a pass covers every namespace")
+            raise clihost.CommandError(
+                "--namespace goes with --dry-run: a pass covers every namespace"
+            )
         body["namespaces"] = args.namespace
-    answer = cli._request(args, "POST", "/v1/admin/evict", body, timeout=_LONG)
+    answer = clihost.request(args, "POST", "/v1/admin/evict", body, timeout=_LONG)
 
     def text(value: dict[str, Any]) -> str:
         if value["dry_run"]:
@@ -400,11 +402,11 @@ def run_evict(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def run_audit(args: argparse.Namespace, extra: list[str]) -> int:
-    cli._no_extra(extra)
+    clihost.no_extra(extra)
     query: dict[str, Any] = {"since": args.since, "limit": args.limit}
     if args.namespace:
         query["namespace"] = args.namespace
-    answer = cli._request(args, "GET", f"/v1/admin/audit?{urlencode(query)}")
+    answer = clihost.request(args, "GET", f"/v1/admin/audit?{urlencode(query)}")
     return out(args, answer, audit_text)
 
 

@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from neffcache.protocol import is_hex64
+
 from .units import human_bytes, human_seconds
 
 
@@ -171,7 +173,7 @@ def audit_text(answer: dict[str, Any]) -> str:
 
 
 def _short(target: str) -> str:
-    return target[:16] if re.fullmatch(r"[0-9a-f]{64}", target) else target
+    return target[:16] if is_hex64(target) else target
 
 
 def audit_why(action: str, detail: dict[str, Any]) -> str:

@@ -1,7 +1,8 @@
 """The FastAPI application: ``create_app(settings, blobs=..., index=...)``.
 
-Stores are injected (tests pass in-memory ones) or opened from the settings' URLs; the
-lifespan closes what it opened. Every ServerError maps to its status in one handler.
+Stores are injected (tests pass in-memory ones) or opened from the settings' URLs, and
+the services built on them (``build_services``); the lifespan closes what it opened.
+Every ServerError maps to its status in one handler.
 """
 
 from __future__ import annotations
@@ -34,18 +35,16 @@ from neffcache.server.api import (
     status,
 )
 from neffcache.server.api.answers import errors
-from neffcache.server.auth import ANONYMOUS, TokenPresence, ensure_bootstrap_token
-from neffcache.server.blobs import BlobStore, open_blob_store
-from neffcache.server.blobs.documents import DocumentStore
-from neffcache.server.deps import REQUEST_CALLER, Backends
+from neffcache.server.auth import ANONYMOUS
+from neffcache.server.blobs import BlobStore
+from neffcache.server.deps import REQUEST_CALLER
 from neffcache.server.errors import BadRequest, ServerError
 from neffcache.server.fastpath import FastPath
-from neffcache.server.index import Index, open_index
-from neffcache.server.recovery.durable import DurableIndex, check_at_start
+from neffcache.server.index import Index
 from neffcache.server.reports.prices import load_prices
 from neffcache.server.scrub import Integrity
-from neffcache.server.settings import ServerSettings, redact
-from neffcache.server.verified import VerifiedMemo
+from neffcache.server.services import Services, build_services
+from neffcache.server.settings import ServerSettings
 
 log = logging.getLogger("neffcache.server")
 
@@ -59,27 +58,11 @@ def create_app(
     settings = settings or ServerSettings()
     # A bad price_table stops start-up with one line (ConfigError), before any store opens.
     load_prices(settings.price_table)
-    owned: list[Any] = []
-    if blob_store is None:
-        blob_store = open_blob_store(settings.blob_store_url())
-        owned.append(blob_store)
-    if index is None:
-        index = open_index(settings.index_store_url())
-        owned.append(index)
-    index = durable(index, blob_store)
-    changes = []
-    if settings.bootstrap_admin_token is not None:
-        changes = ensure_bootstrap_token(index, settings.bootstrap_admin_token.get_secret_value())
-    # Debug: `neffcache serve` prints where its data is in its start-up banner (banner.py).
-    log.debug(
-        "blobs %s, index %s",
-        redact(settings.blob_store_url()),
-        redact(settings.index_store_url()),
-    )
+    services = build_services(settings, blob_store=blob_store, index=index)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        backends: Backends = app.state.backends
+        backends: Services = app.state.backends
         integrity: Integrity = app.state.integrity
         backends.maintenance.start()
         integrity.start()
@@ -89,8 +72,7 @@ def create_app(
             # A thread: stopping waits for a pass under way and writes access times.
             await run_in_threadpool(backends.maintenance.stop)
             await run_in_threadpool(integrity.stop)
-            for store in owned:
-                store.close()
+            backends.close()
 
     # No /docs or /redoc: FastAPI's viewers load their scripts from a CDN, which the
     # air-gapped clusters this serves cannot reach. /openapi.json stays (protocol.md).
@@ -105,14 +87,7 @@ def create_app(
         # send a Host header would choose. No route of this API ends with a slash.
         redirect_slashes=False,
     )
-    app.state.backends = Backends(
-        settings,
-        blob_store,
-        index,
-        TokenPresence(index),
-        verified=VerifiedMemo(settings.reverify_seconds),
-    )
-    app.state.backends.audit.write(changes)
+    app.state.backends = services
     app.state.integrity = Integrity.of(app.state.backends)
     for module in (
         health,
@@ -132,26 +107,22 @@ def create_app(
         app.include_router(module.router)
     app.add_exception_handler(ServerError, _server_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
-    # Inside the fast path, whose two shapes hold no control character.
+    # After the fast path, whose two shapes hold no control character.
     app.add_middleware(PlainPaths)
-    app.add_middleware(FastPath, backends=app.state.backends, on_error=_fast_path_error)
+    app.fast_path = FastPath(app.state.backends, _fast_path_error)
     return app
 
 
-def durable(index: Index, blob_store: BlobStore, *, at_start: bool = True) -> Index:
-    """The index with its durable copy kept in the blob store's documents (recovery/);
-    ``at_start``, also marked complete when it is (``check_at_start``). A store
-    without documents (a test's stand-in) leaves the index as it is: there is nothing
-    to rebuild it from."""
-    if not isinstance(blob_store, DocumentStore):
-        log.warning("the blob store keeps no documents: a lost index cannot be rebuilt")
-        return index
-    if at_start:
-        check_at_start(index, blob_store, blob_store)
-    return DurableIndex(index, blob_store, blob_store)
-
-
 class _App(FastAPI):
+    fast_path: FastPath | None = None
+
+    async def __call__(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
+        # The hottest requests skip the middleware stack, not only the routing
+        # (fastpath.py); everything else, lifespan included, goes through it.
+        fast = self.fast_path
+        if fast is None or not await fast.answered(scope, receive, send):
+            await super().__call__(scope, receive, send)
+
     def openapi(self) -> dict[str, Any]:
         """The schema as FastAPI makes it, except that request validation errors are
         400 with a ``detail`` string (``_validation_error``), never FastAPI's 422."""

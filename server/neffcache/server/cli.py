@@ -20,7 +20,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from . import __version__
+from . import __version__, clihost
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -28,25 +28,10 @@ if TYPE_CHECKING:
     from .settings import ServerSettings
 
 
-class CommandError(Exception):
-    """Replaced at registration by the host CLI's own type (one line, exit 2)."""
-
-
-class ServerUnavailable(Exception):
-    """Replaced at registration by the host CLI's own type (one line, exit 1)."""
-
-
-# The host CLI's ``_server`` module, set at registration.
-host: Any = None
-
-
 def register(sub: Any, cli_host: Any) -> None:
     """Add the server's commands to the ``neffcache`` parser; ``cli_host`` is the host
     CLI's server resolver and error types (see the module docstring)."""
-    global CommandError, ServerUnavailable, host
-    host = cli_host
-    CommandError = cli_host.CommandError  # type: ignore[misc]
-    ServerUnavailable = cli_host.ServerUnavailable  # type: ignore[misc]
+    clihost.bind(cli_host)
     serve = sub.add_parser(
         "serve", help="run the cache server", description=_SERVE_DOC, epilog=_SERVE_EXIT
     )
@@ -89,7 +74,7 @@ def register(sub: Any, cli_host: Any) -> None:
         action="store_true",
         help="may publish into namespaces that take only trusted writers (CI's token)",
     )
-    _target_arguments(create, local=True)
+    clihost.target_arguments(create, local=True)
     create.set_defaults(run=run_token_create)
     listing = token_sub.add_parser(
         "list",
@@ -97,7 +82,7 @@ def register(sub: Any, cli_host: Any) -> None:
         description="A table of every token (id, name, scope, namespaces, trusted, "
         "created, revoked or active), never a secret; --json prints the records.",
     )
-    _target_arguments(listing, local=True)
+    clihost.target_arguments(listing, local=True)
     listing.set_defaults(run=run_token_list)
     revoke = token_sub.add_parser(
         "revoke",
@@ -106,7 +91,7 @@ def register(sub: Any, cli_host: Any) -> None:
         "carrying it are refused from then on.",
     )
     revoke.add_argument("token_id")
-    _target_arguments(revoke, local=True)
+    clihost.target_arguments(revoke, local=True)
     revoke.set_defaults(run=run_token_revoke)
 
     for parser in (create, listing, revoke):
@@ -132,21 +117,8 @@ _SERVE_EXIT = (
 )
 
 
-def _target_arguments(parser: argparse.ArgumentParser, *, local: bool) -> None:
-    host.add_options(
-        parser, namespace=False, token_help="an admin token (default: NEFFCACHE_TOKEN)"
-    )
-    if local:
-        parser.add_argument(
-            "--local",
-            action="store_true",
-            help="write the server's index directly (on the server host; no server needed)",
-        )
-        parser.add_argument("--data-dir", help="with --local: the server's data directory")
-
-
 def run_serve(args: argparse.Namespace, extra: list[str]) -> int:
-    _no_extra(extra)
+    clihost.no_extra(extra)
     # The server extra's modules first: where one is missing, the host CLI says which
     # extra to install before anything else happens.
     import uvicorn  # noqa: F401
@@ -170,7 +142,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings, app = _open(args)
     tokens = bool(app.state.backends.index.tokens())
     if not is_loopback(settings.host) and not tokens:
-        raise CommandError(
+        raise clihost.CommandError(
             f"refusing to listen on {settings.host} without tokens (protected mode): create "
             "an admin token first with `neffcache admin token create --local --data-dir "
             f"{settings.data_dir} --scope admin --namespace '*'`, or set "
@@ -181,7 +153,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         sock = serving.bind(settings.host, settings.port)
     except serving.BindError as exc:
-        raise CommandError(str(exc)) from None
+        raise clihost.CommandError(str(exc)) from None
     lines = banner(
         settings,
         port=sock.getsockname()[1],
@@ -216,12 +188,7 @@ def _open(args: argparse.Namespace) -> tuple[ServerSettings, FastAPI]:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         return settings, create_app(settings)
     except (ConfigError, OSError, StoreError) as exc:
-        raise CommandError(str(exc)) from None
-
-
-def _no_extra(extra: list[str]) -> None:
-    if extra:
-        raise CommandError(f"unexpected arguments after --: {' '.join(extra)}")
+        raise clihost.CommandError(str(exc)) from None
 
 
 def local_backends(args: argparse.Namespace) -> Any:
@@ -229,48 +196,6 @@ def local_backends(args: argparse.Namespace) -> Any:
     from .recovery.commands import local_backends
 
     return local_backends(args)
-
-
-def _request(
-    args: argparse.Namespace, method: str, path: str, body: Any = None, timeout: float = 10.0
-) -> Any:
-    """The admin API's JSON answer; a refusal is a CommandError (exit 2), no answer or
-    one that is not JSON a ServerUnavailable (exit 1)."""
-    import httpx
-
-    target = host.resolve(args, namespace=False)
-    headers = {"Authorization": f"Bearer {target.token}"} if target.token else {}
-    # Certificates are loaded for https only: loading them costs a fifth of a second,
-    # and a plain http server has no use for them.
-    verify = target.server.startswith("https://")
-    try:
-        response = httpx.request(
-            method,
-            target.server + path,
-            json=body,
-            headers=headers,
-            timeout=timeout,
-            verify=verify,
-        )
-    except httpx.HTTPError as exc:
-        raise ServerUnavailable(f"cannot reach {target.server}: {exc}") from None
-    if not 200 <= response.status_code < 300:
-        raise host.answer_error(target.server, response.status_code, _detail(response))
-    try:
-        return response.json() if response.content else None
-    except ValueError:
-        raise ServerUnavailable(
-            f"{target.server} answered with something other than JSON"
-        ) from None
-
-
-def _detail(response: Any) -> str:
-    """The server's reason, on one line: its ``detail``, else the body."""
-    try:
-        detail = response.json().get("detail", response.text)
-    except (ValueError, AttributeError):
-        detail = response.text
-    return " ".join(str(detail).split())[:300] or "no reason given"
 
 
 def _out(args: argparse.Namespace, answer: Any, text: Any) -> int:
@@ -282,7 +207,7 @@ def _out(args: argparse.Namespace, answer: Any, text: Any) -> int:
 def run_token_create(args: argparse.Namespace, extra: list[str]) -> int:
     from .admintext import token_text
 
-    _no_extra(extra)
+    clihost.no_extra(extra)
     namespaces = tuple(args.namespace)
     if not args.local:
         body = {
@@ -291,46 +216,43 @@ def run_token_create(args: argparse.Namespace, extra: list[str]) -> int:
             "name": args.name,
             "trusted": args.trusted,
         }
-        return _out(args, _request(args, "POST", "/v1/admin/tokens", body), token_text)
-    from .api.admin import token_view
-    from .audit import AuditLog, token_created
-    from .auth import new_token
+        return _out(args, clihost.request(args, "POST", "/v1/admin/tokens", body), token_text)
     from .errors import ServerError
+    from .services.tokens import create_token, token_view
 
     # The index as the server opens it: the token's document is written too (recovery/).
     with local_backends(args) as backends:
         try:
-            token, secret = new_token(args.scope, namespaces, args.name, trusted=args.trusted)
-            backends.index.put_token(token)
             actor = f"{os.environ.get('USER', 'local')} (--local)"
-            audit = AuditLog(backends.index, backends.settings.audit_keep)
-            audit.write([token_created(actor, token)])
+            token, secret = create_token(
+                backends, actor, args.scope, namespaces, args.name, trusted=args.trusted
+            )
         except ServerError as exc:
-            raise CommandError(str(exc)) from None
+            raise clihost.CommandError(str(exc)) from None
     return _out(args, {**token_view(token), "token": secret}, token_text)
 
 
 def run_token_list(args: argparse.Namespace, extra: list[str]) -> int:
     from .admintext import tokens_text
 
-    _no_extra(extra)
+    clihost.no_extra(extra)
     if not args.local:
-        return _out(args, _request(args, "GET", "/v1/admin/tokens"), tokens_text)
-    from .api.admin import token_view
+        return _out(args, clihost.request(args, "GET", "/v1/admin/tokens"), tokens_text)
+    from .services.tokens import token_views
 
     with local_backends(args) as backends:
-        listed = {"tokens": [token_view(t) for t in backends.index.tokens()]}
+        listed = {"tokens": token_views(backends)}
     return _out(args, listed, tokens_text)
 
 
 def run_token_revoke(args: argparse.Namespace, extra: list[str]) -> int:
-    _no_extra(extra)
+    clihost.no_extra(extra)
     if not args.local:
-        _request(args, "DELETE", f"/v1/admin/tokens/{args.token_id}")
+        clihost.request(args, "DELETE", f"/v1/admin/tokens/{args.token_id}")
     else:
         with local_backends(args) as backends:
             if not backends.index.revoke_token(args.token_id):
-                raise CommandError(f"no token {args.token_id}")
+                raise clihost.CommandError(f"no token {args.token_id}")
     return _out(
         args,
         {"revoked": args.token_id},

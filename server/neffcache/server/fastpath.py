@@ -1,12 +1,17 @@
-"""The two hottest requests, answered before FastAPI's routing and dependency injection.
+"""The two hottest requests, answered before FastAPI's middleware, routing and
+dependency injection.
 
 ``GET /v1/blobs/{digest}`` and ``GET /v1/ns/{namespace}/entries/{key}`` are what every
-cache hit costs; FastAPI's per-request machinery (routing through every route, building
-dependencies) costs more than the work itself. This middleware matches those two
-shapes exactly and calls the same functions the routes call (``answer_blob``,
+cache hit costs; FastAPI's per-request machinery (its middleware stack, routing through
+every route, building dependencies) costs more than the work itself: a profile of entry
+lookups on one core spent more of it in Starlette and FastAPI's wrappers than in the
+index. The app (``app._App``) hands every HTTP request here first; this matches those
+two shapes exactly and calls the same functions the routes call (``answer_blob``,
 ``answer_entry``, ``authenticate_request``), so the checks are the routes' own.
 Anything else, including a malformed path, goes on to FastAPI, whose routes also
-document these two in the OpenAPI schema.
+document these two in the OpenAPI schema. An exception other than the server's own
+errors reaches uvicorn, which answers 500 and logs it, as Starlette's outermost
+middleware would have.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ from starlette.responses import Response
 
 from neffcache.server.api.blobs import ACCEL_HEADER, answer_blob
 from neffcache.server.api.entries import answer_entry
-from neffcache.server.deps import Backends, authenticate_request
+from neffcache.server.deps import authenticate_request
 from neffcache.server.errors import ServerError
 from neffcache.server.manifest import HEX64, NAMESPACE
+from neffcache.server.services import Services
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -36,23 +42,21 @@ _ACCEL = ACCEL_HEADER.encode()
 
 class FastPath:
     def __init__(
-        self,
-        app: ASGIApp,
-        backends: Backends,
-        on_error: Callable[[ServerError, str], Response],
+        self, backends: Services, on_error: Callable[[ServerError, str], Response]
     ) -> None:
-        self.app = app
         self.backends = backends
         self.on_error = on_error
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def answered(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Answer the request if it is one of the two shapes; False to leave it to
+        FastAPI."""
         if scope["type"] != "http" or scope["method"] != "GET":
-            return await self.app(scope, receive, send)
+            return False
         path = scope["path"]
         blob = _BLOB.fullmatch(path)
         entry = None if blob else _ENTRY.fullmatch(path)
         if blob is None and entry is None:
-            return await self.app(scope, receive, send)
+            return False
         headers: dict[bytes, bytes] = {}
         for name, value in scope["headers"]:
             headers.setdefault(name, value)  # the first of repeated headers, as Starlette
@@ -61,6 +65,7 @@ class FastPath:
         except ServerError as exc:
             response = self.on_error(exc, path)
         await response(scope, receive, send)
+        return True
 
     async def _answer(
         self,

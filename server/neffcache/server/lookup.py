@@ -3,27 +3,29 @@ policy reads through, in order; every hit recorded for expiry and ranking.
 
 The entry found says where it came from (its ``namespace``). The own namespace is read
 first and its policy only on a miss, so a hit costs what it cost before read-through.
+An entry found is answered as ``stamped`` makes it.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 
-from neffcache.server.deps import Backends
 from neffcache.server.index import Entry
 from neffcache.server.manifest import HEX64
+from neffcache.server.services import Services
 
 
-def find_entry(backends: Backends, namespace: str, key: str) -> Entry | None:
+def find_entry(backends: Services, namespace: str, key: str) -> Entry | None:
     return _first(backends, namespace, lambda ns: backends.index.get_entry(ns, key))
 
 
-def find_alias(backends: Backends, namespace: str, alias: str) -> Entry | None:
+def find_alias(backends: Services, namespace: str, alias: str) -> Entry | None:
     return _first(backends, namespace, lambda ns: _by_alias(backends, ns, alias))
 
 
-def find_name(backends: Backends, namespace: str, name: str) -> Entry | None:
+def find_name(backends: Services, namespace: str, name: str) -> Entry | None:
     """A lease's name: a key, or else an alias (direct key or Neuron address)."""
 
     def look(ns: str) -> Entry | None:
@@ -33,12 +35,12 @@ def find_name(backends: Backends, namespace: str, name: str) -> Entry | None:
     return _first(backends, namespace, look)
 
 
-def _by_alias(backends: Backends, namespace: str, alias: str) -> Entry | None:
+def _by_alias(backends: Services, namespace: str, alias: str) -> Entry | None:
     key = backends.index.resolve_alias(namespace, alias)
     return None if key is None else backends.index.get_entry(namespace, key)
 
 
-def _first(backends: Backends, namespace: str, look: Callable[[str], Entry | None]) -> Entry | None:
+def _first(backends: Services, namespace: str, look: Callable[[str], Entry | None]) -> Entry | None:
     found = look(namespace)
     if found is None:
         for source in backends.policies.sources(namespace):
@@ -53,3 +55,13 @@ def _first(backends: Backends, namespace: str, look: Callable[[str], Entry | Non
     metrics = backends.metrics
     metrics.entry_requests.labels(metrics.namespace(namespace), answer).inc()
     return found
+
+
+def stamped(entry: Entry) -> str:
+    """An entry as GET returns it: the manifest plus the server's stamps."""
+    # The stored manifest is canonical JSON without these fields (manifest.RESERVED):
+    # splice them in rather than decoding and encoding the manifest again.
+    stamps = json.dumps(
+        {"created_at": entry.created_at, "namespace": entry.namespace, "writer": entry.writer}
+    )
+    return entry.manifest[:-1] + "," + stamps[1:]

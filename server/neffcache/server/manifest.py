@@ -9,24 +9,29 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from neffcache.keying import KeyingError, parse_neuron_address
+from neffcache.protocol import FILE_NAME as FILE_NAME
+from neffcache.protocol import HEX64 as HEX64
+from neffcache.protocol import (
+    MAX_FILE_BYTES,
+    MODEL_LABEL,
+    MODEL_LABEL_MAX,
+    NEURON_ADDRESS,
+    is_file_name,
+)
+from neffcache.protocol import NAMESPACE as NAMESPACE
+from neffcache.protocol import RESERVED as RESERVED
 from neffcache.server.errors import BadRequest
 
-HEX64 = r"[0-9a-f]{64}"
-NAMESPACE = r"[a-z0-9][a-z0-9._-]{0,62}"
-# A file name inside an entry, as the stock layout has them: no directories.
-FILE_NAME = r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}"
-# Fields the server adds when it returns an entry; a client may not send them.
-RESERVED = frozenset({"created_at", "namespace", "writer"})
-# A stock address as the JSON schema states it (check_neuron_address checks the same).
-ADDRESS_PATTERN = (
-    r"neuronxcc-[0-9]+(\.[0-9]+)+\+[0-9A-Za-z]+/MODULE_[0-9A-Za-z]{1,128}\+[0-9a-f]{8}"
-)
+# The wire's patterns and the manifest's rules are neffcache.protocol's (HEX64,
+# NAMESPACE, FILE_NAME and RESERVED are imported from there, and re-exported for the
+# server's modules that import them from here); this model states them for pydantic
+# and the OpenAPI schema, and tests/protocol checks that both accept the same.
+ADDRESS_PATTERN = NEURON_ADDRESS
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -37,7 +42,7 @@ class FileRef(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     digest: str = Field(pattern=f"^{HEX64}$")
-    size: int = Field(ge=0)
+    size: int = Field(ge=0, le=MAX_FILE_BYTES)
 
 
 class Manifest(BaseModel):
@@ -55,9 +60,11 @@ class Manifest(BaseModel):
     files: dict[str, FileRef] = Field(
         json_schema_extra={"minProperties": 1, "propertyNames": {"pattern": f"^{FILE_NAME}$"}}
     )
-    compile_seconds: float | None = Field(None, ge=0)
+    compile_seconds: float | None = Field(None, ge=0, allow_inf_nan=False)
     # The publishing job's label (NEFFCACHE_MODEL): pins and reports group by it.
-    model: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
+    model: str | None = Field(
+        None, min_length=1, max_length=MODEL_LABEL_MAX, pattern=f"^{MODEL_LABEL}$"
+    )
 
     @field_validator("files")
     @classmethod
@@ -65,7 +72,7 @@ class Manifest(BaseModel):
         if not files:
             raise ValueError("files must name at least one file")
         for name in files:
-            if not re.fullmatch(FILE_NAME, name):
+            if not is_file_name(name):
                 raise ValueError(f"file name {name!r} is not a plain file name")
         return files
 

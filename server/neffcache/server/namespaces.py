@@ -11,15 +11,15 @@ every replica applies the same rules; each replica caches them for a second or t
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from neffcache.protocol import is_namespace
 from neffcache.server.index import Index, Record
-from neffcache.server.manifest import NAMESPACE, canonical_json, load_json, validated
+from neffcache.server.manifest import canonical_json, load_json, validated
 from neffcache.server.settings import ServerSettings
 
 POLICY = "policy"
@@ -56,7 +56,7 @@ class PolicyFields(BaseModel):
     @classmethod
     def _names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
         for name in names:
-            if not re.fullmatch(NAMESPACE, name):
+            if not is_namespace(name):
                 raise ValueError(f"{name!r} is not a namespace name")
         if len(set(names)) != len(names):
             raise ValueError("a namespace is listed twice")

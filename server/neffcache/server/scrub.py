@@ -57,8 +57,8 @@ from neffcache.server.settings import ServerSettings
 from neffcache.server.system_lease import SYSTEM, hold
 from neffcache.server.verified import VerifiedMemo
 
-if TYPE_CHECKING:  # deps.py is the HTTP layer: the scrub runs without it
-    from neffcache.server.deps import Backends
+if TYPE_CHECKING:  # only Integrity.of names it; the scrub itself takes the parts
+    from neffcache.server.services import Services
 
 log = logging.getLogger("neffcache.server.scrub")
 
@@ -473,7 +473,7 @@ class Integrity:
     rechecks: Rechecks
 
     @classmethod
-    def of(cls, backends: Backends) -> Integrity:
+    def of(cls, backends: Services) -> Integrity:
         memo, metrics = backends.verified, backends.metrics
         scrub = Scrub(backends.blobs, backends.index, memo, metrics, backends.settings)
         return cls(scrub, Rechecks(backends.blobs, memo, metrics))

@@ -14,7 +14,7 @@ client, which verifies each download itself, reports a mismatch (scrub.py).
 A file changed within ``_RACY`` seconds before its stamp was taken is not remembered
 (git's "racily clean" rule): a filesystem with coarse timestamps (one second on some)
 may give a change made in the same tick the same ctime. A trusted read checks the
-stamp again after reading, before its last bytes go out (api/blobs.py).
+stamp again after reading, before its last bytes go out (services/blobs.py).
 
 Not covered: writes through a shared memory mapping to a page that is already dirty
 do not update mtime or ctime (the kernel stamps the first write after a writeback), so

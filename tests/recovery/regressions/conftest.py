@@ -1,6 +1,6 @@
-"""Fixtures for the review's demonstration tests: the same real services as the
-recovery tests (tests/recovery/conftest.py), and ``stores``: blob stores and
-indexes a test opens, closed after it (an unclosed store is a ResourceWarning,
+"""Fixtures for the recovery regression tests: the suite's real services
+(tests/support/services.py), and ``stores``: blob stores and indexes a test opens,
+closed after it (an unclosed store is a ResourceWarning,
 which this suite treats as an error)."""
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from server.conftest import redis_server, s3_bucket, s3_endpoint
 
-__all__ = ["redis_server", "s3_bucket", "s3_endpoint", "stores"]
+__all__ = ["stores"]
 
 
 @pytest.fixture

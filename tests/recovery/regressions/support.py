@@ -1,4 +1,4 @@
-"""Helpers for the review's demonstration tests (tests/recovery/regressions/)."""
+"""Helpers for the recovery regression tests (tests/recovery/regressions/)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from neffcache.server.manifest import canonical_json
 from neffcache.server.settings import ServerSettings
 
 NS = "team-a"
-BOOT = "nfc_bootstrap_secret_for_review_tests_0123456789abcdef"
+BOOT = "nfc_bootstrap_secret_for_regression_tests_0123456789abcdef"
 
 
 def commit(store: BlobStore, data: bytes) -> str:

@@ -1,6 +1,6 @@
-"""Review of issue 8: blob collection deleting blobs an acknowledged entry needs.
+"""Blob collection never deletes a blob an acknowledged entry needs.
 
-Each test failed on the first recovery code; its docstring says how, and the fix."""
+Each test's docstring says the failure it guards against and what prevents it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 from recovery.regressions.support import BOOT, NS, backends, commit, digests, publish
 
-from neffcache.server.app import create_app, durable
+from neffcache.server.app import create_app
 from neffcache.server.blobs.fs import FsBlobStore
 from neffcache.server.blobs.memory import MemoryBlobStore
 from neffcache.server.index.memory import MemoryIndex
@@ -20,6 +20,7 @@ from neffcache.server.index.sqlite import SqliteIndex
 from neffcache.server.recovery.durable import DurableIndex, is_complete
 from neffcache.server.recovery.fsck import fsck
 from neffcache.server.recovery.reindex import reindex
+from neffcache.server.services import durable
 from neffcache.server.settings import ServerSettings
 
 

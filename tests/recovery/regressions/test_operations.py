@@ -1,6 +1,6 @@
-"""Review of issue 8: start-up, the leader's reindex and fsck on a live cluster.
+"""Start-up, the leader's reindex and fsck on a live cluster.
 
-Each test failed on the first recovery code; its docstring says how, and the fix."""
+Each test's docstring says the failure it guards against and what prevents it."""
 
 from __future__ import annotations
 
@@ -17,14 +17,15 @@ import pytest
 from recovery.regressions.support import backends, publish
 
 from neffcache.server import cli
-from neffcache.server.app import durable
 from neffcache.server.blobs import open_blob_store
 from neffcache.server.blobs.memory import MemoryBlobStore
 from neffcache.server.index import open_index
 from neffcache.server.index.memory import MemoryIndex
 from neffcache.server.recovery import documents as docs
-from neffcache.server.recovery.durable import DurableIndex, check_at_start
+from neffcache.server.recovery.durable import DurableIndex
 from neffcache.server.recovery.fsck import fsck
+from neffcache.server.recovery.reindex import check_at_start
+from neffcache.server.services import durable
 
 NEFFCACHE = [sys.executable, "-m", "neffcache.client.cli"]
 
@@ -52,6 +53,7 @@ def plain_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
+@pytest.mark.e2e
 def test_a_new_cache_set_up_as_documented_is_not_taken_for_a_lost_index(
     tmp_path: Path, plain_env: None, stores: list[Any]
 ) -> None:
@@ -77,6 +79,7 @@ def test_a_new_cache_set_up_as_documented_is_not_taken_for_a_lost_index(
     assert check_at_start(index, blobs, blobs), "a brand-new cache is reported as a lost index"
 
 
+@pytest.mark.e2e
 def test_a_server_restarted_on_a_lost_sqlite_index_starts_on_its_documented_tokens(
     tmp_path: Path, plain_env: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

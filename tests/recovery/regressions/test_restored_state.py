@@ -1,6 +1,6 @@
-"""Review of issue 8: what a reindex (or fsck --repair) brings back, or loses.
+"""What a reindex (or fsck --repair) brings back, or loses.
 
-Each test failed on the first recovery code; its docstring says how, and the fix."""
+Each test's docstring says the failure it guards against and what prevents it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 from recovery.regressions.support import BOOT, NS, backends, publish
 
-from neffcache.server.app import create_app, durable
+from neffcache.server.app import create_app
 from neffcache.server.auth import hash_secret
 from neffcache.server.blobs.memory import MemoryBlobStore
 from neffcache.server.errors import StoreError
@@ -22,6 +22,7 @@ from neffcache.server.recovery import documents as docs
 from neffcache.server.recovery.durable import DurableIndex, mark_complete
 from neffcache.server.recovery.fsck import fsck
 from neffcache.server.recovery.reindex import reindex
+from neffcache.server.services import durable
 from neffcache.server.settings import ServerSettings
 
 DAY = 86400.0

@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from neffcache.client.http import error_detail
+from neffcache.protocol import is_namespace
 
 from . import _server
 from ._common import CommandError, ServerUnavailable, help_text, one_line
@@ -38,7 +39,6 @@ REPORT_TIMEOUT = 600.0
 REPORT_LIMIT = 64 << 20
 _DURATION = re.compile(r"\s*[0-9]+(?:\.[0-9]+)?\s*[smhdw]\s*")
 _NUMBER = re.compile(r"\s*[0-9]+(?:\.[0-9]+)?\s*")
-_NAMESPACE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 
 
 def register(sub: Any) -> None:
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     path, query = _upgrade(args) if args.report_action == "upgrade" else _cost(args)
     query["format"] = fmt
     for namespace in args.namespaces:
-        if not _NAMESPACE.fullmatch(namespace):
+        if not is_namespace(namespace):
             raise CommandError(f"--namespace {namespace!r} is not a namespace name")
     query["namespace"] = args.namespaces
     target = _server.resolve(args, namespace=False)

@@ -36,6 +36,7 @@ from neffcache.client.config import (
     cache_url,
     parse_url,
 )
+from neffcache.protocol import is_namespace
 
 from ._common import CommandError, MissingExtra, ServerUnavailable, one_line
 
@@ -56,7 +57,6 @@ __all__ = [
 
 DEFAULT_SERVER = "http://127.0.0.1:8787"
 FORMS = "http://HOST:PORT or neffcache+http://HOST:PORT/NAMESPACE (https too)"
-_NAMESPACE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _NAMESPACE_RULE = "lowercase letters, digits, '.', '_', '-' (at most 63)"
 _PLAIN = re.compile(r"https?://[^/\s?#@]+/?")
 # A server's answers that say it cannot answer now, rather than that it refuses the
@@ -236,7 +236,7 @@ def _namespace(args: argparse.Namespace, from_url: str | None) -> str:
             "no namespace: pass --namespace NS or --server "
             "neffcache+http://HOST:PORT/NAMESPACE, or set NEFFCACHE_URL to that"
         )
-    if not _NAMESPACE.fullmatch(chosen):
+    if not is_namespace(chosen):
         raise CommandError(f"--namespace {chosen!r} is not a namespace name: {_NAMESPACE_RULE}")
     return str(chosen)
 

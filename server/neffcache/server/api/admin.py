@@ -20,12 +20,11 @@ from neffcache.server.api.answers import (
     request_body,
 )
 from neffcache.server.api.body import read_body
-from neffcache.server.audit import token_created
-from neffcache.server.auth import SCOPES, Caller, new_token
+from neffcache.server.auth import SCOPES, Caller
 from neffcache.server.deps import BackendsDep, CallerDep
 from neffcache.server.errors import BadRequest, Forbidden, NotFound
-from neffcache.server.index import Token
 from neffcache.server.manifest import NAMESPACE
+from neffcache.server.services import tokens
 
 router = APIRouter(prefix="/v1/admin")
 _TOKEN_REQUEST_MAX = 64 * 1024
@@ -49,18 +48,6 @@ def _require_admin(caller: Caller) -> None:
     caller.require("admin")
     if "*" not in caller.namespaces:
         raise Forbidden("managing tokens needs an admin token for every namespace ('*')")
-
-
-def token_view(token: Token) -> dict[str, Any]:
-    return {
-        "token_id": token.token_id,
-        "scope": token.scope,
-        "namespaces": list(token.namespaces),
-        "name": token.name,
-        "created_at": token.created_at,
-        "revoked": token.revoked,
-        "trusted": token.trusted,
-    }
 
 
 _TOKEN_VIEW = {
@@ -95,11 +82,16 @@ async def create_token(
         body = TokenRequest.model_validate_json(await read_body(request, _TOKEN_REQUEST_MAX))
     except ValidationError as exc:
         raise BadRequest(f"invalid token request: {exc.errors()[0]['msg']}") from None
-    token, secret = new_token(body.scope, tuple(body.namespaces), body.name, trusted=body.trusted)
-    await run_in_threadpool(backends.index.put_token, token)
-    backends.tokens.created()
-    await run_in_threadpool(backends.audit.write, [token_created(caller.label, token)])
-    return {**token_view(token), "token": secret}
+    token, secret = await run_in_threadpool(
+        tokens.create_token,
+        backends,
+        caller.label,
+        body.scope,
+        tuple(body.namespaces),
+        body.name,
+        trusted=body.trusted,
+    )
+    return {**tokens.token_view(token), "token": secret}
 
 
 @router.get(
@@ -111,7 +103,7 @@ async def create_token(
 )
 def list_tokens(caller: CallerDep, backends: BackendsDep) -> dict[str, Any]:
     _require_admin(caller)
-    return {"tokens": [token_view(t) for t in backends.index.tokens()]}
+    return {"tokens": tokens.token_views(backends)}
 
 
 @router.delete(

@@ -21,19 +21,18 @@ of at least ``blob_redirect_min_bytes`` is answered with a ``307`` to a presigne
 once the blob is known to exist: its bytes never pass through the server, which
 therefore cannot verify them; the client does (docs/protocol.md). A range is never
 redirected: only the server, which hashes the whole blob first, can verify one.
+
+What a read sends is decided in services/blobs.py; this module makes it a response.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
-import tempfile
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Annotated, Any, BinaryIO
+from typing import Annotated, Any, BinaryIO, Literal
 
 import blake3
 from fastapi import APIRouter, Header, Request, Response
@@ -61,28 +60,21 @@ from neffcache.server.errors import (
     FULL_ERRNOS,
     BadRequest,
     NotFound,
-    RangeNotSatisfiable,
-    StoreError,
     StoreFull,
-    TooLarge,
 )
 from neffcache.server.manifest import HEX64
-from neffcache.server.scrub import Verdict, quarantine, verify
+from neffcache.server.services import blobs as blob_reads
 
 router = APIRouter()
 log = logging.getLogger("neffcache.server")
 
 Digest = Annotated[str, PathParam(pattern=f"^{HEX64}$")]
-_VERIFY_FIRST = 16 * 2**20
 _MISSING_MAX = 10_000
 _MISSING_BODY_MAX = _MISSING_MAX * 80
 # Set by the nginx in front (deploy/nginx/): only its requests may be answered with
 # X-Accel-Redirect, so a client that reaches the server directly still gets bytes.
 ACCEL_HEADER = "x-neffcache-accel"
-
-
-class CorruptBlob(Exception):
-    """A stored blob's bytes do not hash to its digest."""
+_Absent = Literal["absent"]  # a blob read that missed (none, or corrupt: quarantined)
 
 
 class Redirect(Response):
@@ -136,28 +128,16 @@ async def put_blob(
     content_length: Annotated[int | None, Header()] = None,
 ) -> Response:
     caller.require("write")
-    if content_length is None:
-        raise BadRequest("Content-Length is required")
-    if content_length > backends.settings.max_blob_bytes:
-        raise TooLarge(f"{content_length} bytes is over max_blob_bytes")
-    staged = _staging_file(backends.blobs.staging_dir())
+    announced = blob_reads.check_announced(backends, content_length)
+    staged = blob_reads.staging_file(backends)
     try:
-        received, actual = await _receive(request, staged, content_length)
-        if received != content_length:
-            raise BadRequest(f"received {received} bytes, Content-Length said {content_length}")
-        if actual != digest:
-            raise BadRequest(f"the body hashes to {actual}, not {digest}")
-        created = await run_in_threadpool(backends.blobs.commit, staged, digest)
+        received, actual = await _receive(request, staged, announced)
+        upload = blob_reads.Upload(digest, announced, received, actual)
+        created = await run_in_threadpool(blob_reads.store, backends, staged, upload)
     finally:
         with contextlib.suppress(FileNotFoundError):
             staged.unlink()
     return Response(status_code=201 if created else 200)
-
-
-def _staging_file(directory: Path) -> Path:
-    fd, name = tempfile.mkstemp(prefix="upload-", dir=directory)
-    os.close(fd)
-    return Path(name)
 
 
 _WRITE_BATCH = 2**20
@@ -244,13 +224,14 @@ async def answer_blob(
     # A range hashes the whole blob first: too long for the event loop, whatever the store.
     run = run_in_threadpool if range_header else backends.run
     metrics = backends.metrics
-    try:
-        response = await _accel_response(backends, digest) if accel else None
-        if response is None:
-            response = await run(_blob_response, backends, digest, range_header)
-    except NotFound:
+    response: Response | _Absent | None = await _accel_response(backends, digest) if accel else None
+    if response is None:
+        found = await run(blob_reads.read, backends, digest, range_header)
+        response = "absent" if found is None else _response(backends, digest, found)
+    if response == "absent":
         metrics.blob_reads.labels("miss").inc()
-        raise
+        raise NotFound(f"no blob {digest}")
+    assert isinstance(response, Response)
     metrics.blob_reads.labels("hit").inc()
     if isinstance(response, Redirect):
         metrics.blob_redirects.inc()
@@ -263,245 +244,41 @@ async def answer_blob(
     return response
 
 
-def _blob_response(backends: Backends, digest: str, range_header: str | None) -> Response:
-    blobs = backends.blobs
-    memo = backends.verified
-    seen_at = time.time()
-    stamped = blobs.stamp(digest)
-    size = blobs.size(digest)
-    if size is None:
-        raise NotFound(f"no blob {digest}")
-    # The evictor leaves a blob in use alone. Only one that exists is remembered: a
-    # GET of absent digests must cost no memory.
-    backends.blob_use.touch((digest,))
-    span = _parse_range(range_header, size)
-    if span is None:
-        redirect = _redirect(backends, digest, size)
-        if redirect is not None:
-            return redirect
-    stamp, changed_at = stamped if stamped is not None else (None, None)
-    if memo.trusted(digest, stamp):
-
-        def unchanged(chunks: Iterator[bytes]) -> bool:
-            read = getattr(chunks, "unchanged_since", None)
-            if read is not None:
-                # The store can tell about the very file that was read (fs.py): one
-                # collected, or collected and uploaded again, while it was read still
-                # holds the verified bytes, and a download is not cut off.
-                return bool(read(stamp))
-            now = blobs.stamp(digest)
-            if now is None:
-                # Removed while it was read. Collected: the read holds the file it
-                # opened, whose bytes were verified, and a download is not cut off.
-                # Quarantined (found corrupt by another read): the memo forgot it.
-                return memo.trusted(digest, stamp)
-            return now[0] == stamp
-
-        trusted = _trusted_response(backends, digest, size, span, unchanged)
-        if trusted is not None:
-            return trusted
-        memo.forget(digest)  # changed while it was read: hash it, as any other
-    try:
-        if span is not None or size <= _VERIFY_FIRST:
-            response = _verified_response(blobs, digest, size, span)
-            memo.remember(digest, stamp, changed_at, seen_at)
-            return response
-    except CorruptBlob:
-        quarantine(blobs, memo, backends.metrics, digest, "read")
-        raise NotFound(f"no blob {digest}") from None
-    chunks = blobs.read(digest)
-    if chunks is None:
-        raise NotFound(f"no blob {digest}")
-
-    def corrupt() -> None:
-        quarantine(blobs, memo, backends.metrics, digest, "read")
-
-    def verified() -> None:
-        memo.remember(digest, stamp, changed_at, seen_at)
-
-    checked = backends.blob_use.streaming(digest, _held_back(chunks, digest, corrupt, verified))
+def _response(backends: Backends, digest: str, found: blob_reads.Read) -> Response:
+    if isinstance(found, blob_reads.Presigned):
+        return Redirect(found.url, found.size)
+    if isinstance(found, blob_reads.Whole):
+        headers = _headers(digest, len(found.data))
+        return Response(found.data, headers=headers, media_type="application/octet-stream")
+    headers = _headers(digest, found.end - found.start)
+    if found.partial:
+        headers["Content-Range"] = f"bytes {found.start}-{found.end - 1}/{found.size}"
     return StreamingResponse(
         # A plain iterator makes Starlette move every step to the thread pool: right
         # for a remote store, a needless hop for a local file in the page cache.
-        _async(checked) if backends.inline else checked,
-        headers=_headers(digest, size),
-        media_type="application/octet-stream",
-    )
-
-
-async def _accel_response(backends: Backends, digest: str) -> Response | None:
-    """``X-Accel-Redirect`` to the blob's file when ``accel_redirect_prefix`` is set and
-    the store has files; None to serve the blob here. A file not verified since it last
-    changed is hashed first, in a worker thread; corrupt, it is quarantined (404)."""
-    prefix = backends.settings.accel_redirect_prefix
-    root = getattr(backends.blobs, "root", None)
-    if prefix is None or not isinstance(root, Path):
-        return None
-    found = await backends.run(_accel_if_trusted, backends, digest, prefix, root)
-    if found is not None:
-        return found
-    return await run_in_threadpool(_accel_once_verified, backends, digest, prefix, root)
-
-
-def _accel_if_trusted(backends: Backends, digest: str, prefix: str, root: Path) -> Accel | None:
-    blobs = backends.blobs
-    stamped = blobs.stamp(digest)
-    size = blobs.size(digest)
-    if size is None:
-        raise NotFound(f"no blob {digest}")
-    backends.blob_use.touch((digest,))  # as any read: the evictor leaves it alone
-    if stamped is None or not backends.verified.trusted(digest, stamped[0]):
-        return None
-    return _accel(blobs, digest, size, prefix, root)
-
-
-def _accel_once_verified(
-    backends: Backends, digest: str, prefix: str, root: Path
-) -> Response | None:
-    verdict = verify(backends.blobs, backends.verified, backends.metrics, digest, "read")
-    if verdict is Verdict.CHANGED:
-        return None  # it changed while it was hashed: the ordinary path hashes it again
-    size = backends.blobs.size(digest)
-    if verdict is not Verdict.SOUND or size is None:
-        raise NotFound(f"no blob {digest}")
-    return _accel(backends.blobs, digest, size, prefix, root)
-
-
-def _accel(blobs: BlobStore, digest: str, size: int, prefix: str, root: Path) -> Accel:
-    path = blobs.local_path(digest)
-    if path is None:
-        raise NotFound(f"no blob {digest}")
-    return Accel(f"{prefix}/{path.relative_to(root).as_posix()}", digest, size)
-
-
-def _redirect(backends: Backends, digest: str, size: int) -> Redirect | None:
-    """A redirect to a presigned URL of a blob known to exist, when the settings ask
-    for one and the store can presign; None to serve it here. A store that fails to
-    sign (no credentials to sign with) is logged and the blob served here: a redirect
-    is an optimisation, never a reason for a download to fail."""
-    settings = backends.settings
-    presign = getattr(backends.blobs, "presign", None)
-    if not settings.blob_redirect_seconds or presign is None:
-        return None
-    if size < settings.blob_redirect_min_bytes:
-        return None
-    try:
-        url = presign(digest, settings.blob_redirect_seconds)
-    except StoreError as exc:
-        log.warning("cannot presign blob %s (%s); serving it", digest, exc)
-        return None
-    return Redirect(str(url), size)
-
-
-def _verified_response(
-    blobs: BlobStore, digest: str, size: int, span: tuple[int, int] | None
-) -> Response:
-    """A whole small blob, or a range of any blob, hashed in full before it is sent."""
-    # A whole small blob in one read (fs.py), as it is sent; a large one in chunks.
-    chunks = blobs.read(digest, 0, size if span is None else None)
-    if chunks is None:
-        raise NotFound(f"no blob {digest}")
-    if span is None:
-        data = b"".join(chunks)
-        if blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest() != digest:
-            raise CorruptBlob(digest)
-        return Response(data, headers=_headers(digest, size), media_type="application/octet-stream")
-    # A range of a large blob: hash the whole blob as a stream (never all in memory),
-    # then send the range from the store.
-    hasher = blake3.blake3()
-    for chunk in chunks:
-        hasher.update(chunk)
-    if hasher.hexdigest() != digest:
-        raise CorruptBlob(digest)
-    start, end = span
-    part = blobs.read(digest, start, end)
-    if part is None:
-        raise NotFound(f"no blob {digest}")
-    headers = _headers(digest, end - start)
-    headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
-    return StreamingResponse(
-        part, status_code=206, headers=headers, media_type="application/octet-stream"
-    )
-
-
-def _trusted_response(
-    backends: Backends,
-    digest: str,
-    size: int,
-    span: tuple[int, int] | None,
-    unchanged: Callable[[Iterator[bytes]], bool],
-) -> Response | None:
-    """A blob whose file was verified and had not changed since (verified.py), sent
-    unhashed; None when its file changed while it was read. The stamp is checked again
-    after the last byte is read and before it is sent (the last chunk is held back),
-    so a write that lands during the read breaks the response off."""
-    start, end = span if span is not None else (0, size)
-    chunks = backends.blobs.read(digest, start, end)
-    if chunks is None:
-        raise NotFound(f"no blob {digest}")
-    headers = _headers(digest, end - start)
-    if span is not None:
-        headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
-    if span is None and size <= _VERIFY_FIRST:
-        body = b"".join(chunks)  # small: one write, as a verified small blob is sent
-        if not unchanged(chunks):
-            return None
-        return Response(body, headers=headers, media_type="application/octet-stream")
-
-    def still_verified() -> bool:
-        if unchanged(chunks):
-            return True
-        backends.verified.forget(digest)
-        log.error("blob %s changed while it was served; the response was cut off", digest)
-        return False
-
-    checked = backends.blob_use.streaming(digest, _hold_last(chunks, digest, still_verified))
-    return StreamingResponse(
-        # As for a verified stream: no thread-pool hop per chunk of a local file.
-        _async(checked) if backends.inline else checked,
-        status_code=206 if span is not None else 200,
+        found.chunks if found.blocking else _async(found.chunks),
+        status_code=206 if found.partial else 200,
         headers=headers,
         media_type="application/octet-stream",
     )
 
 
-def _held_back(
-    chunks: Iterator[bytes],
-    digest: str,
-    on_corrupt: Callable[[], None],
-    on_verified: Callable[[], None] = lambda: None,
-) -> Iterator[bytes]:
-    """The chunks, hashed as they stream, the last held back until the digest matches."""
-    hasher = blake3.blake3()
-
-    def sound() -> bool:
-        if hasher.hexdigest() != digest:
-            on_corrupt()  # quarantined; the stream breaks off before its last chunk
-            return False
-        on_verified()
-        return True
-
-    return _hold_last(chunks, digest, sound, hasher.update)
-
-
-def _hold_last(
-    chunks: Iterator[bytes],
-    digest: str,
-    sound: Callable[[], bool],
-    see: Callable[[bytes], object] = lambda chunk: None,
-) -> Iterator[bytes]:
-    """The chunks (each shown to ``see`` first), the last held back until ``sound()``
-    says the whole is right; otherwise the stream breaks off before it completes."""
-    pending: bytes | None = None
-    for chunk in chunks:
-        if pending is not None:
-            yield pending
-        see(chunk)
-        pending = chunk
-    if not sound():
-        raise CorruptBlob(digest)
-    if pending is not None:
-        yield pending
+async def _accel_response(backends: Backends, digest: str) -> Accel | _Absent | None:
+    """``X-Accel-Redirect`` to the blob's file when ``accel_redirect_prefix`` is set and
+    the store has files; None to serve the blob here. A file not verified since it
+    last changed is hashed first, in a worker thread; corrupt, it is quarantined (a
+    miss, ``absent``)."""
+    prefix = backends.settings.accel_redirect_prefix
+    root = getattr(backends.blobs, "root", None)
+    if prefix is None or not isinstance(root, Path):
+        return None
+    accel_file = blob_reads.accel_file
+    found = await backends.run(accel_file, backends, digest, prefix, root, False)
+    if found == "unverified":
+        found = await run_in_threadpool(accel_file, backends, digest, prefix, root, True)
+    if isinstance(found, str):
+        return None if found == "unverified" else found
+    return Accel(found.location, digest, found.size)
 
 
 async def _async(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
@@ -516,26 +293,6 @@ def _headers(digest: str, length: int) -> dict[str, str]:
         "Accept-Ranges": "bytes",
         "Cache-Control": "public, max-age=31536000, immutable",
     }
-
-
-_RANGE = re.compile(r"bytes=(\d{0,19})-(\d{0,19})")  # at most int64 digits
-
-
-def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
-    """A single ``bytes=a-b`` range as [start, end), or None for the whole blob."""
-    if header is None:
-        return None
-    match = _RANGE.fullmatch(header.strip())
-    if match is None or not (match[1] or match[2]):
-        raise RangeNotSatisfiable(f"unsupported Range {header!r}; use one bytes=a-b range")
-    if match[1]:
-        start = int(match[1])
-        end = min(int(match[2]) + 1, size) if match[2] else size
-    else:  # a suffix: the last N bytes
-        start, end = max(size - int(match[2]), 0), size
-    if start >= size or start >= end:
-        raise RangeNotSatisfiable(f"range {header!r} is outside the blob's {size} bytes")
-    return start, end
 
 
 _RECHECK = obj({"recheck": {"type": "string", "enum": ["queued", "recent", "busy"]}})

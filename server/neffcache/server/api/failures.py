@@ -24,11 +24,12 @@ from neffcache.server.api.answers import (
 )
 from neffcache.server.api.body import read_body
 from neffcache.server.api.entries import Key, Namespace, absent
-from neffcache.server.api.rules import check_writer, require_writer
+from neffcache.server.api.rules import require_writer
 from neffcache.server.auth import Caller
 from neffcache.server.deps import Backends, BackendsDep, CallerDep
 from neffcache.server.failure import FailureReport, failure_record, parse_failure
 from neffcache.server.index import Failure
+from neffcache.server.services.publish import check_writer
 
 router = APIRouter()
 

@@ -1,13 +1,14 @@
 """Who may write a namespace, beyond the token's scope: its policy's trusted-writers
-rule. Every route that changes what a namespace's readers receive or wait for
-(entries, aliases, failure records, leases) checks it."""
+rule (``check_writer``, services/publish.py). Every route that changes what a
+namespace's readers receive or wait for (entries, aliases, failure records, leases)
+checks it."""
 
 from __future__ import annotations
 
 from neffcache.server.auth import Caller
 from neffcache.server.deps import Backends
-from neffcache.server.errors import Forbidden
 from neffcache.server.namespaces import NamespacePolicy
+from neffcache.server.services.publish import check_writer
 
 
 async def policy_of(backends: Backends, namespace: str) -> NamespacePolicy:
@@ -21,16 +22,3 @@ async def require_writer(backends: Backends, caller: Caller, namespace: str) -> 
     a write past a change of the rule)."""
     caller.require("write", namespace)
     return await backends.run(check_writer, backends, caller, namespace)
-
-
-def check_writer(backends: Backends, caller: Caller, namespace: str) -> NamespacePolicy:
-    """The trusted-writers rule, on the policy as the index holds it now (not the
-    per-replica cache: a namespace turned trusted-only through another replica takes
-    no untrusted write from that instant on). Raises Forbidden."""
-    policy = backends.policies.current(namespace)
-    if policy.trusted_writers_only and not caller.trusted:
-        raise Forbidden(
-            f"namespace {namespace!r} takes only trusted writers; publish into a namespace "
-            "of your own (which may read this one through) or use a trusted token"
-        )
-    return policy

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from neffcache.protocol import HEX64
+
 # Digests are validated by the API before any store call; stores may rely on it.
-DIGEST_PATTERN = r"[0-9a-f]{64}"
+DIGEST_PATTERN = HEX64
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from .documents import check_name, check_prefix, is_name
 
 _CHUNK = 1 << 20
 # A read of a known span up to this long is one read into one buffer: the server sends
-# a blob up to 16 MiB in one write (api/blobs.py), and 1 MiB reads joined again cost a
+# a blob up to 16 MiB in one write (services/blobs.py), and 1 MiB reads joined again cost a
 # quarter more CPU per byte (measured with 8 MiB blobs).
 _WHOLE = 16 << 20
 _LOCK_NAME = "lock"

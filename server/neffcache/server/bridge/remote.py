@@ -12,7 +12,6 @@ Two kinds of trouble, as two exceptions:
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -20,10 +19,11 @@ from typing import Any, BinaryIO
 import blake3
 import httpx
 
-# server/manifest.py's patterns (a test keeps them equal), spelled here so that the
-# bridge needs httpx and not pydantic, which manifest.py imports.
-HEX64 = r"[0-9a-f]{64}"
-FILE_NAME = r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}"
+# The wire's patterns, from neffcache.protocol rather than server/manifest.py, so that
+# the bridge needs httpx and not pydantic; re-exported for the exporter and importer.
+from neffcache.protocol import FILE_NAME as FILE_NAME
+from neffcache.protocol import HEX64 as HEX64
+from neffcache.protocol import is_hex64
 
 _CHUNK = 1 << 20
 # The server's own limit on one POST /v1/blobs/missing.
@@ -163,7 +163,7 @@ class Remote:
             raise Unusable(f"{self.server} answered the entry listing with something else")
         if following is not None and not (
             isinstance(following, str)
-            and re.fullmatch(HEX64, following)
+            and is_hex64(following)
             and (after is None or following > after)
         ):
             raise Unusable(

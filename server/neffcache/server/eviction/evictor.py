@@ -242,7 +242,7 @@ class Evictor:
         2. references are read again: a blob referenced now is kept, then
         3. each of the rest is removed, and its mark cleared.
 
-        A publish checks its blobs after publishing (api/entries.py): while one is
+        A publish checks its blobs after publishing (services/publish.py): while one is
         condemned it waits, and if the blob is then gone it takes its entry back and
         asks for it. A publish before step 2 is seen by it; one after step 2 comes
         after step 1, so it sees the mark until the blob's step 3 ends, and the blob

@@ -20,7 +20,6 @@ from typing import Any, TypeVar
 
 from neffcache.server.auth import Caller
 from neffcache.server.blobs import BlobStore
-from neffcache.server.deps import Backends
 from neffcache.server.explain import notes
 from neffcache.server.explain.engine import as_of_miss, rank
 from neffcache.server.explain.facts import (
@@ -37,6 +36,7 @@ from neffcache.server.explain.hlo import hlo_digest, summary_of_blob
 from neffcache.server.explain.request import stored_components
 from neffcache.server.index import Index
 from neffcache.server.index.base import Event
+from neffcache.server.services import Services
 
 EVENTS_READ = 16  # newest events of the key
 AUDIT_READ = 2000  # newest audit records of the asked namespace searched for the key
@@ -110,7 +110,7 @@ def _json(text: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def gather(backends: Backends, caller: Caller, asked: Asked, now: float) -> Gathered:
+def gather(backends: Services, caller: Caller, asked: Asked, now: float) -> Gathered:
     index = backends.index
     ns, key = asked.namespace, asked.key
     reads = [ns, *backends.policies.sources(ns)]  # what a lookup in ns reads, in order
@@ -138,7 +138,7 @@ def gather(backends: Backends, caller: Caller, asked: Asked, now: float) -> Gath
     return _with_graphs(index, inputs, searched, fingerprint)
 
 
-def _policy(backends: Backends, namespace: str) -> Policy:
+def _policy(backends: Services, namespace: str) -> Policy:
     policy = backends.policies.get(namespace)
     return Policy(
         namespace,

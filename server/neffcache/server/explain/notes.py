@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-import re
 import threading
 import time
 import weakref
@@ -33,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from neffcache.protocol import is_hex64
 from neffcache.server.blobs import BlobStore
 from neffcache.server.explain.facts import Variant
 from neffcache.server.explain.hlo import summary_of_entry
@@ -55,7 +55,6 @@ _ATTEMPTS = 12  # compare-and-set rounds before a note is given up
 # every request's path).
 _PAUSE = 0.001
 _PAUSE_MAX = 0.128
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 PUBLISH_PARSES = 2  # published HLO modules summarized at once, per process
 _parsing = threading.BoundedSemaphore(PUBLISH_PARSES)
 
@@ -122,7 +121,7 @@ def _note(
     seen: str,
 ) -> None:
     fingerprint = components.get("fingerprint")
-    if not isinstance(fingerprint, str) or not _HEX64.match(fingerprint):
+    if not isinstance(fingerprint, str) or not is_hex64(fingerprint):
         return
     components = normalized(components)
     # A variant is a key and what it was made of: components that do not make the key
@@ -136,7 +135,7 @@ def _note(
     structure = graph.get("structure") if isinstance(graph, dict) else None
     count = graph.get("instructions") if isinstance(graph, dict) else None
     count = count if isinstance(count, int) and not isinstance(count, bool) else None
-    if isinstance(structure, str) and _HEX64.match(structure):
+    if is_hex64(structure):
         item = {"fingerprint": fingerprint, "instructions": count, "at": at}
         update(
             index, STRUCTURE, namespace, structure, lambda items: _add(items, item, "fingerprint")

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from neffcache.protocol import Manifest, ManifestError, parse
+
 
 class PutResult(enum.Enum):
     CREATED = "created"  # stored now
@@ -101,6 +103,10 @@ def entry_facts(manifest: str) -> EntryFacts:
         raw = json.loads(manifest)
     except ValueError:
         raw = {}
+    try:
+        return _facts(parse(raw))
+    except ManifestError:
+        pass  # a row from before a rule: each field read for what it is worth
     if not isinstance(raw, dict):
         raw = {}
     files = raw.get("files")
@@ -119,6 +125,19 @@ def entry_facts(manifest: str) -> EntryFacts:
         compiler_version=version if isinstance(version, str) else "",
         model=model if isinstance(model, str) else "",
         digests=tuple(digests),
+    )
+
+
+def _facts(manifest: Manifest) -> EntryFacts:
+    version = manifest.components.get("compiler_version")
+    return EntryFacts(
+        size=sum(ref.size for ref in manifest.files.values()),
+        compile_seconds=None
+        if manifest.compile_seconds is None
+        else float(manifest.compile_seconds),
+        compiler_version=version if isinstance(version, str) else "",
+        model=manifest.model or "",
+        digests=tuple(sorted({ref.digest for ref in manifest.files.values()})),
     )
 
 

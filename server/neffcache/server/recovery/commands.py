@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from neffcache.server import clihost
 from neffcache.server.units import human_bytes
 
 _SHOWN = 20  # items listed per problem in the text output
@@ -59,15 +60,13 @@ def _store_arguments(parser: argparse.ArgumentParser) -> None:
 @contextmanager
 def local_backends(args: argparse.Namespace) -> Iterator[Any]:
     """The server's stores, opened as ``neffcache serve`` opens them (the index
-    wrapped with its documents), as ``Backends``; closed after."""
-    from neffcache.server import cli
-    from neffcache.server.app import durable
+    wrapped with its documents), as ``Services``; closed after."""
     from neffcache.server.auth import TokenPresence
     from neffcache.server.blobs import open_blob_store
     from neffcache.server.config_errors import ConfigError
-    from neffcache.server.deps import Backends
     from neffcache.server.errors import StoreError
     from neffcache.server.index import open_index
+    from neffcache.server.services import Services, durable
     from neffcache.server.settings import load_settings
 
     try:
@@ -75,32 +74,31 @@ def local_backends(args: argparse.Namespace) -> Iterator[Any]:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         blobs = open_blob_store(settings.blob_store_url())
     except (ConfigError, OSError, StoreError) as exc:
-        raise cli.CommandError(str(exc)) from None
+        raise clihost.CommandError(str(exc)) from None
     try:
         index = open_index(settings.index_store_url())
     except (ConfigError, StoreError) as exc:
         blobs.close()
-        raise cli.CommandError(str(exc)) from None
+        raise clihost.CommandError(str(exc)) from None
     try:
         wrapped = durable(index, blobs, at_start=False)
-        yield Backends(settings, blobs, wrapped, TokenPresence(wrapped))
+        yield Services(settings, blobs, wrapped, TokenPresence(wrapped))
     except StoreError as exc:
-        raise cli.CommandError(f"{exc} (run it again: it takes up what is left)") from None
+        raise clihost.CommandError(f"{exc} (run it again: it takes up what is left)") from None
     finally:
         index.close()
         blobs.close()
 
 
 def run_reindex(args: argparse.Namespace, extra: list[str]) -> int:
-    from neffcache.server import cli
     from neffcache.server.recovery.durable import DurableIndex
     from neffcache.server.recovery.reindex import reindex
 
-    cli._no_extra(extra)
+    clihost.no_extra(extra)
     with local_backends(args) as backends:
         index = backends.index
         if not isinstance(index, DurableIndex):
-            raise cli.CommandError("this blob store keeps no documents to rebuild from")
+            raise clihost.CommandError("this blob store keeps no documents to rebuild from")
         report = reindex(index.inner, backends.blobs, index.store, progress=_progress(args))
     if args.json:
         return _dump(report.as_json(), 0)
@@ -123,10 +121,9 @@ def run_reindex(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def run_fsck(args: argparse.Namespace, extra: list[str]) -> int:
-    from neffcache.server import cli
     from neffcache.server.recovery.fsck import fsck
 
-    cli._no_extra(extra)
+    clihost.no_extra(extra)
     with local_backends(args) as backends:
         report = fsck(backends, repair=args.repair, verify=args.verify, progress=_progress(args))
     status = 0 if not report.problems else 1 if args.repair and not report.left else 4

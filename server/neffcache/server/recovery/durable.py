@@ -256,52 +256,6 @@ def looks_lost(index: Index, store: DocumentStore, blobs: BlobStore) -> str | No
     return None
 
 
-def check_at_start(index: Index, store: DocumentStore, blobs: BlobStore) -> bool:
-    """At start-up, before the bootstrap token and protected mode: the index gets
-    the tokens, policies and pins it lacks back from their documents at once (a
-    server off loopback refuses to start without tokens, and a revoked bootstrap
-    token must be found revoked before it is made again). Marked or not: a marked
-    index put back to a backup lacks those made after it, and the marker says
-    nothing of them. Then an unmarked index is marked complete when nothing can be
-    missing from it (``looks_lost``: a new cache, or one from before documents,
-    which ``fsck --repair`` backs up); else its entries wait for the evicting
-    replica's reindex (eviction/maintenance.py), or ``neffcache admin reindex``.
-    True when it is complete."""
-    from .reindex import ReindexReport, restore_configuration
-
-    complete = is_complete(index)
-    restored = ReindexReport()
-    try:
-        restore_configuration(index, store, restored)
-    except StoreError as exc:
-        if not complete:
-            raise
-        # A marked index lacks at most what a backup missed, not a reason to refuse
-        # to start; the check before the next collection tries again.
-        log.warning(
-            "start-up: cannot compare tokens, policies and pins with their documents: %s", exc
-        )
-    if restored.tokens or restored.records:
-        log.warning(
-            "start-up: %d tokens and %d policies and pins restored from their documents "
-            "(the index had lost them)",
-            restored.tokens,
-            restored.records,
-        )
-    if complete:
-        return True
-    why = looks_lost(index, store, blobs)
-    if why is not None:
-        log.warning(
-            "%s: blob collection waits until a reindex restores it (the evicting "
-            "replica's own, or `neffcache admin reindex`)",
-            why,
-        )
-        return False
-    mark_complete(index, "start-up: nothing to restore")
-    return True
-
-
 def finish_removal(index: Index, store: DocumentStore, entry: Entry) -> bool:
     """Whether ``entry`` (read from a document without its row) was removed on
     purpose, its document left by a failed delete (a tombstone says so): then the

@@ -40,8 +40,8 @@ import blake3
 
 from neffcache.server.audit import record
 from neffcache.server.blobs import BlobInfo
-from neffcache.server.deps import Backends
 from neffcache.server.index import Entry
+from neffcache.server.services import Services
 
 from . import documents as docs
 from .durable import TOMBSTONE, DurableIndex, finish_removal
@@ -92,14 +92,14 @@ class FsckReport:
 
 
 def fsck(
-    backends: Backends,
+    backends: Services,
     *,
     repair: bool = False,
     verify: bool = False,
     progress: Callable[[str], None] = lambda line: None,
 ) -> FsckReport:
     """Check (and with ``repair``, fix) the stores of ``backends``, whose index must
-    be a ``DurableIndex`` (``app.durable``)."""
+    be a ``DurableIndex`` (``services.durable``)."""
     index = backends.index
     if not isinstance(index, DurableIndex):
         raise TypeError("fsck needs the index wrapped with its documents (DurableIndex)")
@@ -169,7 +169,7 @@ def fsck(
     return report
 
 
-def _intact(backends: Backends, blob: BlobInfo) -> bool:
+def _intact(backends: Services, blob: BlobInfo) -> bool:
     chunks = backends.blobs.read(blob.digest)
     if chunks is None:
         return True  # removed since the listing: nothing to judge
@@ -201,7 +201,7 @@ def _configuration(index: DurableIndex) -> list[str]:
 
 
 def _repair(
-    backends: Backends,
+    backends: Services,
     index: DurableIndex,
     report: FsckReport,
     indexed: dict[str, Entry],

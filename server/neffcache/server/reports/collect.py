@@ -14,7 +14,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from neffcache.server.deps import Backends
 from neffcache.server.eviction.pins import version_matches
 from neffcache.server.index import EntryStats, Index
 from neffcache.server.reports.cost import CostReport
@@ -28,13 +27,14 @@ from neffcache.server.reports.upgrade import (
     NamespaceUpgrade,
     totals,
 )
+from neffcache.server.services import Services
 
 EVENT_PAGE = 1000
 ENTRY_PAGE = 1000
 
 
 def build_cost_report(
-    backends: Backends,
+    backends: Services,
     since: float,
     until: float,
     by: Sequence[str],
@@ -59,13 +59,13 @@ def build_cost_report(
     return report.result(storage, generated_at=time.time())
 
 
-def _namespaces_held(backends: Backends) -> list[str]:
+def _namespaces_held(backends: Services) -> list[str]:
     """Every namespace with entries or a policy."""
     return [policy.namespace for policy in backends.policies.all()]
 
 
 def build_upgrade_report(
-    backends: Backends,
+    backends: Services,
     to_compiler: str,
     namespaces: Sequence[str] | None,
     *,
@@ -108,7 +108,7 @@ def build_upgrade_report(
     }
 
 
-def _read_entries(backends: Backends, plan: NamespaceUpgrade, pace: Pace) -> None:
+def _read_entries(backends: Services, plan: NamespaceUpgrade, pace: Pace) -> None:
     index = backends.index
     after: str | None = None
     while True:
@@ -166,7 +166,7 @@ def _programs(
     return {key: program_of(key, manifests.get(key)) for key in paced(wanted, pace)}
 
 
-def _read_events(backends: Backends, plan: NamespaceUpgrade, now: float, pace: Pace) -> None:
+def _read_events(backends: Services, plan: NamespaceUpgrade, now: float, pace: Pace) -> None:
     after: str | None = None
     while True:
         page, after = backends.index.events(

@@ -16,8 +16,7 @@ import math
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-
-from starlette.datastructures import State
+from typing import Any
 
 # A refused request is told to come back after the reports ahead of it, as long as
 # the last report took each, within these bounds.
@@ -77,10 +76,10 @@ class ReportGate:
         return min(MAX_RETRY_SECONDS, max(MIN_RETRY_SECONDS, guess))
 
 
-def gate_of(state: State, running: int, waiting: int) -> ReportGate:
-    """The app's gate for the running event loop, made on first use; nothing awaits
-    between looking and setting. Tests run one app on several loops, one after the
-    other."""
+def gate_of(state: Any, running: int, waiting: int) -> ReportGate:
+    """The app's gate (kept on its ``state``, whatever holds attributes) for the
+    running event loop, made on first use; nothing awaits between looking and setting.
+    Tests run one app on several loops, one after the other."""
     loop = asyncio.get_running_loop()
     found: ReportGate | None = getattr(state, "reports_gate", None)
     if found is None or found.loop is not loop:

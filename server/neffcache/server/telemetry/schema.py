@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from neffcache.protocol import COUNTER_NAME
 from neffcache.server.errors import BadRequest
 from neffcache.server.manifest import (
     HEX64,
@@ -58,7 +59,7 @@ Code = Annotated[str, Field(min_length=1, max_length=CODE_MAX, pattern=_PRINTABL
 Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
 Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
 Hex64 = Annotated[str, Field(pattern=f"^{HEX64}$")]
-CounterName = Annotated[str, Field(pattern=r"^[a-z0-9_]{1,64}$")]
+CounterName = Annotated[str, Field(pattern=f"^{COUNTER_NAME}$")]
 
 _STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
 

@@ -1,10 +1,14 @@
-"""Small helpers the client's unit tests share (imported as ``client.unit_support``)."""
+"""Small helpers the client's unit tests share: digests, counter deltas, an injected
+clock, Remotes closed after a test, and ``FakeStock``, the parts of the SDK's
+CompileCacheFs that the hook's Core uses."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -95,3 +99,35 @@ def open_remote(url: str, local_dir: Path, timeout: float = 10.0) -> Iterator[Re
         yield remote
     finally:
         remote.close()
+
+
+# The stand-in compiler's version, and a stock address under it.
+VERSION = "2.20.9961.0+0acef03a"
+ADDRESS = f"neuronxcc-{VERSION}/MODULE_123+abcdef01"
+
+
+class FakeStock:
+    """The parts of the SDK's CompileCacheFs that Core uses; it records, for each
+    ``upload_string_to_file``, which entry files were already in place."""
+
+    def __init__(self, root: Path) -> None:
+        self.cache_path = str(root)
+        self.uploads: list[tuple[str, list[str]]] = []
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def upload_string_to_file(self, path: str, data: str) -> None:
+        directory = os.path.dirname(path)
+        self.uploads.append((os.path.basename(path), sorted(os.listdir(directory))))
+        Path(path).write_text(data)
+
+
+@dataclass
+class TokenServer:
+    """tests/client/conftest.py's ``token_server``: its URL, tokens by role, and every
+    request it answered."""
+
+    url: str
+    tokens: dict[str, str]  # "read": reads team-a; "other": reads team-b; "unknown"
+    requests: list[tuple[str, str]] = field(default_factory=list)  # (method, path)

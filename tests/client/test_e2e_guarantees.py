@@ -1,5 +1,5 @@
-"""End to end: the client's code-review fixes (docs/client.md, "Never fail, never hang,
-never serve wrong bytes" and "What each point cannot see"), black-box.
+"""End to end: the client's guarantees (docs/client.md, "Never fail, never hang, never
+serve wrong bytes" and "What each point cannot see"), black-box.
 
 Like the other test_e2e_*.py files, nothing here imports ``neffcache.client``: the
 wrapper runs as ``neffcache wrap``, the hook in train_like.py with the stand-in
@@ -43,6 +43,8 @@ from client.e2e_harness import (
     stock_address,
 )
 
+pytestmark = pytest.mark.e2e
+
 # The stand-in compiler's failure (tests/standins/neuronx-cc): its stderr and exit code.
 COMPILER_ERROR = "[ERROR] [NCC_STANDIN001] Compilation of"
 EXIT_COMPILE_FAILED = 70
@@ -60,7 +62,7 @@ def _all_done(running: list[Running], timeout: float = 60) -> list[Done]:
     return [r.wait(timeout) for r in running]
 
 
-# --- 1, 2. waiters get the holder's failure ---------------------------------------------
+# --- waiters get the holder's failure ---------------------------------------------
 
 
 def test_wrapper_waiters_replay_the_holders_failure(server: Server, sandbox: Sandbox) -> None:
@@ -127,7 +129,7 @@ def test_hook_waiters_replay_the_holders_failure(server: Server, sandbox: Sandbo
     assert sandbox.compiles() == 2, sandbox.invocations()
 
 
-# --- 3. the back-off is shared through L1 -----------------------------------------------
+# --- the back-off is shared through L1 -----------------------------------------------
 
 
 def test_back_off_is_shared_by_the_processes_of_one_l1(
@@ -159,7 +161,7 @@ def test_back_off_is_shared_by_the_processes_of_one_l1(
     assert sandbox.compiles() == 3, sandbox.invocations()
 
 
-# --- 4. an address hit needs the same environment ---------------------------------------
+# --- an address hit needs the same environment ---------------------------------------
 
 
 def test_address_hits_need_the_same_compile_environment(server: Server, sandbox: Sandbox) -> None:
@@ -187,7 +189,7 @@ def test_address_hits_need_the_same_compile_environment(server: Server, sandbox:
     assert sandbox.compiles() == 2
 
 
-# --- 5. the wrapper claims only addresses of its own flags -------------------------------
+# --- the wrapper claims only addresses of its own flags -------------------------------
 
 
 @pytest.mark.parametrize(
@@ -258,7 +260,7 @@ def test_a_name_alone_claims_no_stock_address(server: Server, sandbox: Sandbox) 
     assert server.get(f"/v1/ns/{sandbox.namespace}/aliases/{address}").status_code == 404
 
 
-# --- 6. an L1 that cannot be written ----------------------------------------------------
+# --- an L1 that cannot be written ----------------------------------------------------
 
 
 @pytest.mark.parametrize("shim", [False, True], ids=["hook", "hook+shim"])
@@ -283,7 +285,7 @@ def test_an_l1_that_cannot_be_created_is_read_only(
     assert sandbox.compiles() == 1
 
 
-# --- 10. --enable-internal-neff-wrapper is never cached ----------------------------------
+# --- --enable-internal-neff-wrapper is never cached ----------------------------------
 
 
 def test_internal_neff_wrapper_compiles_are_never_cached(server: Server, sandbox: Sandbox) -> None:

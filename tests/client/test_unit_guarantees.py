@@ -1,6 +1,6 @@
-"""Unit tests pinning the client's code-review fixes (docs/client.md, "Never fail, never
-hang, never serve wrong bytes" and "What each point cannot see"), in-process or in
-small child processes:
+"""Unit tests of the client's guarantees (docs/client.md, "Never fail, never hang,
+never serve wrong bytes" and "What each point cannot see"), in-process or in small
+child processes:
 
 * the proxy's ``get_hlos`` lists a failed entry as still to compile, unless
   ``NEFFCACHE_STOCK_FAILURES`` asks for the stock behaviour;
@@ -31,7 +31,7 @@ from typing import Any
 import blake3
 import pytest
 from client.e2e_harness import STANDINS, Server, clean_environ, free_port
-from client.unit_support import delta, no_server_down, open_remote
+from support.client_units import delta, no_server_down, open_remote
 
 import neffcache.client
 import neffcache.keying
@@ -152,7 +152,7 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeCompiler:
     return compiler
 
 
-# --- 7. get_hlos through the proxy --------------------------------------------------------
+# --- get_hlos through the proxy --------------------------------------------------------
 
 _GET_HLOS = """
 import json, os
@@ -255,7 +255,7 @@ def test_core_get_hlos_moves_failed_entries_to_todo(
         assert (todo, failed) == (["t.pb", "f.pb"], [])
 
 
-# --- 8. the compiler's death by signal is the wrapper's ---------------------------------
+# --- the compiler's death by signal is the wrapper's ---------------------------------
 
 
 @pytest.mark.parametrize(
@@ -303,7 +303,7 @@ def test_a_compiler_killed_by_a_signal_kills_the_wrapper_alike(
     assert not output.exists()
 
 
-# --- 9. a helper holding the compiler's stderr does not hold the wrapper ------------------
+# --- a helper holding the compiler's stderr does not hold the wrapper ------------------
 
 
 def test_a_helper_holding_stderr_does_not_hold_the_wrapper(tmp_path: Path) -> None:
@@ -338,7 +338,7 @@ def test_a_helper_holding_stderr_does_not_hold_the_wrapper(tmp_path: Path) -> No
     assert "fake compiler done" in stderr  # the compiler's own stderr still came through
 
 
-# --- 10. --enable-internal-neff-wrapper is not cached ------------------------------------
+# --- --enable-internal-neff-wrapper is not cached ------------------------------------
 
 
 @pytest.mark.parametrize("where", ["end", "before-input", "first"])
@@ -350,7 +350,7 @@ def test_internal_neff_wrapper_compiles_pass_through(where: str) -> None:
     assert parse([*argv[:at], flag, *argv[at:]]) is None
 
 
-# --- 11. an outcome is final ------------------------------------------------------------
+# --- an outcome is final ------------------------------------------------------------
 
 
 class DiskFull:
@@ -448,7 +448,7 @@ def test_a_full_l1_after_a_hit_still_records_the_hit(
     assert delta(before, "wrapper_errors") == 0
 
 
-# --- 12. a full disk under a blob download ---------------------------------------------
+# --- a full disk under a blob download ---------------------------------------------
 
 
 class _FullDisk:
@@ -494,6 +494,7 @@ class _OsWithAFullDisk:
         return getattr(os, name)
 
 
+@pytest.mark.e2e
 def test_a_full_disk_under_a_download_is_not_the_servers_fault(
     server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,7 +1,10 @@
-"""The docs cannot drift from the code: each fact they list is checked here."""
+"""The README, the docs site and its lists cannot drift from the code: the set-up
+commands and the command CI runs, every flag, setting, variable and module the docs
+list, and every page in the site's navigation."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -108,3 +111,32 @@ def test_every_doc_page_is_in_the_site_navigation() -> None:
     pages = {p.name for p in (ROOT / "docs").glob("*.md")}
     assert pages - listed == set()
     assert listed - pages == set()
+
+
+def _registered_marks() -> set[str]:
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    lines = config["tool"]["pytest"]["ini_options"]["markers"]
+    return {re.split(r"[:(]", line, maxsplit=1)[0].strip() for line in lines}
+
+
+def test_the_development_page_runs_the_suite_with_its_own_marks_and_backends() -> None:
+    import shlex
+
+    from support.backends import BACKENDS
+
+    commands = [shlex.split(b) for b in _sh_blocks((ROOT / "docs" / "development.md").read_text())]
+    pytest_commands = [words for words in commands if words[:1] == ["pytest"]]
+    assert len(pytest_commands) >= 3
+    marks = _registered_marks()
+    for words in pytest_commands:
+        for flag, value in itertools.pairwise(words):
+            if flag == "-m":
+                named = set(re.findall(r"\w+", value)) - {"not", "and", "or"}
+                assert named <= marks, value
+            if flag == "--backend":
+                assert set(value.split(",")) <= set(BACKENDS), value
+        paths = [w for w in words[1:] if w.startswith("tests/")]
+        assert all((ROOT / p).exists() for p in paths), paths
+    assert ["pytest", "-m", "not e2e", "-n", "2"] in pytest_commands

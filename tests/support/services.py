@@ -1,6 +1,9 @@
-"""Real services for server tests, each a subprocess on a free 127.0.0.1 port, started
-once per session: ``s3_endpoint`` (moto's standalone server) with ``s3_bucket`` per
-test, and ``redis_server``. ``unused_port`` is a port nothing listens on."""
+"""The real services tests start, each a subprocess on a free 127.0.0.1 port, once
+per session (fixtures for the whole suite; tests/conftest.py registers this module):
+``s3_endpoint`` (moto's standalone server) with ``s3_bucket`` per test, and
+``redis_server`` (loopback.py says when it is fakeredis). ``unused_port`` is a port
+nothing listens on. A test that asks for ``redis_server`` or ``s3_endpoint`` is an
+end-to-end test (mark it ``e2e``)."""
 
 from __future__ import annotations
 
@@ -58,7 +61,7 @@ def _service(argv: list[str], is_ready: Callable[[], bool], log: Path) -> Iterat
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
     try:
-        _wait_until_ready(proc, is_ready, log)
+        wait_until_ready(proc, is_ready, log)
         yield
     finally:
         proc.terminate()
@@ -69,9 +72,11 @@ def _service(argv: list[str], is_ready: Callable[[], bool], log: Path) -> Iterat
             proc.wait()
 
 
-def _wait_until_ready(
+def wait_until_ready(
     proc: subprocess.Popen[bytes], is_ready: Callable[[], bool], log: Path
 ) -> None:
+    """Wait until ``is_ready()`` while ``proc`` runs; fail the test with the tail of its
+    ``log`` when it exits first or is not ready after the start-up timeout."""
     deadline = time.monotonic() + _START_TIMEOUT
     while not is_ready():
         if proc.poll() is not None:

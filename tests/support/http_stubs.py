@@ -1,0 +1,81 @@
+"""Small HTTP servers in a thread of the test process, answering as a test scripts
+them: ``send_json`` writes one JSON answer from a handler, and ``ScriptedServer``
+answers every request with what ``answer(method, path)`` returns and records each."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+Answer = Callable[[str, str], tuple[int, bytes]]  # (method, path) -> (status, body)
+
+
+def send_json(handler: BaseHTTPRequestHandler, status: int, body: object) -> None:
+    """Answer the handler's request with ``body`` as JSON, its length declared."""
+    data = json.dumps(body).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+class ScriptedServer:
+    """Answers GET, PUT and POST with ``answer(method, path)`` (a request's body is read
+    and dropped); records ``(method, path)`` and the Authorization header of each."""
+
+    def __init__(self, answer: Answer) -> None:
+        self.requests: list[tuple[str, str]] = []
+        self.auth: list[str] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                outer.requests.append((self.command, self.path))
+                outer.auth.append(self.headers.get("Authorization", ""))
+                status, body = answer(self.command, self.path)
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_PUT = do_POST = _answer  # noqa: N815
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        serve = self.httpd.serve_forever
+        thread = threading.Thread(target=serve, kwargs={"poll_interval": 0.01}, daemon=True)
+        thread.start()
+
+    @property
+    def paths(self) -> list[str]:
+        return [path for _, path in self.requests]
+
+    @property
+    def hits(self) -> int:
+        return len(self.requests)
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@contextlib.contextmanager
+def scripted(answer: Answer) -> Iterator[ScriptedServer]:
+    server = ScriptedServer(answer)
+    try:
+        yield server
+    finally:
+        server.close()
