@@ -9,8 +9,10 @@ An entry found is answered as ``stamped`` makes it.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
+from json.encoder import encode_basestring_ascii as _string
 
 from neffcache.server.index import Entry
 from neffcache.server.manifest import HEX64
@@ -52,16 +54,24 @@ def _first(backends: Services, namespace: str, look: Callable[[str], Entry | Non
     else:
         backends.access.hit(found.namespace, found.key)
         answer = "hit" if found.namespace == namespace else "hit_read_through"
-    metrics = backends.metrics
-    metrics.entry_requests.labels(metrics.namespace(namespace), answer).inc()
+    backends.metrics.entry_answered(namespace, answer)
     return found
 
 
 def stamped(entry: Entry) -> str:
     """An entry as GET returns it: the manifest plus the server's stamps."""
     # The stored manifest is canonical JSON without these fields (manifest.RESERVED):
-    # splice them in rather than decoding and encoding the manifest again.
-    stamps = json.dumps(
-        {"created_at": entry.created_at, "namespace": entry.namespace, "writer": entry.writer}
+    # splice them in rather than decoding and encoding the manifest again. Written as
+    # json.dumps writes {"created_at": ..., "namespace": ..., "writer": ...}, with its
+    # string encoder, without its general machinery (every lookup answers this).
+    return (
+        f'{entry.manifest[:-1]},"created_at": {_number(entry.created_at)}, '
+        f'"namespace": {_string(entry.namespace)}, "writer": {_string(entry.writer)}}}'
     )
-    return entry.manifest[:-1] + "," + stamps[1:]
+
+
+def _number(value: float) -> str:
+    # json.dumps writes a finite float as its repr; anything else its own way.
+    if type(value) is float and math.isfinite(value):
+        return float.__repr__(value)
+    return json.dumps(value)

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -43,6 +44,7 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._labelled: set[str] = set()
         self._label_lock = threading.Lock()
+        self._entry_children: dict[tuple[str, str], Any] = {}
         r = self.registry
         #: Entry requests answered (a lookup by key or alias, a lease request naming an
         #: entry), by namespace asked and answer: ``hit`` (own namespace),
@@ -207,6 +209,16 @@ class Metrics:
             registry=r,
         )
         r.register(_UsageCollector(usage, usage_ttl))
+
+    def entry_answered(self, namespace: str, answer: str) -> None:
+        """Count an entry request's answer; each labelled child is looked up once (as
+        many as there are namespace labels, which ``namespace`` bounds)."""
+        label = self.namespace(namespace)
+        child = self._entry_children.get((label, answer))
+        if child is None:
+            child = self.entry_requests.labels(label, answer)
+            self._entry_children[(label, answer)] = child
+        child.inc()
 
     def namespace(self, name: str) -> str:
         """The label of a namespace: its name, for the first ``MAX_NAMESPACE_LABELS``."""

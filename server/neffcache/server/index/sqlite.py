@@ -350,9 +350,13 @@ class SqliteIndex:
                 raise
 
     def _read(self, sql: str, params: tuple[object, ...]) -> list[tuple[object, ...]]:
-        with _mapped(self._path):
+        # _mapped's rule without its context manager: every lookup reads here.
+        try:
             rows: list[tuple[object, ...]] = self._connection().execute(sql, params).fetchall()
-            return rows
+        except sqlite3.Error as exc:
+            with _mapped(self._path):
+                raise exc from None
+        return rows
 
     # --- schema -----------------------------------------------------------------------
 
