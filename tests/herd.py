@@ -3,10 +3,21 @@ cold graph at once through the compiler wrapper, against a real ``neffcache serv
 
 Used by ``tests/client/test_herd.py`` (which asserts the counts) and
 ``tests/bench/bench_herd.py`` (which prints the numbers). Start-up is kept out of the
-measurement: each client imports the client, asks the stand-in compiler its version
-(remembered in its L1), says it is ready, and blocks in ``sigwait`` until the driver
-signals every client at once. Each client then runs the wrapper in-process and writes
-one JSON line: when it was signalled, when it was done, its exit code.
+measurement: each client asks the stand-in compiler its version (remembered in its
+L1), says it is ready, and blocks in ``sigwait`` until the driver signals every client
+at once. Each client then runs the wrapper in-process and writes one JSON line: when
+it was signalled, when it was done, its exit code.
+
+The clients are forked by one launcher process (``herd.py --launcher``) that has
+imported the client's modules, so 64 clients do not each spend the interpreter's
+start and the imports (most of a cold start-up on two cores). Nothing of a client
+exists before the fork: the launcher opens no connection, starts no thread (it checks
+it has one thread before each fork) and reads no setting; each child starts its own
+session, takes its own L1 and log, and does everything after the imports itself, so
+it is a separate process the driver can signal and kill by pid. The driver is not its
+parent, so it sees a client end through a pidfd.
+
+The server is support/served.py's, with this module's lease settings.
 
 The stand-in compiler (tests/standins/neuronx-cc) is not the real one; its compile
 lasts ``NEFFCACHE_STANDIN_DELAY`` seconds and leaves a pid file while it runs.
@@ -18,19 +29,22 @@ state (``/metrics``, read before it stops).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
-import urllib.request
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loopback import free_port, wait_healthy
+from support.served import Server
 
 TESTS = Path(__file__).resolve().parent
 STANDINS = TESTS / "standins"
@@ -77,55 +91,96 @@ def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
-class _Server:
-    def __init__(self, root: Path, ttl: float, recheck: float | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.index = root / "server-data" / "index.db"
-        env = _clean_env()
-        env["NEFFCACHE_LEASE_TTL_SECONDS"] = str(ttl)
-        if recheck is not None:
-            env["NEFFCACHE_LEASE_RECHECK_SECONDS"] = str(recheck)
-        self.log = open(root / "server.log", "wb")  # noqa: SIM115 (closed in stop)
-        argv = [sys.executable, "-m", "neffcache.client.cli", "serve"]
-        argv += ["--port", str(self.port), "--data-dir", str(root / "server-data")]
-        self.process = subprocess.Popen(
-            argv,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=self.log,
-        )
-        if wait_healthy(self.process, self.url, 60):
-            return
-        self.stop()
-        raise RuntimeError(f"the server did not start: {(root / 'server.log').read_text()}")
+def lease_server(root: Path, ttl: float, recheck: float | None = None) -> Server:
+    """A started ``neffcache serve`` whose compile leases live ``ttl`` seconds (and whose
+    waiting requests look again every ``recheck`` seconds), its data in
+    ``root/server-data``, its log ``root/server.log``, in the clients' environment."""
+    env = {"NEFFCACHE_LEASE_TTL_SECONDS": str(ttl)}
+    if recheck is not None:
+        env["NEFFCACHE_LEASE_RECHECK_SECONDS"] = str(recheck)
+    server = Server(root / "server-data", env, environ=_clean_env(), log=root / "server.log")
+    return server.start()
 
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
-        self.log.close()
 
-    def lease_answers(self) -> dict[str, int]:
-        """The server's lease answers so far, by state (``done``, ``granted``, ``held``...)."""
-        from prometheus_client.parser import text_string_to_metric_families
+def _lease_answers(server: Server) -> dict[str, int]:
+    """The server's lease answers so far, by state (``done``, ``granted``, ``held``...)."""
+    from prometheus_client.parser import text_string_to_metric_families
 
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(f"{self.url}/metrics", timeout=30) as response:
-            text = response.read().decode()
-        answers: dict[str, int] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == "neffcache_lease_answers_total":
-                    state = sample.labels["state"]
-                    answers[state] = answers.get(state, 0) + int(sample.value)
-        return answers
+    metrics = server.get("/metrics")
+    assert metrics.status_code == 200, metrics.text
+    answers: dict[str, int] = {}
+    for family in text_string_to_metric_families(metrics.text):
+        for sample in family.samples:
+            if sample.name == "neffcache_lease_answers_total":
+                state = sample.labels["state"]
+                answers[state] = answers.get(state, 0) + int(sample.value)
+    return answers
+
+
+class _Client:
+    """One client process the launcher forked. The driver is not its parent, so it
+    cannot ``waitpid`` it: its end shows as its pidfd turning readable."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._fd = os.pidfd_open(pid)  # the launcher reaps it only at the end: no reuse
+
+    def exited(self) -> bool:
+        return bool(select.select([self._fd], [], [], 0)[0])
+
+    def kill(self) -> None:
+        """SIGKILL it and what it started (its session), and wait until it has ended."""
+        with contextlib.suppress(ProcessLookupError):  # its session has ended already
+            os.killpg(self.pid, signal.SIGKILL)
+        if not select.select([self._fd], [], [], 10)[0]:
+            raise RuntimeError(f"client {self.pid} outlived SIGKILL")
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+class _Launcher:
+    """``herd.py --launcher`` over its pipes: one client forked per ``launch``."""
+
+    def __init__(self, env: dict[str, str], results: Path, logs: Path) -> None:
+        self._results = results
+        self._logs = logs
+        with open(logs / "launcher.log", "ab") as log:
+            self._process = subprocess.Popen(
+                [sys.executable, __file__, "--launcher"],
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+            )
+
+    def launch(self, index: int, output: Path, l1: Path) -> _Client:
+        assert self._process.stdin is not None
+        assert self._process.stdout is not None
+        order = [str(index), str(output), str(self._results), str(self._logs), str(l1)]
+        self._process.stdin.write(json.dumps(order) + "\n")
+        self._process.stdin.flush()
+        answer = self._process.stdout.readline()
+        if not answer:
+            log = (self._logs / "launcher.log").read_text()
+            raise RuntimeError(f"the launcher exited: {log[-3000:]}")
+        return _Client(int(answer))
+
+    def close(self) -> None:
+        """Tell it the herd is over: it reaps its (by now ended) clients and exits."""
+        assert self._process.stdin is not None
+        self._process.stdin.close()
+        self._process.wait(30)
+        assert self._process.stdout is not None
+        self._process.stdout.close()
 
 
 class _LeaseWatch:
     """The herd's compile leases as the server's SQLite index holds them, read on each
-    ``look`` through a read-only connection (WAL: readers never block the server).
+    ``look`` through a read-only connection (WAL: readers never block the server):
+    cells ``lease:<namespace>:<name>`` holding ``"<lease_id> <failed> <JSON>"``
+    (server/index/leases.py), or, from a server before those, rows of ``leases``.
 
     A lease granted over an expired one takes its row, so only a watch sees both; a
     renewal it missed leaves ``expires_at`` earlier than the truth, never later."""
@@ -141,16 +196,37 @@ class _LeaseWatch:
             if self._connection is None:
                 uri = f"{self._index.as_uri()}?mode=ro"
                 self._connection = sqlite3.connect(uri, uri=True, timeout=1)
-            rows = self._connection.execute(
-                "SELECT lease_id, holder, acquired_at, expires_at FROM leases WHERE namespace = ?",
-                (NAMESPACE,),
-            ).fetchall()
+            tables = {
+                name
+                for (name,) in self._connection.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table'"
+                )
+            }
+            seen: list[LeaseSeen] = []
+            if "cells" in tables:
+                cells = self._connection.execute(
+                    "SELECT value, expires_at FROM cells WHERE key LIKE ?",
+                    (f"lease:{NAMESPACE}:%",),
+                )
+                for value, expires_at in cells:
+                    lease_id, _failed, rest = value.split(" ", 2)
+                    fields = json.loads(rest)
+                    seen.append(
+                        LeaseSeen(lease_id, fields["holder"], fields["acquired_at"], expires_at)
+                    )
+            if "leases" in tables:
+                rows = self._connection.execute(
+                    "SELECT lease_id, holder, acquired_at, expires_at FROM leases"
+                    " WHERE namespace = ?",
+                    (NAMESPACE,),
+                )
+                seen += [LeaseSeen(*row) for row in rows]
         except sqlite3.Error:
             # Not there yet, or busy: the next look, 20 ms on, sees it.
             self.close()
             return
-        for lease_id, holder, acquired_at, expires_at in rows:
-            self._seen[lease_id] = LeaseSeen(lease_id, holder, acquired_at, expires_at)
+        for lease in seen:
+            self._seen[lease.lease_id] = lease
 
     def granted(self) -> list[LeaseSeen]:
         return sorted(self._seen.values(), key=lambda lease: lease.acquired_at)
@@ -190,8 +266,8 @@ def run_herd(
     # A waiting request then ends early only when woken (a publish, a release, the
     # holder's lease running out), never by a periodic look: the answers it counts
     # show whether the wake-ups work.
-    server = _Server(root, ttl, recheck=60.0)
-    watch = _LeaseWatch(server.index, ttl)
+    server = lease_server(root, ttl, recheck=60.0)
+    watch = _LeaseWatch(root / "server-data" / "index.db", ttl)
     pids_dir = root / "compiling"
     pids_dir.mkdir()
     counter = root / "invocations.log"
@@ -206,24 +282,18 @@ def run_herd(
         NEFFCACHE_LOG="warning",
     )
     env.update(client_env or {})
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[_Client] = []
     outputs: list[Path] = []
     logs = root / "logs"
     logs.mkdir()
+    launcher: _Launcher | None = None
 
-    def launch(i: int) -> subprocess.Popen[bytes]:
-        client_env = dict(env, NEFFCACHE_LOCAL_DIR=str(root / f"l1-{i}"))
-        with open(logs / f"client-{i}.log", "ab") as log:
-            return subprocess.Popen(
-                [sys.executable, __file__, "--client", str(i), str(outputs[i]), str(results)],
-                env=client_env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,
-            )
+    def launch(i: int) -> _Client:
+        assert launcher is not None
+        return launcher.launch(i, outputs[i], root / f"l1-{i}")
 
     try:
+        launcher = _Launcher(env, results, logs)
         started = time.time()
         for i in range(clients):
             outputs.append(root / f"out-{i}" / "graph.neff")
@@ -231,7 +301,7 @@ def run_herd(
             procs.append(launch(i))
         ready = root / "ready"
         while not ready.exists() or len(list(ready.glob("*"))) < clients:
-            if any(p.poll() is not None for p in procs):
+            if any(p.exited() for p in procs):
                 raise RuntimeError(f"a client died during start-up: see {logs}")
             if time.time() - started > deadline:
                 raise RuntimeError("the clients did not start in time")
@@ -244,7 +314,7 @@ def run_herd(
         killed_at = None
         cpu_from: tuple[float, float] | None = None
         cpu_rate = 0.0
-        while any(p.poll() is None for p in procs):
+        while not all(p.exited() for p in procs):
             watch.look()
             now = time.time()
             for pidfile in pids_dir.glob("*"):
@@ -252,9 +322,9 @@ def run_herd(
             # The server's CPU over the middle of the first compile: everyone but the
             # holder is waiting then.
             if cpu_from is None and now - go >= 0.3 * delay:
-                cpu_from = (now, _cpu_seconds(server.process.pid))
+                cpu_from = (now, _cpu_seconds(server.pid))
             elif cpu_from is not None and not cpu_rate and now - go >= 0.8 * delay:
-                used = _cpu_seconds(server.process.pid) - cpu_from[1]
+                used = _cpu_seconds(server.pid) - cpu_from[1]
                 cpu_rate = used / (now - cpu_from[0])
             if (
                 kill_holder_after is not None
@@ -273,9 +343,9 @@ def run_herd(
                     continue
                 holder = _parent(compiling[0])
                 index = next(i for i, p in enumerate(procs) if p.pid == holder)
-                os.killpg(holder, signal.SIGKILL)
-                procs[index].wait(10)
+                procs[index].kill()
                 killed_at = time.time()
+                procs[index].close()
                 # The job restarts its rank: a fresh process on the same host (L1).
                 (ready / str(index)).unlink()
                 procs[index] = launch(index)
@@ -301,21 +371,23 @@ def run_herd(
             killed_at=killed_at,
             neffs={str(p): p.read_bytes() for p in outputs if p.exists()},
             leases=watch.granted(),
-            lease_answers=server.lease_answers(),
+            lease_answers=_lease_answers(server),
         )
     finally:
         watch.close()
         for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-        server.stop()
+            if not proc.exited():
+                proc.kill()
+            proc.close()
+        if launcher is not None:
+            launcher.close()
+        server.kill()
 
 
-def _wait_ready(marker: Path, proc: subprocess.Popen[bytes], watch: _LeaseWatch) -> None:
+def _wait_ready(marker: Path, proc: _Client, watch: _LeaseWatch) -> None:
     while not marker.exists():
-        if proc.poll() is not None:
-            raise RuntimeError(f"the restarted client exited with {proc.returncode}")
+        if proc.exited():
+            raise RuntimeError(f"the restarted client {proc.pid} exited: see its log")
         watch.look()  # the killed holder's lease may be replaced meanwhile
         time.sleep(0.02)
 
@@ -362,7 +434,55 @@ def _client(index: str, output: str, results: str) -> int:
     return code
 
 
+def _launcher() -> int:
+    """Fork one client per line on stdin (``[index, output, results, logs, l1]`` in
+    JSON), answering its pid; at the end of stdin, reap them all and exit."""
+    # What a client imports before it is ready (``_client``), loaded once for all.
+    from neffcache.client import lease  # noqa: F401
+    from neffcache.client.compiler import compiler_version  # noqa: F401
+    from neffcache.client.stats import STATS  # noqa: F401
+    from neffcache.client.wrapper import main  # noqa: F401
+
+    for line in sys.stdin:
+        index, output, results, logs, l1 = json.loads(line)
+        # A thread would not survive the fork, and whatever it held would stay held.
+        assert threading.active_count() == 1, threading.enumerate()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _forked(index, output, results, Path(logs) / f"client-{index}.log", l1)
+        sys.stdout.write(f"{pid}\n")
+        sys.stdout.flush()
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            return 0
+
+
+def _forked(index: str, output: str, results: str, log: Path, l1: str) -> None:
+    """In a forked child: become a client process of its own, then run it; never returns."""
+    code = 1
+    try:
+        os.setsid()  # its own session: the driver kills it and its compiler together
+        out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(out)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.environ["NEFFCACHE_LOCAL_DIR"] = l1
+        code = _client(index, output, results)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(code)
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["--client"]:
-        raise SystemExit("usage: herd.py --client INDEX OUTPUT RESULTS (started by run_herd)")
-    sys.exit(_client(*sys.argv[2:5]))
+    if sys.argv[1:] == ["--launcher"]:
+        sys.exit(_launcher())
+    raise SystemExit("usage: herd.py --launcher (started by run_herd)")

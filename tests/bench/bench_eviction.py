@@ -1,4 +1,4 @@
-"""Eviction benchmark (issue 6): the ``value`` ranking against ``lru`` on a synthetic
+"""Eviction benchmark: the ``value`` ranking against ``lru`` on a synthetic
 month of a team's traffic, under a quota.
 
     python tests/bench/bench_eviction.py [--seed 1] [--scale 1.0] [--quota-share 0.3]

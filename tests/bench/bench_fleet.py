@@ -1,4 +1,4 @@
-"""Fleet simulation (issue 9): N hosts by M ranks replay a training job's graph
+"""Fleet simulation: N hosts by M ranks replay a training job's graph
 sequence, cold then warm, against no cache, the stock Neuron cache (a directory per
 host, an S3 prefix, one directory shared by every host) and neffcache.
 
@@ -16,7 +16,7 @@ compiler (tests/standins/; not AWS's code), with the cache its environment names
 * (d) neffcache: a real ``neffcache serve`` on 127.0.0.1, the client's hook in every
   rank (``NEURON_COMPILE_CACHE_URL=neffcache+http://...``), an L1 directory per host;
 * (e) the stock cache in one directory shared by every host, as on NFS or EFS: the
-  peer issue 9 names for the fleet. Here it is one local filesystem, where its locks
+  peer a fleet without neffcache uses. Here it is one local filesystem, where its locks
   work; on NFS they do not (docs/neuron-sdk.md#network-filesystems), so this is the
   peer's best case.
 

@@ -1,4 +1,4 @@
-"""The thundering herd, measured (issue 5): N client processes, each playing one host
+"""The thundering herd, measured: N client processes, each playing one host
 with its own L1, compile one cold graph at once through the compiler wrapper against
 ``neffcache serve`` on embedded defaults. The stand-in compile (not the real
 compiler) takes ``--compile-seconds``.

@@ -1,4 +1,4 @@
-"""Load benchmark (issue 8): 64 concurrent clients with a realistic mix against two
+"""Load benchmark: 64 concurrent clients with a realistic mix against two
 ``neffcache serve`` replicas, and the same GET traffic against nginx serving the blobs.
 
     python tests/bench/bench_load.py [--seconds 60] [--clients 64] [--processes N]

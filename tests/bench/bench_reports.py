@@ -1,4 +1,4 @@
-"""Cost-report benchmark (issue 7): how long a report over N stored events takes,
+"""Cost-report benchmark: how long a report over N stored events takes,
 against the floor of reading the same events and parsing their JSON.
 
     python tests/bench/bench_reports.py [--events 200000] [--namespaces 8]

@@ -14,7 +14,7 @@ import pytest
 from bridge.layout import StockCache
 from support.bridge_server import Run, Server, StartServer
 
-from neffcache.server.bridge.report import Progress, Report
+from neffcache.client.bridge.report import Progress, Report
 
 
 def one_line_error(code: int, out: str, err: str, command: str) -> str:
@@ -138,23 +138,24 @@ def test_s3_without_boto3_says_which_extra(
     assert "pip install 'neffcache[s3]'" in err
 
 
-def test_without_the_server_extra_says_which_extra(
+def test_import_and_export_need_no_server_extra(
     neffcache: Run, cache: StockCache, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setitem(sys.modules, "httpx", None)
+    # The bridge is the client's: its HTTP is the client's own, not httpx.
+    for module in ("httpx", "fastapi", "pydantic"):
+        monkeypatch.setitem(sys.modules, module, None)  # importing it now fails
     argv = ("--server", "http://127.0.0.1:1", "--namespace", "a")
     for command, place in (("import", cache.root), ("export", tmp_path / "out")):
         code, out, err = neffcache(command, str(place), *argv)
-        assert (code, out) == (2, "")
-        assert (
-            err == f"neffcache {command}: needs the server extra: pip install 'neffcache[server]'\n"
-        )
+        assert (code, out) == (1, "")
+        assert err.startswith(f"neffcache {command}: cannot reach http://127.0.0.1:1")
+        assert err.count("\n") == 1
 
 
 @pytest.mark.e2e
 def test_importing_the_cli_module_loads_nothing_heavy() -> None:
     code = (
-        "import sys; import neffcache.server.bridge.cli; "
+        "import sys; import neffcache.client.bridge.cli; "
         "print(sorted(m for m in ('httpx', 'boto3', 'fastapi', 'pydantic', 'google.protobuf') "
         "if m in sys.modules))"
     )
@@ -194,7 +195,7 @@ def test_ctrl_c_during_an_import_is_one_line_and_130(
     cache: StockCache,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from neffcache.server.bridge import importer
+    from neffcache.client.bridge import importer
 
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
@@ -217,7 +218,7 @@ def test_ctrl_c_during_an_export_is_one_line_and_130_and_leaves_no_staging(
     cache: StockCache,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from neffcache.server.bridge.remote import Remote
+    from neffcache.client.bridge.remote import Remote
 
     argv = ("--server", server.url, "--namespace", "ctrl-c-export")
     assert neffcache("import", str(cache.root), *argv)[0] == 0

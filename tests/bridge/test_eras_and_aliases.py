@@ -13,8 +13,8 @@ import pytest
 from bridge.layout import StockCache, counts, hlo
 from support.bridge_server import Run, Server, StartServer
 
+from neffcache.client.bridge.stock import State, classify
 from neffcache.keying import CompileContext, KeyInputs, StockEra, compute_key, fingerprint_hlo
-from neffcache.server.bridge.stock import State, classify
 from neffcache.server.index import Entry, Index
 
 OLD = "2.14.227.0+2d4f85be"  # the version public caches show in both of the first eras
@@ -239,7 +239,7 @@ def test_the_alias_route_lists_an_entrys_aliases(
 def test_an_old_server_without_the_route_stops_the_export(
     tmp_path: Path, start_server: StartServer, neffcache: Run
 ) -> None:
-    from neffcache.server.bridge.remote import Remote, Unusable
+    from neffcache.client.bridge.remote import Remote, Unusable
 
     app = start_server()
     remote = Remote(app.url, "team-a", None)
@@ -248,13 +248,9 @@ def test_an_old_server_without_the_route_stops_the_export(
     finally:
         remote.close()
     import httpx
+    from bridge.scripted import scripted
 
-    old = Remote(
-        "http://old.test",
-        "team-a",
-        None,
-        transport=httpx.MockTransport(lambda r: httpx.Response(404, json={"detail": "Not Found"})),
-    )
+    old = scripted(lambda r: httpx.Response(404, json={"detail": "Not Found"}))
     with pytest.raises(Unusable, match="upgrade it"):
         old.aliases("f" * 64)
 

@@ -14,8 +14,8 @@ import pytest
 from bridge.layout import V1, V2, StockCache, counts, digest, standard_cache
 from support.bridge_server import Run, Server
 
-from neffcache.server.bridge.exporter import Filters, export_entry
-from neffcache.server.bridge.remote import Refused, Remote
+from neffcache.client.bridge.exporter import Filters, export_entry
+from neffcache.client.bridge.remote import Refused, Remote
 
 STAMPS = ("created_at", "namespace", "writer")
 

@@ -1,11 +1,10 @@
 """The bridge's pieces on their own: entry states, the publish sequence against a
-scripted server (httpx.MockTransport), blob verification, dates and server URLs."""
+scripted server (``bridge.scripted``: httpx handlers), blob verification, dates and server URLs."""
 
 from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,24 +14,19 @@ import blake3
 import httpx
 import pytest
 from bridge.layout import StockCache, standard_cache
+from bridge.scripted import scripted
 
-from neffcache.keying import is_stock_artifact as is_artifact
-from neffcache.server.bridge.exporter import Filters, parse_since
-from neffcache.server.bridge.importer import Outcome, import_cache, key_entry, publish
-from neffcache.server.bridge.remote import Refused, Remote, Unusable
-from neffcache.server.bridge.report import Progress
-from neffcache.server.bridge.stock import (
+from neffcache.client.bridge.exporter import Filters, parse_since
+from neffcache.client.bridge.importer import Outcome, import_cache, key_entry, publish
+from neffcache.client.bridge.remote import Refused, Unusable
+from neffcache.client.bridge.report import Progress
+from neffcache.client.bridge.stock import (
     DirectorySource,
     ReadError,
     State,
     classify,
 )
-
-Handler = Callable[[httpx.Request], httpx.Response]
-
-
-def scripted(handler: Handler) -> Remote:
-    return Remote("http://cache.test", "team-a", None, transport=httpx.MockTransport(handler))
+from neffcache.keying import is_stock_artifact as is_artifact
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,8 @@ from bridge.layout import StockCache
 from support.cli_server import TOKEN, Run, Server
 
 from neffcache.client import prewarm
-from neffcache.server.bridge import exporter, importer
-from neffcache.server.bridge.remote import Remote
+from neffcache.client.bridge import exporter, importer
+from neffcache.client.bridge.remote import Remote
 
 
 def interrupt_on_call(n: int, result: Any) -> Any:

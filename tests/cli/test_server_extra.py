@@ -1,6 +1,6 @@
 """A training image installs neffcache without the ``server`` extra: each command that
 needs it says so in one line (exit 2), and the admin commands that ask a server need
-httpx alone, not FastAPI, uvicorn or pydantic."""
+nothing beyond the base install: not httpx, FastAPI, uvicorn or pydantic."""
 
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ from bridge.layout import StockCache
 from support.cli_server import Run
 
 from neffcache.client.cli import _common, main
-from neffcache.server import manifest
-from neffcache.server.bridge import remote
 
 NEEDS = "needs the server extra: pip install 'neffcache[server]'"
 
@@ -54,7 +52,8 @@ def test_without_the_server_stack_each_command_needs_only_what_it_uses(
     cache.add("block_a")
     data = str(tmp_path / "data")
     commands = {
-        # One request with httpx: these work, and find the server down.
+        # One request, through the client's own HTTP (admin and the bridge alike): these
+        # work, and find the server down.
         ("admin", "token", "list", "--server", down): (1, f"neffcache admin: cannot reach {down}"),
         ("admin", "audit", "--server", down): (1, f"neffcache admin: cannot reach {down}"),
         ("import", str(cache.root), "--server", down, "--namespace", "a"): (
@@ -102,12 +101,16 @@ def test_without_the_server_stack_each_command_needs_only_what_it_uses(
     assert not (tmp_path / "data").exists()  # nothing began before the line
 
 
-def test_without_httpx_the_admin_commands_name_the_extra(
+def test_the_remote_admin_commands_need_no_httpx(
     monkeypatch: pytest.MonkeyPatch, neffcache: Run, unused_port: int
 ) -> None:
+    # They ask through the client's own HTTP (api.Api): a base install manages a server.
     monkeypatch.setitem(sys.modules, "httpx", None)  # import httpx now fails
-    done = neffcache("admin", "namespace", "list", "--server", f"http://127.0.0.1:{unused_port}")
-    assert done == (2, "", f"neffcache admin: {NEEDS}\n")
+    down = f"http://127.0.0.1:{unused_port}"
+    code, out, err = neffcache("admin", "namespace", "list", "--server", down)
+    assert (code, out) == (1, "")
+    assert err.startswith(f"neffcache admin: cannot reach {down}")
+    assert err.count("\n") == 1
 
 
 class Unloadable:
@@ -122,7 +125,7 @@ class Unloadable:
 
 @pytest.mark.parametrize(
     "argv",
-    [["admin", "token", "list"], ["admin", "--help"], ["serve", "--port", "9"], ["import", "x"]],
+    [["admin", "token", "list"], ["admin", "--help"], ["serve", "--port", "9"]],
 )
 def test_a_plugin_that_cannot_load_leaves_its_commands_saying_which_extra(
     argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -130,6 +133,7 @@ def test_a_plugin_that_cannot_load_leaves_its_commands_saying_which_extra(
     import importlib.metadata
 
     def entry_points(group: str) -> list[Unloadable]:
+        # An install from before the bridge moved into the client still lists it.
         return [Unloadable("server"), Unloadable("bridge")]
 
     monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
@@ -137,9 +141,18 @@ def test_a_plugin_that_cannot_load_leaves_its_commands_saying_which_extra(
     assert capsys.readouterr() == ("", f"neffcache {argv[0]}: {NEEDS}\n")
 
 
-def test_the_bridge_checks_what_the_server_checks() -> None:
-    # Spelled again in the bridge so that it does not import pydantic with manifest.py.
-    assert (remote.HEX64, remote.FILE_NAME) == (manifest.HEX64, manifest.FILE_NAME)
+def test_the_bridge_commands_are_the_clients_whatever_the_entry_points_say(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.metadata
+
+    # An install made while the bridge was a plugin lists an entry point that no
+    # longer loads: the client's own import and export stay.
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [Unloadable("bridge")])
+    with pytest.raises(SystemExit) as exited:
+        main(["import", "--help"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: neffcache import")
 
 
 def test_the_server_extras_modules_are_what_pyproject_installs() -> None:

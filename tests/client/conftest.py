@@ -1,5 +1,5 @@
 """Fixtures for the client's end-to-end tests (test_e2e_*.py); the helpers they build
-on are in e2e_harness.py.
+on are in support/e2e.py.
 
 * ``server``: one ``neffcache serve`` process shared by the session (anonymous, on a
   free loopback port). Tests share it through their own ``namespace``; a test that
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from client.e2e_harness import Sandbox, Server
 from support.client_units import TokenServer
+from support.e2e import Sandbox, Server
 from support.e2e_fixtures import namespace, server, silent_server
 from support.lease_hosts import TTL
 
@@ -102,13 +102,13 @@ def sandbox(tmp_path: Path, namespace: str) -> Iterator[Sandbox]:
 def short_ttl_server(tmp_path: Path) -> Iterator[str]:
     """``http://127.0.0.1:<port>`` of a ``neffcache serve`` whose leases live
     ``TTL`` seconds (tests/herd.py's server)."""
-    from herd import _Server
+    from herd import lease_server
 
     root = tmp_path / "short-ttl-server"
     root.mkdir()
-    server = _Server(root, TTL)
+    server = lease_server(root, TTL)
     yield server.url
-    server.stop()
+    server.kill()
 
 
 @pytest.fixture(autouse=True)

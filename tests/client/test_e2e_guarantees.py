@@ -25,7 +25,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from client.e2e_harness import (
+from support.e2e import (
     BLOCK_A,
     NEFFCACHE,
     OTHER,

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from client.e2e_harness import (
+from support.e2e import (
     BLOCK_A,
     BLOCK_B,
     STANDIN_NEFF_SIZE,

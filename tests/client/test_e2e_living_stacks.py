@@ -7,7 +7,7 @@ script (tests/standins/torchneuron_like.py, vllm_neuron_like.py, trace_like.py),
 with the ``neuronx-cc`` of ``neffcache shim-dir`` first on PATH and the stand-in
 compiler after it, against a real ``neffcache serve``, with ``NEFFCACHE_URL`` set (how
 users of these stacks turn neffcache on: the SDK variables belong to libneuronxla). See
-e2e_harness.py for how processes and environments are built.
+support/e2e.py for how processes and environments are built.
 
 A "host" is its own L1 (``NEFFCACHE_LOCAL_DIR``), its own working directory and its
 own work directories (TorchNeuron's ``mkdtemp`` root, vLLM's work dir, trace's
@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from client.e2e_harness import (
+from support.e2e import (
     BLOCK_A,
     BLOCK_B,
     COMPILER,

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from client.e2e_harness import (
+from support.e2e import (
     BLOCK_A,
     STANDIN_VERSION,
     STANDINS,

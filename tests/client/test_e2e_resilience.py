@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from client.e2e_harness import (
+from support.e2e import (
     BLOCK_A,
     OTHER,
     VARIANT,

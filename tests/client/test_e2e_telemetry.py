@@ -1,5 +1,5 @@
 """End to end: telemetry events and miss reasons through the wrapper and the hook,
-against a real ``neffcache serve`` and the stand-ins (see e2e_harness.py).
+against a real ``neffcache serve`` and the stand-ins (see support/e2e.py).
 
 A cold run, then a warm run with a fresh L1, through each interception point: every
 run-manifest line carries its facts and, on a miss, the reason the server gave; and
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from client.e2e_harness import (
+from support.e2e import (
     BLOCK_A,
     BLOCK_B,
     STANDIN_VERSION,

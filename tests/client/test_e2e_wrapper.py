@@ -2,7 +2,7 @@
 
 ``neffcache wrap -- neuronx-cc compile ...`` (run as ``python -m neffcache.client.cli``)
 and the ``neuronx-cc`` in ``neffcache shim-dir``, against a real ``neffcache serve``
-and the stand-in compiler (tests/standins/neuronx-cc). See e2e_harness.py for how
+and the stand-in compiler (tests/standins/neuronx-cc). See support/e2e.py for how
 processes and environments are built.
 
 Readings of the specification these tests commit to (beyond its letter):
@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from client.e2e_harness import (
+from support.e2e import (
     BLOCK_A,
     BLOCK_B,
     COMPILER,

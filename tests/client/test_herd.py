@@ -15,8 +15,8 @@ import pickle
 from pathlib import Path
 
 import pytest
-from client.e2e_harness import BLOCK_A, reference_neff
 from herd import Herd, run_herd
+from support.e2e import BLOCK_A, reference_neff
 
 pytestmark = pytest.mark.e2e
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from client.e2e_harness import BLOCK_A, Sandbox, cache_url, reference_neff
+from support.e2e import BLOCK_A, Sandbox, cache_url, reference_neff
 from support.http_stubs import send_json
 
 from neffcache.client.http import BODY_LIMIT, ERROR_LIMIT, Connection, HttpError

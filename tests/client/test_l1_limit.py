@@ -21,9 +21,17 @@ import pytest
 from support.client_units import delta, digest
 
 from neffcache.client.config import ClientConfig, ConfigError
-from neffcache.client.l1limit import DEFAULT_MAX_SIZE, Evictor, Item, default_limit, grew, try_lock
+from neffcache.client.l1limit import (
+    DEFAULT_MAX_SIZE,
+    Evictor,
+    Item,
+    default_limit,
+    entry_lock_name,
+    grew,
+    try_lock,
+)
 from neffcache.client.local import LocalStore
-from neffcache.client.proxy import Core, entry_lock_name
+from neffcache.client.proxy import Core
 from neffcache.client.stats import STATS
 
 URL = "neffcache+http://127.0.0.1:9/team-a"

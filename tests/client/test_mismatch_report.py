@@ -11,7 +11,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from client.e2e_harness import (
+from loopback import InThread
+from support.client_units import delta, digest, no_server_down, open_remote
+from support.e2e import (
     BLOCK_A,
     Sandbox,
     blake3_hex,
@@ -19,8 +21,6 @@ from client.e2e_harness import (
     canonical_key,
     reference_neff,
 )
-from loopback import InThread
-from support.client_units import delta, digest, no_server_down, open_remote
 from support.http_stubs import scripted
 
 from neffcache.client import remote as remote_module

@@ -2,7 +2,7 @@
 
 End-to-end tests drive the real command (``python -m neffcache.client.cli prewarm``)
 against a real ``neffcache serve``, with run manifests written by real runs of the
-wrapper and of the hook (e2e_harness.py); the bad-input and progress-bar tests call
+wrapper and of the hook (support/e2e.py); the bad-input and progress-bar tests call
 the command in this process.
 
 Readings of the brief these tests commit to:
@@ -43,7 +43,8 @@ from typing import Any
 
 import httpx
 import pytest
-from client.e2e_harness import (
+from support.client_units import no_server_down
+from support.e2e import (
     BLOCK_A,
     NEFFCACHE,
     STANDIN_VERSION,
@@ -61,7 +62,6 @@ from client.e2e_harness import (
     stock_address,
     wait_for,
 )
-from support.client_units import no_server_down
 
 from neffcache.client import prewarm as prewarm_module
 from neffcache.client.cli import main

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from client.e2e_harness import (
+from support.e2e import (
     BLOCK_A,
     VARIANT,
     Sandbox,
@@ -171,13 +171,13 @@ def test_a_read_only_l1_publishes_its_compiles_and_takes_server_hits_to_output(
 @pytest.fixture
 def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """This process's temporary directory, and a fresh staging state."""
-    from neffcache.client import local
+    from neffcache.client import l1access, local
 
     where = tmp_path / "tmp"
     where.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(where))
     monkeypatch.setattr(local, "_staging", {})
-    monkeypatch.setattr(local, "_DECLARED_READ_ONLY", set())
+    monkeypatch.setattr(l1access, "_DECLARED_READ_ONLY", set())
     return where
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from client.e2e_harness import BLOCK_A, BLOCK_B, Sandbox, Server, read_run_manifest
+from support.e2e import BLOCK_A, BLOCK_B, Sandbox, Server, read_run_manifest
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "client.md"
 SECTION = "### One graph, one line"

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 import pytest
-from client.e2e_harness import (
+from support.e2e import (
     BLOCK_A,
     BLOCK_B,
     NEFFCACHE,

@@ -30,8 +30,10 @@ from typing import Any
 
 import blake3
 import pytest
-from client.e2e_harness import STANDINS, Server, clean_environ, free_port
+from loopback import free_port
+from support.client_units import CLEARED_ENV as _CLEARED
 from support.client_units import delta, no_server_down, open_remote
+from support.e2e import STANDINS, Server, clean_environ
 
 import neffcache.client
 import neffcache.keying
@@ -121,20 +123,6 @@ def compile_argv(tmp_path: Path, output: Path, *extra: str) -> list[str]:
         hlo.write_bytes(HLO_FIXTURE.read_bytes())
     argv = ["compile", "--framework=XLA", str(hlo), "--output", str(output), "--target=trn1"]
     return [*argv, *extra]
-
-
-_CLEARED = (
-    "NEFFCACHE_URL",
-    "NEURON_CC_FLAGS",
-    "NEURON_COMPILE_CACHE_URL",
-    "NEFFCACHE_IN_WRAPPER",
-    "NEFFCACHE_DISABLE",
-    "NEFFCACHE_REAL_COMPILER",
-    "NEFFCACHE_RUN_MANIFEST",
-    "NEFFCACHE_TOKEN",
-    "NEFFCACHE_STOCK_FAILURES",
-    "XLA_FLAGS",
-)
 
 
 @pytest.fixture

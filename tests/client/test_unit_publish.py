@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from client.e2e_harness import Server, free_port
+from loopback import free_port
 from support.client_units import Clock, delta, digest, no_server_down
+from support.e2e import Server
 
 from neffcache.client import publish as publish_module
 from neffcache.client.config import ClientConfig

@@ -18,8 +18,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from client.e2e_harness import Server, free_port
+from loopback import free_port
 from support.client_units import TokenServer, delta, digest, no_server_down
+from support.e2e import Server
 from support.http_stubs import ScriptedServer, scripted
 
 from neffcache.client import remote as remote_module

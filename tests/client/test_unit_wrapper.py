@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from loopback import free_port
+from support.client_units import CLEARED_ENV as _CLEARED
 from support.client_units import TokenServer, closing_remotes, no_server_down
 
 from neffcache.client import remote as remote_module
@@ -371,17 +372,6 @@ if "--output" in args and os.environ.get("FAKE_WRITE"):
         out.write(os.environ["FAKE_WRITE"].encode())
 sys.exit(int(os.environ.get("FAKE_EXIT", "0")))
 """
-
-_CLEARED = (
-    "NEFFCACHE_URL",
-    "NEURON_CC_FLAGS",
-    "NEURON_COMPILE_CACHE_URL",
-    "NEFFCACHE_IN_WRAPPER",
-    "NEFFCACHE_DISABLE",
-    "NEFFCACHE_REAL_COMPILER",
-    "NEFFCACHE_RUN_MANIFEST",
-    "NEFFCACHE_TOKEN",
-)
 
 
 class Fake:

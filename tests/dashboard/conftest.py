@@ -16,12 +16,13 @@ CHROMEDRIVER = Path("/usr/bin/chromedriver")
 
 
 @pytest.fixture
-def live_server(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
-    """Start servers (``start(**settings)``); each is stopped at the end."""
+def live_server(tmp_path: Path, events_clock: Clock) -> Iterator[Callable[..., LiveServer]]:
+    """Start servers (``start(**settings)``), each stamping events by ``events_clock``;
+    each is stopped at the end."""
     started: list[LiveServer] = []
 
     def start(**settings: Any) -> LiveServer:
-        server = LiveServer(tmp_path / f"data-{len(started)}", **settings)
+        server = LiveServer(tmp_path / f"data-{len(started)}", events_clock, **settings)
         started.append(server)
         return server.start()
 

@@ -1,6 +1,7 @@
 """A real server for the dashboard tests: ``create_app`` under uvicorn on a free
 127.0.0.1 port, in a thread of the test process (so a test can shift the clock the
-events endpoint stamps with), and the artifacts folder."""
+server was built with, which the events endpoint stamps with), and the artifacts
+folder."""
 
 from __future__ import annotations
 
@@ -22,15 +23,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 class LiveServer:
     """``create_app`` under uvicorn on 127.0.0.1, in a thread; its stores under
-    ``data_dir``, opened and closed by the app."""
+    ``data_dir``, opened and closed by the app; ``clock`` stamps the events it takes."""
 
-    def __init__(self, data_dir: Path, **settings: Any) -> None:
+    def __init__(self, data_dir: Path, clock: Clock | None = None, **settings: Any) -> None:
+        self.clock = clock or Clock()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # No maintenance passes: nothing may change between the page's reading and the
         # test's.
         self.app = app = create_app(
-            ServerSettings(data_dir=data_dir, eviction_interval_seconds=0, **settings)
+            ServerSettings(data_dir=data_dir, eviction_interval_seconds=0, **settings),
+            clock=self.clock,
         )
         config = uvicorn.Config(
             app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
@@ -57,8 +60,8 @@ class LiveServer:
 
 
 class Clock:
-    """The server's clock shifted by ``offset`` seconds (set as ``Backends.clock``), so
-    one test can report events on several days."""
+    """The real clock shifted by ``offset`` seconds, a server's events clock
+    (``create_app(clock=...)``), so one test can report events on several days."""
 
     def __init__(self) -> None:
         self.offset = 0.0

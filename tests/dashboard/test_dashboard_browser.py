@@ -94,10 +94,11 @@ REPEATED_KEYS = [f"{n:x}" * 64 for n in (10, 11, 12)]
 
 def seed(server: LiveServer, clock: Clock, token: str | None = None) -> list[dict[str, Any]]:
     """Five days of jobs in both namespaces, each day's batch posted with the events
-    endpoint's clock set to that day; returns every graph event sent."""
+    endpoint's clock (``clock``, the one the server was built with) set to that day;
+    returns every graph event sent."""
+    assert server.clock is clock
     rng = random.Random(7)
     sent: list[dict[str, Any]] = []
-    server.app.state.backends.clock = clock
     with server.client(token) as client:
         for days_ago in range(4, -1, -1):
             batch: list[dict[str, Any]] = []

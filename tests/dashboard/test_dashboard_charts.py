@@ -72,8 +72,8 @@ def test_small_compile_hours_get_an_axis_without_repeated_labels(
     browser: Any, live_server: Callable[..., LiveServer], events_clock: Clock
 ) -> None:
     """A week of a few seconds' compiles (0.004 to 0.02 h a day), as drawn."""
-    server = live_server()
-    server.app.state.backends.clock = events_clock
+    server = live_server()  # its events stamped by events_clock
+    assert server.clock is events_clock
     seconds = (14.4, 36.0, 72.0, 18.0)  # 0.004, 0.01, 0.02, 0.005 hours
     with server.client() as client:
         for days_ago, spent in enumerate(seconds):

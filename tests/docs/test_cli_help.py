@@ -25,7 +25,7 @@ def test_the_walk_finds_every_command_the_docs_name() -> None:
     }
     assert len(documented) >= 25
     assert documented <= paths
-    # The server's and the bridge's commands come through the plugin entry point.
+    # The server's commands come through the plugin entry point, the bridge's are the client's.
     assert {("serve",), ("import",), ("admin", "token", "create"), ("admin", "fsck")} <= paths
 
 

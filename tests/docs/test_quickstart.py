@@ -20,8 +20,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from client.e2e_harness import STANDINS, clean_environ, compile_args, hlo, search_path
 from docs.doctext import DOCS, blocks, logical_lines
+from support.e2e import STANDINS, clean_environ, compile_args, hlo, search_path
 
 pytestmark = pytest.mark.e2e
 

@@ -87,7 +87,7 @@ def test_architecture_doc_lists_every_client_module() -> None:
 
 
 def test_bridge_doc_explains_every_outcome_of_import_and_export() -> None:
-    from neffcache.server.bridge import exporter, importer
+    from neffcache.client.bridge import exporter, importer
 
     doc = (ROOT / "docs" / "bridge.md").read_text()
     outcomes = [*importer.DONE_OUTCOMES, *importer.SKIPPED, *exporter.DONE_OUTCOMES]

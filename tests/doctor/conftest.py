@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from client.e2e_harness import NEFFCACHE, Server, clean_environ
 from doctor.doctor_harness import StatusServer, TokenServer
+from support.e2e import NEFFCACHE, Server, clean_environ
 from support.e2e_fixtures import server, silent_server
 
 __all__ = ["server", "silent_server"]

@@ -2,7 +2,7 @@
 a process, and a stand-in ``/v1/status``.
 
 The doctor is driven as a user runs it, ``python -m neffcache.client.cli doctor``, in
-an environment built from nothing the outer one configures (client/e2e_harness.py's
+an environment built from nothing the outer one configures (support/e2e.py's
 ``clean_environ``): the shim directory first on PATH, then the stand-in compiler, the
 stand-in ``libneuronxla`` on PYTHONPATH, a private L1. Each test then plants one
 misconfiguration and asserts the doctor names it with its fix.
@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from client.e2e_harness import NEFFCACHE, STANDINS, Server, clean_environ, search_path, shim_dir
+from support.e2e import NEFFCACHE, STANDINS, Server, clean_environ, search_path, shim_dir
 from support.http_stubs import send_json
 
 DOCTOR = [*NEFFCACHE, "doctor"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from client.e2e_harness import Server
 from doctor.doctor_harness import doctor_env, run_doctor
+from support.e2e import Server
 
 from neffcache.client.cli._doctor_cmd import _GROUPS
 from neffcache.client.doctor.runner import GROUPS

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from client.e2e_harness import Server
 from doctor.doctor_harness import (
     StatusServer,
     TokenServer,
@@ -15,6 +14,7 @@ from doctor.doctor_harness import (
     said,
     status_body,
 )
+from support.e2e import Server
 
 pytestmark = pytest.mark.e2e
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from client.e2e_harness import STANDINS, Server, search_path
 from doctor.doctor_harness import doctor_env, installed, results, run_doctor, said
+from support.e2e import STANDINS, Server, search_path
 
 pytestmark = pytest.mark.e2e
 

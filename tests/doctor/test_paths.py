@@ -8,8 +8,8 @@ import site
 from pathlib import Path
 
 import pytest
-from client.e2e_harness import COMPILER, STANDINS, search_path, shim_dir
 from doctor.doctor_harness import doctor_env, results, said
+from support.e2e import COMPILER, STANDINS, search_path, shim_dir
 
 pytestmark = pytest.mark.e2e
 

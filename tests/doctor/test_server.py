@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 
 import pytest
-from client.e2e_harness import SilentServer
 from doctor.doctor_harness import StatusServer, doctor_env, results, run_doctor, status_body
+from support.e2e import SilentServer
 
 pytestmark = pytest.mark.e2e
 

@@ -8,8 +8,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from client.e2e_harness import STANDINS, search_path, shim_dir
 from doctor.doctor_harness import doctor_env, installed, results, said
+from support.e2e import STANDINS, search_path, shim_dir
 
 pytestmark = pytest.mark.e2e
 

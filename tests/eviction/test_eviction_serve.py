@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,60 +15,24 @@ from typing import Any
 
 import httpx
 import pytest
-from loopback import free_port, wait_healthy
+from loopback import free_port
 from support.backends import backends
-from support.served import actor_pid, digest, evictions, key, neff, publish, until
+from support.served import (
+    NEFFCACHE,
+    Server,
+    actor_pid,
+    digest,
+    evictions,
+    key,
+    neff,
+    publish,
+    until,
+    without_settings,
+)
 
 from neffcache.client.cli import main
 
-NEFFCACHE = [sys.executable, "-m", "neffcache.client.cli"]
 MIB = 2**20
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without any NEFFCACHE_* a developer may have set, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NEFFCACHE_")}
-    env.update(extra)
-    return env
-
-
-class Server:
-    """``neffcache serve`` on a free port, its log in a file."""
-
-    def __init__(self, data_dir: Path, log_dir: Path, **settings: str) -> None:
-        self.data_dir = data_dir
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = clean_env(**settings)
-        self.log = log_dir / f"server-{self.port}.log"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def start(self) -> Server:
-        argv = [*NEFFCACHE, "serve", "--port", str(self.port), "--data-dir", str(self.data_dir)]
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
-            )
-        if wait_healthy(self.process, self.url):
-            return self
-        self.kill()
-        raise AssertionError(f"the server did not start: {self.log.read_text()[-3000:]}")
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(timeout=10)
-
-    def client(self, token: str | None = None) -> httpx.Client:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(
-            base_url=self.url, headers=headers, timeout=30, trust_env=False, verify=False
-        )
 
 
 @pytest.fixture
@@ -79,7 +41,7 @@ def servers(tmp_path: Path) -> Iterator[Callable[..., Server]]:
     started: list[Server] = []
 
     def start(data_dir: Path, **settings: str) -> Server:
-        server = Server(data_dir, tmp_path, **settings)
+        server = Server(data_dir, settings)  # its log beside data_dir: in tmp_path
         started.append(server)
         return server.start()
 
@@ -228,7 +190,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
         [*NEFFCACHE, *args],
         capture_output=True,
         text=True,
-        env=clean_env(),
+        env=without_settings(os.environ),
         timeout=60,
         check=False,
     )
@@ -255,7 +217,7 @@ class InProcess:
 @pytest.fixture
 def in_process(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> InProcess:
     # No NEFFCACHE_* a developer may have set: the commands are told --server and
-    # --token, as clean_env() leaves a subprocess.
+    # --token, as without_settings() leaves a subprocess.
     for name in [n for n in os.environ if n.startswith("NEFFCACHE_")]:
         monkeypatch.delenv(name)
     return InProcess(capsys)

@@ -1,5 +1,5 @@
 """The explanation engine as a pure function: one case per reason code the server
-produces, the issue's own messages word for word, and which finding wins when several
+produces, its message word for word, and which finding wins when several
 apply. Inputs are built by hand; no store is involved."""
 
 from __future__ import annotations

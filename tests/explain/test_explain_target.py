@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import pytest
-from client.e2e_harness import BLOCK_A, HLO_DIR, Sandbox, stock_address
+from support.e2e import BLOCK_A, HLO_DIR, Sandbox, stock_address
 from support.http_stubs import send_json
 
 from neffcache.client.cli._common import CommandError

@@ -1,5 +1,5 @@
 """A pre-forking launcher of ``neffcache serve``, for tests that kill and restart a
-server hundreds of times (fault suite item 1).
+server hundreds of times (test_sigkill_uploads.py).
 
 A cold ``neffcache serve`` spends a second or more importing FastAPI, pydantic and the
 server, and scanning the installed packages for the command's plugins, before it runs

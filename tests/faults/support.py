@@ -1,55 +1,25 @@
 """Helpers the fault tests share (imported as ``faults.support``): a real ``neffcache
-serve`` on a free loopback port over a filesystem blob store and a SQLite index, what
-its staging directory holds, and a raw HTTP/1.1 request for bodies no client sends."""
+serve`` (support/served.py's) over a filesystem blob store and a SQLite index, or the
+stores its settings name, and a raw HTTP/1.1 request for bodies no client sends."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import blake3
-import httpx
-from loopback import free_port, terminate, wait_healthy
+from support.served import NEFFCACHE, Server, digest
 
-NEFFCACHE = [sys.executable, "-m", "neffcache.client.cli"]
-
-
-def digest(data: bytes) -> str:
-    value: str = blake3.blake3(data).hexdigest()
-    return value
-
-
-class Server:
-    """``neffcache serve --data-dir DATA``: blobs under ``DATA`` (file://), the index in
-    ``DATA/index.db`` (SQLite), no tokens (protected mode, loopback only)."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.http = httpx.Client(base_url=self.url, timeout=30, trust_env=False)
-        self.log = data_dir.parent / f"server-{self.port}.log"  # its stderr
-
-    def blob_path(self, key: str) -> Path:
-        return self.data_dir / "blobs" / key[:2] / key
-
-    def staged(self) -> list[Path]:
-        """Every upload file in the store's staging areas (``staging/<area>/uploads``)."""
-        return sorted(self.data_dir.glob("staging/*/uploads/*"))
-
-    def wait_until_unstaged(self, timeout: float = 5.0) -> list[Path]:
-        """The staging files still there after up to ``timeout`` s (a request the client
-        abandoned is cleaned up when the server notices the disconnect)."""
-        deadline = time.monotonic() + timeout
-        while (left := self.staged()) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return left
+__all__ = [
+    "NEFFCACHE",
+    "Server",
+    "answer_status",
+    "digest",
+    "raw_request",
+    "running_server",
+    "running_server_with",
+]
 
 
 @contextlib.contextmanager
@@ -102,18 +72,6 @@ def running_server_with(data_dir: Path, **settings: str) -> Iterator[Server]:
     """``running_server`` with settings: each ``name=value`` becomes ``NEFFCACHE_<NAME>``
     in the server's environment (``index_url="redis://..."``, ``blob_grace_seconds="0"``).
     Its other variables are this process's, so a test's AWS endpoint reaches it."""
-    server = Server(data_dir)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NEFFCACHE_")}
-    env.update({f"NEFFCACHE_{name.upper()}": value for name, value in settings.items()})
-    argv = [*NEFFCACHE, "serve", "--port", str(server.port), "--data-dir", str(data_dir)]
-    with open(server.log, "ab") as out:
-        process = subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=out
-        )
-    try:
-        if not wait_healthy(process, server.url):
-            raise AssertionError(f"neffcache serve did not start:\n{server.log.read_text()}")
+    env = {f"NEFFCACHE_{name.upper()}": value for name, value in settings.items()}
+    with Server(data_dir, env) as server:
         yield server
-    finally:
-        server.http.close()
-        terminate(process)

@@ -24,7 +24,11 @@ from pathlib import Path
 
 import pytest
 import redis
-from client.e2e_harness import (
+from faults.proxy import FaultProxy
+from faults.support import Server, running_server_with
+from loopback import free_port, redis_argv, redis_ready
+from support.backends import backends
+from support.e2e import (
     BLOCK_A,
     OTHER,
     VARIANT,
@@ -33,9 +37,6 @@ from client.e2e_harness import (
     canonical_key,
     reference_neff,
 )
-from faults.proxy import FaultProxy
-from faults.support import Server, running_server_with
-from loopback import free_port, redis_argv, redis_ready
 from support.services import wait_until_ready
 
 from neffcache.client.cli import main as neffcache
@@ -72,10 +73,14 @@ class Redis:
             self.process.wait(timeout=10)
 
 
-@pytest.fixture
+@pytest.fixture(params=backends("s3+redis"))
 def cuttable_stores(
     tmp_path: Path, s3_bucket: str, s3_endpoint: str
 ) -> Iterator[tuple[Redis, FaultProxy, dict[str, str]]]:
+    """The stores this suite can lose, on the shared backend matrix (``--backend``
+    selects it only with both ``s3`` and ``redis``): a Redis of its own, which the test
+    kills and starts again, and moto's S3 (a fresh bucket) behind a proxy it can cut.
+    Returns them and the server's settings for them."""
     host, _, port = s3_endpoint.removeprefix("http://").partition(":")
     proxy = FaultProxy((host, int(port)))
     db = Redis(tmp_path)

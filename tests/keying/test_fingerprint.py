@@ -37,7 +37,7 @@ def groups() -> dict[str, list[str]]:
 SAME = [(g, a, b) for g, names in groups().items() for a, b in itertools.combinations(names, 2)]
 
 
-def test_every_variant_kind_the_keying_issue_names_has_a_fixture() -> None:
+def test_every_variant_kind_the_key_must_tell_apart_has_a_fixture() -> None:
     wanted = {"shape", "dtype", "op", "constant", "operand_order", "layout"}
     wanted |= {"sharding_rows", "sharding_cols"}
     assert {f"variant_{kind}" for kind in wanted} <= set(groups())

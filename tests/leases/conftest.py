@@ -18,13 +18,13 @@ from neffcache.client.lease import reset_shared_leases
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[str]:
-    from herd import _Server
+    from herd import lease_server
 
     root = tmp_path / "server"
     root.mkdir()
-    running = _Server(root, TTL)
+    running = lease_server(root, TTL)
     yield running.url
-    running.stop()
+    running.kill()
 
 
 @pytest.fixture(autouse=True)

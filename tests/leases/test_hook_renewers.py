@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from client.e2e_harness import clean_environ, search_path
+from support.e2e import clean_environ, search_path
 from support.lease_hosts import NS
 
 TESTS = Path(__file__).resolve().parents[1]

@@ -164,6 +164,11 @@ def test_a_hostile_value_is_cut_short_in_the_message() -> None:
         (protocol.is_file_name, ["model.neff", "a+b", "A" * 128], ["", ".lock", "..", "a/b"]),
         (protocol.is_neuron_address, [ADDRESS], ["neuronxcc-2/MODULE_1+0123abcd", ADDRESS + "x"]),
         (protocol.is_counter_name, ["hits_l1"], ["hits-l1", "", "x" * 65]),
+        (
+            protocol.is_alias,
+            ["0" * 64, ADDRESS, "neuronxcc-2/MODULE_1+0123abcd"],
+            ["0" * 63, "neuronxcc-2/graph", ADDRESS + "\n", "x/" + "0" * 64, None],
+        ),
     ],
 )
 def test_patterns(check: Any, good: list[str], bad: list[object]) -> None:

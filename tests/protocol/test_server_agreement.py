@@ -1,25 +1,31 @@
 """The server states the protocol with pydantic and FastAPI; neffcache.protocol states it
 in the standard library for the client. These tests hold the two statements equal:
 the same fields, patterns and required set, the same verdict on every manifest of a
-table, and the same routes, lease words and counter names."""
+table, and the same routes, lease words, lease ids, alias names, model labels and
+counter names."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, get_args, get_type_hints
 
 import pytest
-from pydantic import ValidationError
+from fastapi.testclient import TestClient
+from pydantic import BaseModel, ValidationError
 
 from neffcache import protocol
 from neffcache.protocol import counters, routes
 from neffcache.server.app import create_app
 from neffcache.server.blobs.memory import MemoryBlobStore
+from neffcache.server.errors import BadRequest
+from neffcache.server.eviction.pins import check_pin
+from neffcache.server.explain.request import ExplainRequest
 from neffcache.server.index.memory import MemoryIndex
 from neffcache.server.manifest import FileRef as ServerFileRef
 from neffcache.server.manifest import Manifest as ServerManifest
+from neffcache.server.services import leases as lease_service
 from neffcache.server.settings import ServerSettings
 from neffcache.server.telemetry import counters as server_counters
 from neffcache.server.telemetry import schema as telemetry_schema
@@ -273,6 +279,79 @@ def test_lease_answer_states_and_outcomes(openapi: dict[str, Any]) -> None:
     outcome = _parameter(openapi, routes.LEASE_ROUTE, "delete", "outcome")
     assert set(outcome["enum"]) == protocol.LEASE_OUTCOMES
     assert set(get_args(protocol.AnswerState)) == protocol.ANSWER_STATES
+    # The grant policy answers in the protocol's words, whatever the routes say.
+    assert get_type_hints(lease_service.Answer)["state"] == protocol.AnswerState
+
+
+def test_lease_ids_use_the_protocol_pattern(openapi: dict[str, Any]) -> None:
+    for method in ("put", "delete"):
+        lease = _parameter(openapi, routes.LEASE_ROUTE, method, "lease")
+        assert lease["pattern"] == f"^{protocol.LEASE_ID}$"
+    granted = openapi["paths"][routes.LEASE_ROUTE]["post"]["responses"]["201"]
+    schema = granted["content"]["application/json"]["schema"]
+    assert schema["properties"]["lease"]["pattern"] == f"^{protocol.LEASE_ID}$"
+
+
+def _model_label(model: type[BaseModel]) -> dict[str, Any]:
+    field = model.model_json_schema()["properties"]["model"]
+    found: dict[str, Any] = next(o for o in field["anyOf"] if o.get("type") == "string")
+    return found
+
+
+@pytest.mark.parametrize(
+    "model",
+    [ServerManifest, telemetry_schema.GraphEvent, telemetry_schema.CountersEvent, ExplainRequest],
+)
+def test_every_model_label_is_the_protocols(model: type[BaseModel]) -> None:
+    label = _model_label(model)
+    assert label["pattern"] == f"^{protocol.MODEL_LABEL}$"
+    assert (label["minLength"], label["maxLength"]) == (1, protocol.MODEL_LABEL_MAX)
+
+
+NAMES = [
+    KEY,
+    ADDRESS,
+    "neuronxcc-2.20/MODULE_1+0123abcd",  # no build string: an alias all the same
+    "neuronxcc-2/MODULE_x+0123abcd",
+    "A" * 64,
+    "a" * 63,
+    "neuronxcc-x/MODULE_1+0123abcd",
+    "neuronxcc-2.20/MODULE_1+0123ABCD",
+    "neuronxcc-2.20/graph",
+    "MODULE_1+0123abcd",
+    "team/" + KEY,
+]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    data = Path(tmp_path_factory.mktemp("served"))
+    blobs, index = MemoryBlobStore(), MemoryIndex()
+    try:
+        app = create_app(ServerSettings(data_dir=data), blob_store=blobs, index=index)
+        with TestClient(app) as client:
+            yield client
+    finally:
+        blobs.close()
+        index.close()
+
+
+def _pin_takes(name: str) -> bool:
+    try:
+        check_pin("address", name)
+    except BadRequest:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_alias_and_lease_names_are_the_protocols(served: TestClient, name: str) -> None:
+    taken = protocol.is_alias(name)
+    alias = served.get(routes.alias_path("team", name))
+    assert alias.status_code == (404 if taken else 400), alias.text
+    lease = served.post(routes.lease_path("team", name), json={"take": False})
+    assert lease.status_code == (200 if taken else 400), lease.text
+    assert _pin_takes(name) == taken
 
 
 def test_counter_names() -> None:

@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import blake3
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from neffcache.client.api import Api
 from neffcache.client.cli import main
+from neffcache.client.http import Response
 from neffcache.server.app import create_app
 from neffcache.server.blobs.memory import MemoryBlobStore
 from neffcache.server.index.memory import MemoryIndex
@@ -73,18 +74,32 @@ def admin(
     blobs, index = MemoryBlobStore(), MemoryIndex()
     app = create_app(settings, blob_store=blobs, index=index)
     with TestClient(app, base_url=SERVER) as client:
+        # The admin commands' one HTTP call (the client's api.Api, through the CLI's
+        # cli/_server.request), answered in-process.
+        def opened(server: str, namespace: str, token: str | None, **_: float) -> InProcessApi:
+            return InProcessApi(client, server, token)
 
-        def answer(method: str, url: str, **options: Any) -> httpx.Response:
-            # TestClient refuses these; how long the CLI waits, and its TLS, are moot here.
-            options.pop("timeout")
-            options.pop("verify")
-            return client.request(method, url, **options)
-
-        # The admin commands' one HTTP call (server/cli.py _request), answered in-process.
-        monkeypatch.setattr(httpx, "request", answer)
+        monkeypatch.setattr(Api, "open", opened)
         yield Admin(client, capsys)
     blobs.close()
     index.close()
+
+
+class InProcessApi:
+    """``api.Api``, answered by the app through Starlette's TestClient: the CLI's
+    path, body and token go to the app as they would over the network."""
+
+    def __init__(self, client: TestClient, server: str, token: str | None) -> None:
+        assert server == SERVER
+        self.client = client
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def request(self, method: str, path: str, *, json_body: Any = None, **_: object) -> Response:
+        answer = self.client.request(method, path, json=json_body, headers=self.headers)
+        return Response(answer.status_code, dict(answer.headers), answer.content)
+
+    def close(self) -> None:
+        pass
 
 
 def key(name: str) -> str:

@@ -600,6 +600,8 @@ def test_malformed_failure_keys_and_namespaces_are_refused(checker: TestClient, 
         ({"exit_code": "1"}, "exit_code"),  # strict: no coercion
         ({"exit_code": True}, "exit_code"),
         ({"exit_code": 2**63}, "exit_code"),
+        ({"exit_code": 256}, "exit_code"),  # no exit status: a replay would exit 0
+        ({"exit_code": -256}, "exit_code"),
         ({"compile_seconds": -1}, "compile_seconds"),
         ({"direct_key": "short"}, "direct_key"),
         ({"neuron_address": "not/an/address"}, "neuron_address"),

@@ -38,8 +38,8 @@ from neffcache.server.index import (
     PutResult,
     Record,
     Touch,
+    sqlite_schema,
 )
-from neffcache.server.index import sqlite as sqlite_module
 from neffcache.server.index.memory import MemoryIndex
 from neffcache.server.index.redis import RedisIndex
 from neffcache.server.index.sqlite import SCHEMA_VERSION, SqliteIndex
@@ -555,7 +555,7 @@ def _v3_file(path: Path, rows: list[tuple[str, str, str, float]]) -> None:
     created_at), an alias of the first and a token."""
     conn = sqlite3.connect(path)
     for step in (1, 2, 3):
-        conn.executescript(sqlite_module._STEPS[step])
+        conn.executescript(sqlite_schema.STEPS[step])
     conn.executemany("INSERT INTO entries VALUES (?, ?, ?, ?, 'tok1')", rows)
     conn.execute("INSERT INTO aliases VALUES (?, 'resnet', ?)", rows[0][:2])
     conn.execute("INSERT INTO tokens VALUES ('t1', 'hash-of-t1', 'write', '[\"*\"]', 'ci', 1.0, 0)")
@@ -602,7 +602,7 @@ def test_sqlite_file_from_schema_3_gets_facts_and_use(tmp_path: Path) -> None:
 def test_sqlite_backfill_reaches_every_row_in_batches(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sqlite_module, "_BACKFILL_BATCH", 3)
+    monkeypatch.setattr(sqlite_schema, "_BACKFILL_BATCH", 3)
     rows = [
         (namespace, f"{i:064x}", manifest({"f": (i, DIGEST_A)}), float(i))
         for namespace in ("team-a", "team-b")

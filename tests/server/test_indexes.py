@@ -29,7 +29,15 @@ from support.indexes import (
 
 from neffcache.server.config_errors import ConfigError
 from neffcache.server.errors import StoreError
-from neffcache.server.index import Entry, Failure, Index, Lease, PutResult, open_index
+from neffcache.server.index import (
+    Entry,
+    Failure,
+    Index,
+    Lease,
+    PutResult,
+    open_index,
+    sqlite_schema,
+)
 from neffcache.server.index.memory import MemoryIndex
 from neffcache.server.index.redis import RedisIndex
 from neffcache.server.index.sqlite import SCHEMA_VERSION, SqliteIndex
@@ -338,22 +346,24 @@ def test_sqlite_file_from_schema_1_is_migrated_and_keeps_its_data(tmp_path: Path
     index.close()
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
-        indexes = {row[1] for row in conn.execute("PRAGMA index_list(failures)")}
-        assert "failures_by_key" in indexes
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+        # Leases and failure records live in the primitives' tables; the old ones are
+        # gone, so a server of an older schema still open on the file fails closed.
+        assert {"cells", "log_items", "log_items_by_score"} <= tables
+        assert not {"leases", "failures", "failures_by_key"} & tables
     # Opening again at the current version runs no step twice.
     SqliteIndex.from_url(f"sqlite:///{path}").close()
 
 
-def test_sqlite_reads_failures_through_the_key_index(tmp_path: Path) -> None:
+def test_sqlite_reads_failures_through_their_logs_key(tmp_path: Path) -> None:
     index = SqliteIndex.from_url(f"sqlite:///{tmp_path}/index.db")
     index.close()
     with sqlite3.connect(tmp_path / "index.db") as conn:
         plan = conn.execute(
-            "EXPLAIN QUERY PLAN SELECT record FROM failures WHERE namespace = ? AND key = ?"
-            " AND expires_at > ? ORDER BY created_at DESC, id DESC",
-            ("team-a", KEY, 0.0),
+            "EXPLAIN QUERY PLAN SELECT item, score FROM log_items WHERE log = ? AND score > ?",
+            (f"failures:team-a:{KEY}", 0.0),
         ).fetchall()
-    assert "failures_by_key" in str(plan)
+    assert "PRIMARY KEY" in str(plan)
 
 
 def test_a_write_reclaims_expired_failures_of_every_key(tmp_path: Path) -> None:
@@ -486,7 +496,7 @@ def test_memory_failure_bookkeeping_grows_with_records_not_writes() -> None:
     for i in range(2000):
         index.put_failure(Failure("ns", "a" * 64, f'{{"i":{i}}}', 1000.0 + i, 5000.0 + i), keep=5)
     assert len(index.failures("ns", "a" * 64, now=1000.0)) == 5
-    assert len(index._expiries) <= 2 * 5 + 64
+    assert len(index.logs._expiries) <= 2 * 5 + 64
 
 
 # --- listing ---------------------------------------------------------------------------
@@ -674,7 +684,7 @@ def test_sqlite_sweeps_expired_leases_of_other_names(tmp_path: Path) -> None:
     time.sleep(0.1)
     index.acquire_lease(lease("f" * 32, name="e" * 64))
     with sqlite3.connect(tmp_path / "index.db") as conn:
-        assert conn.execute("SELECT count(*) FROM leases").fetchall() == [(1,)]
+        assert conn.execute("SELECT count(*) FROM cells").fetchall() == [(1,)]
     index.close()
 
 
@@ -751,3 +761,41 @@ def test_redis_lists_an_entry_written_before_the_listing_once_put_again(
     finally:
         index.close()
         client.close()
+
+
+def test_sqlite_file_from_schema_3_keeps_its_live_leases_and_failures(tmp_path: Path) -> None:
+    path = tmp_path / "index.db"
+    conn = sqlite3.connect(path)
+    for step in (1, 2, 3):
+        conn.executescript(sqlite_schema.STEPS[step])
+    now = time.time()
+    conn.executemany(
+        "INSERT INTO leases VALUES ('team-a', ?, ?, 'host 42', ?, ?, ?, ?)",
+        [
+            ("live", "a" * 32, now, now + 3600, 12.5, 0),
+            ("notice", "b" * 32, now, now + 3600, None, 1),
+            ("gone", "c" * 32, now - 7200, now - 3600, None, 0),
+        ],
+    )
+    live_failure = failure(now, '{"why":"oom"}')
+    conn.executemany(
+        "INSERT INTO failures (namespace, key, record, created_at, expires_at)"
+        " VALUES ('team-a', ?, ?, ?, ?)",
+        [
+            (KEY, live_failure.record, now, live_failure.expires_at),
+            (KEY, '{"why":"old"}', now - 7200, now - 3600),
+        ],
+    )
+    conn.execute("PRAGMA user_version = 3")
+    conn.commit()
+    conn.close()
+    index = SqliteIndex.from_url(f"sqlite:///{path}")
+    live = index.get_lease("team-a", "live", now)
+    assert live == Lease("team-a", "live", "a" * 32, "host 42", now, now + 3600, 12.5)
+    notice = index.get_lease("team-a", "notice", now)
+    assert notice is not None
+    assert notice.failed
+    assert index.get_lease("team-a", "gone", now - 7200) is None
+    assert index.acquire_lease(Lease("team-a", "live", "d" * 32, "h", now, now + 60)) == live
+    assert index.failures("team-a", KEY, BEFORE_ALL) == [live_failure]
+    index.close()

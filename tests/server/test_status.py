@@ -27,11 +27,22 @@ KEY = "ab" * 32
 NEFF = b"a neff for the status route"
 
 
-def serve(tmp_path: Path, **settings: Any) -> Iterator[TestClient]:
+class EventClock:
+    """The server's events clock: the real time, or ``at`` while it is set."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+
+    def __call__(self) -> float:
+        return time.time() if self.at is None else self.at
+
+
+def serve(tmp_path: Path, clock: EventClock | None = None, **settings: Any) -> Iterator[TestClient]:
     chosen = ServerSettings(data_dir=tmp_path, eviction_interval_seconds=0, **settings)
     blobs, index = MemoryBlobStore(), MemoryIndex()
     try:
-        with TestClient(create_app(chosen, blob_store=blobs, index=index)) as client:
+        app = create_app(chosen, blob_store=blobs, index=index, clock=clock or EventClock())
+        with TestClient(app) as client:
             yield client
     finally:
         blobs.close()
@@ -44,8 +55,13 @@ def open_server(tmp_path: Path) -> Iterator[TestClient]:
 
 
 @pytest.fixture
-def guarded(tmp_path: Path) -> Iterator[TestClient]:
-    yield from serve(tmp_path, bootstrap_admin_token=ADMIN)
+def events_clock() -> EventClock:
+    return EventClock()
+
+
+@pytest.fixture
+def guarded(tmp_path: Path, events_clock: EventClock) -> Iterator[TestClient]:
+    yield from serve(tmp_path, events_clock, bootstrap_admin_token=ADMIN)
 
 
 def bearer(secret: str) -> dict[str, str]:
@@ -63,15 +79,14 @@ def graph(result: str, namespace: str = "team-a") -> dict[str, Any]:
     return {"kind": "graph", "namespace": namespace, "key": KEY, "result": result}
 
 
-def post_at(client: TestClient, at: float, events: list[dict[str, Any]]) -> None:
-    """Events received when the server's event clock says ``at``."""
-    backends = client.app.state.backends  # type: ignore[attr-defined]
-    backends.clock = lambda: at
+def post_at(client: TestClient, clock: EventClock, at: float, events: list[dict[str, Any]]) -> None:
+    """Events received when the server's events clock (``clock``) says ``at``."""
+    clock.at = at
     try:
         answer = client.post("/v1/events", json={"events": events}, headers=bearer(ADMIN))
         assert answer.status_code == 202, answer.text
     finally:
-        backends.clock = time.time
+        clock.at = None
 
 
 def test_an_open_server_answers_anyone_as_the_anonymous_admin(open_server: TestClient) -> None:
@@ -177,13 +192,19 @@ def test_the_namespace_view_has_its_usage_quota_and_policy(guarded: TestClient) 
     assert view["window_seconds"] == 7 * DAY
 
 
-def test_hits_and_misses_come_from_the_windows_graph_events(guarded: TestClient) -> None:
+def test_hits_and_misses_come_from_the_windows_graph_events(
+    guarded: TestClient, events_clock: EventClock
+) -> None:
     now = time.time()
-    post_at(guarded, now - 10 * DAY, [graph("hit"), graph("miss"), graph("miss")])
-    post_at(guarded, now - 2 * DAY, [graph("hit"), graph("hit"), graph("miss")])
-    post_at(guarded, now - 60, [graph("hit"), graph("hit", "team-b"), graph("miss", "team-b")])
+
+    def post(at: float, events: list[dict[str, Any]]) -> None:
+        post_at(guarded, events_clock, at, events)
+
+    post(now - 10 * DAY, [graph("hit"), graph("miss"), graph("miss")])
+    post(now - 2 * DAY, [graph("hit"), graph("hit"), graph("miss")])
+    post(now - 60, [graph("hit"), graph("hit", "team-b"), graph("miss", "team-b")])
     counters = {"kind": "counters", "namespace": "team-a", "counts": {"hits_l1": 9}}
-    post_at(guarded, now - 60, [counters])
+    post(now - 60, [counters])
 
     def lookups(query: str) -> dict[str, Any]:
         answer = guarded.get(f"/v1/status?namespace=team-a{query}", headers=bearer(ADMIN))

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from client.e2e_harness import Sandbox
+from support.e2e import Sandbox
 from support.e2e_fixtures import namespace, server
 
 __all__ = ["namespace", "server"]

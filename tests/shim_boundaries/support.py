@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from client.e2e_harness import (
+from support.e2e import (
     COMPILER,
     Done,
     Sandbox,

@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from client.e2e_harness import BLOCK_A, Sandbox, Server
 from shim_boundaries.support import (
     ARGPARSE_CC,
     COMPILER,
@@ -36,6 +35,7 @@ from shim_boundaries.support import (
     reference,
     same_outcome,
 )
+from support.e2e import BLOCK_A, Sandbox, Server
 
 # What every command below starts with: the vLLM/trace shape, options as separate words.
 BASE = [

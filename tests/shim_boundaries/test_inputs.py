@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from client.e2e_harness import (
+from shim_boundaries.support import executable, hosts, put_hlo, reference, same_outcome
+from support.e2e import (
     BLOCK_A,
     BLOCK_B,
     COMPILER,
@@ -31,7 +32,6 @@ from client.e2e_harness import (
     stock_address,
     wait_for,
 )
-from shim_boundaries.support import executable, hosts, put_hlo, reference, same_outcome
 
 BASE = [
     "compile",

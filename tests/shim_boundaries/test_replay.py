@@ -1,5 +1,6 @@
 """The replay of a compile failure to the ranks and hosts that waited for it
-(session._replay_failure, session._replay_remote_failure).
+(resolver.failed_while_waiting and the lease's Replay outcome, handed back by
+Session._replay).
 
 A failure is replayed to every caller whose call has the same canonical key. The key
 leaves out what does not change the NEFF (``--output``, ``--logfile``), but a compile
@@ -15,7 +16,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from client.e2e_harness import BLOCK_A, Sandbox, Server, wait_for
 from shim_boundaries.support import (
     ARGPARSE_CC,
     COMPILER,
@@ -25,6 +25,7 @@ from shim_boundaries.support import (
     reference,
     same_outcome,
 )
+from support.e2e import BLOCK_A, Sandbox, Server, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -88,8 +89,8 @@ def test_a_failure_outside_the_key_is_replayed_to_other_ranks(
     ``--out``). Rank 2 (same host: it waited on L1's lock; other host: on the
     server's lease), with a command the compiler would run fine, is handed rank 1's
     outcome instead of compiling: exit 2 and no NEFF, or, on the same host, exit 0
-    and no NEFF (a replayed "failure" whose exit code is 0: _replay_failure does not
-    ask replayable()). Neither ``--output`` nor ``--logfile`` is in the key, so one
+    and no NEFF (a replayed "failure" whose exit code is 0: the same-host record is
+    replayed without asking replayable()). Neither ``--output`` nor ``--logfile`` is in the key, so one
     rank's bad path fails every rank waiting for the graph."""
     _two_ranks(server, sandbox, tmp_path, where, *CASES[case])
 

@@ -6,8 +6,10 @@ another test module or a conftest (docs/development.md lists the modules).
 * ``backends``: the storage backends a test runs against, chosen with ``--backend``,
   and the shared ``stores`` and ``any_index`` fixtures; ``indexes``: the index
   contract's fixtures and records.
-* ``api``, ``served``: requests on the server's API, in process and over HTTP.
+* ``api``, ``served``: requests on the server's API, in process and over HTTP;
+  ``served.Server`` is the one ``neffcache serve`` process every suite starts.
+* ``e2e``: the black-box harness of the suites that drive the client as processes.
 * ``http_stubs``: small HTTP servers in a thread that answer as a test scripts them.
-* ``client_units``, ``lease_hosts``, ``e2e_fixtures``, ``browser``, ``cli_server``,
-  ``bridge_server``: what one suite's modules share.
+* ``client_units``, ``lease_hosts``, ``e2e_fixtures``, ``recovery``, ``browser``,
+  ``cli_server``, ``bridge_server``: what one suite's modules share.
 """

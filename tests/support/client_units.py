@@ -1,6 +1,6 @@
 """Small helpers the client's unit tests share: digests, counter deltas, an injected
-clock, Remotes closed after a test, and ``FakeStock``, the parts of the SDK's
-CompileCacheFs that the hook's Core uses."""
+clock, Remotes closed after a test, the variables a wrapper test clears, and
+``FakeStock``, the parts of the SDK's CompileCacheFs that the hook's Core uses."""
 
 from __future__ import annotations
 
@@ -100,6 +100,21 @@ def open_remote(url: str, local_dir: Path, timeout: float = 10.0) -> Iterator[Re
     finally:
         remote.close()
 
+
+# What a test of the wrapper in this process unsets first: the outer environment's
+# cache, stock-cache and compiler settings would otherwise decide what it does.
+CLEARED_ENV = (
+    "NEFFCACHE_URL",
+    "NEURON_CC_FLAGS",
+    "NEURON_COMPILE_CACHE_URL",
+    "NEFFCACHE_IN_WRAPPER",
+    "NEFFCACHE_DISABLE",
+    "NEFFCACHE_REAL_COMPILER",
+    "NEFFCACHE_RUN_MANIFEST",
+    "NEFFCACHE_TOKEN",
+    "NEFFCACHE_STOCK_FAILURES",
+    "XLA_FLAGS",
+)
 
 # The stand-in compiler's version, and a stock address under it.
 VERSION = "2.20.9961.0+0acef03a"

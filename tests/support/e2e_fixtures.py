@@ -1,6 +1,6 @@
 """Fixtures of the end-to-end suites that drive the client as processes (tests/client,
 tests/shim_boundaries, tests/doctor), each imported by their conftest.py; the helpers
-they build on are in tests/client/e2e_harness.py.
+they build on are in tests/support/e2e.py.
 
 * ``server``: one ``neffcache serve`` process shared by the session (anonymous, on a
   free loopback port); tests share it through their own ``namespace``.
@@ -15,7 +15,8 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from client.e2e_harness import Server, SilentServer
+
+from support.e2e import Server, SilentServer
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
 """The Index contract's fixtures and records, shared by the index tests
-(tests/server/test_indexes.py, test_index_eviction.py): ``store`` is one index per
+(tests/server/test_indexes.py, test_index_eviction.py, and the per-role contracts in
+tests/contract/): ``store`` is one index per
 test of each kind, memory, sqlite and Redis (``persistent_store``: the kinds that
 survive a reopen), on which ``open`` gives a new handle as a replica would; ``index``
 is a handle on ``store``."""

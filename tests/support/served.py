@@ -1,9 +1,11 @@
-"""A ``neffcache serve`` process, and requests on one over HTTP, shared by the serve,
-connection, eviction and scale-out tests: entries to publish, the evictions its audit
-log records, and a wait for what a background pass does."""
+"""The one ``neffcache serve`` process the tests start (the process suites through
+support/e2e.py, the serve, connection, fault, eviction, lease and herd tests), and
+requests on one over HTTP: entries to publish, the evictions its audit log records,
+and a wait for what a background pass does."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -11,47 +13,156 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import blake3
 import httpx
-from loopback import free_port, wait_healthy
+from loopback import free_port, terminate, wait_healthy
 
 NEFFCACHE = [sys.executable, "-m", "neffcache.client.cli"]
 
 
-class Server:
-    """``neffcache serve`` on a free loopback port, in this environment plus ``env``;
-    its log in a file beside ``data_dir``."""
+def without_settings(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without the ``NEFFCACHE_*`` a developer may have set."""
+    return {k: v for k, v in environ.items() if not k.startswith("NEFFCACHE_")}
 
-    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
+
+class Server:
+    """``neffcache serve --data-dir DATA`` on a free loopback port: blobs under ``DATA``
+    (file://) and the index in ``DATA/index.db`` (SQLite) unless ``env`` says otherwise.
+
+    Its environment is ``environ`` (default: this one without ``NEFFCACHE_*``, so a
+    test's AWS endpoint reaches it) plus ``env`` (``{"NEFFCACHE_LEASE_TTL_SECONDS":
+    "3"}``). Its stdout and stderr go to ``log`` (default: ``server-<port>.log`` beside
+    ``DATA``), a file rather than a pipe, which nothing would drain: the start-up error
+    shows its end. ``start`` returns once ``/healthz`` answers; ``stop`` shuts it down
+    cleanly (SIGTERM), ``kill`` as a crash would (SIGKILL). It can be started again
+    on the same port and data."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        env: Mapping[str, str] | None = None,
+        *,
+        environ: Mapping[str, str] | None = None,
+        log: Path | None = None,
+    ) -> None:
         self.data_dir = data_dir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, **(env or {})}
+        base = without_settings(os.environ) if environ is None else dict(environ)
+        self.env = {**base, **(env or {})}
+        self.log = log or data_dir.parent / f"server-{self.port}.log"
         self.process: subprocess.Popen[bytes] | None = None
-        # A file, not a pipe: uvicorn logs every request, and an undrained pipe would
-        # eventually block the server.
-        self.log = data_dir.parent / f"server-{self.port}.log"
 
-    def start(self) -> None:
+    def start(self) -> Server:
+        argv = [*NEFFCACHE, "serve", "--port", str(self.port), "--data-dir", str(self.data_dir)]
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
-                [*NEFFCACHE, "serve", "--port", str(self.port), "--data-dir", str(self.data_dir)],
-                env=self.env,
-                stdout=subprocess.DEVNULL,
-                stderr=log,
+                argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
             )
-        if not wait_healthy(self.process, self.url):
+        # The wait is bounded only so that a server that hangs fails the test; a loaded
+        # machine (64 clients starting on two cores) may take long to answer.
+        if not wait_healthy(self.process, self.url, 60):
             self.kill()
             raise AssertionError(f"the server did not start: {self.log.read_text()[-3000:]}")
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, "not started"
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        """SIGTERM, a clean shutdown (SIGKILL if it outlasts 10 s); waits for it."""
+        self._close_http()
+        if self.process is not None:
+            terminate(self.process)
 
     def kill(self) -> None:
+        """SIGKILL, as a crash or an OOM kill would end it; waits for it."""
+        self._close_http()
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait(timeout=10)
+
+    def __enter__(self) -> Server:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- requests on it -------------------------------------------------------------
+
+    def client(self, token: str | None = None) -> httpx.Client:
+        """A new client on it (the caller closes it), with ``token`` as its bearer."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # No certificates to load for plain http (a tenth of a second per client).
+        return httpx.Client(
+            base_url=self.url, headers=headers, timeout=30, trust_env=False, verify=False
+        )
+
+    @functools.cached_property
+    def http(self) -> httpx.Client:
+        """One anonymous client on it, closed when it stops (a new one after a restart)."""
+        return self.client()
+
+    def _close_http(self) -> None:
+        http = self.__dict__.pop("http", None)
+        if http is not None:
+            http.close()
+
+    def get(self, path: str) -> httpx.Response:
+        return self.http.get(path)
+
+    def cache_url(self, namespace: str) -> str:
+        """What a client's ``NEFFCACHE_URL`` names to use ``namespace`` on it."""
+        return f"neffcache+{self.url}/{namespace}"
+
+    def entry(self, namespace: str, key: str) -> dict[str, Any] | None:
+        return self._record(f"/v1/ns/{namespace}/entries/{key}")
+
+    def alias(self, namespace: str, alias: str) -> dict[str, Any] | None:
+        return self._record(f"/v1/ns/{namespace}/aliases/{alias}")
+
+    def _record(self, path: str) -> dict[str, Any] | None:
+        response = self.get(path)
+        if response.status_code == 404:
+            return None
+        assert response.status_code == 200, response.text
+        record: dict[str, Any] = response.json()
+        return record
+
+    def failures(self, namespace: str, key: str) -> list[dict[str, Any]]:
+        response = self.get(f"/v1/ns/{namespace}/failures/{key}")
+        if response.status_code == 404:
+            return []
+        assert response.status_code == 200, response.text
+        records: list[dict[str, Any]] = response.json()["failures"]
+        return records
+
+    # --- its filesystem store -------------------------------------------------------
+
+    def blob_path(self, digest: str) -> Path:
+        """Where the embedded filesystem store keeps a blob: blobs/<d[:2]>/<digest>."""
+        return self.data_dir / "blobs" / digest[:2] / digest
+
+    def staged(self) -> list[Path]:
+        """Every upload file in the store's staging areas (``staging/<area>/uploads``)."""
+        return sorted(self.data_dir.glob("staging/*/uploads/*"))
+
+    def wait_until_unstaged(self, timeout: float = 5.0) -> list[Path]:
+        """The staging files still there after up to ``timeout`` s (a request the client
+        abandoned is cleaned up when the server notices the disconnect)."""
+        deadline = time.monotonic() + timeout
+        while (left := self.staged()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return left
 
 
 def digest(data: bytes) -> str:

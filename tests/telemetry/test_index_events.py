@@ -13,7 +13,7 @@ import redis
 from support.backends import IndexHandles
 from support.indexes import index, store
 
-import neffcache.server.index.redis as redis_module
+import neffcache.server.index.redis_events as redis_module
 from neffcache.server.index import Index, open_index
 from neffcache.server.index.base import Event, event_size
 from neffcache.server.index.sqlite import SCHEMA_VERSION
@@ -391,14 +391,14 @@ def test_sqlite_paging_by_many_namespaces_reads_each_event_about_once(
         [event(100.0 + i // 10, i, names[i % 20]) for i in range(2000)], MANY, NONE_OLD
     )
     read = [0]
-    plain = index._read
+    plain = index._events._read
 
     def counting(sql: str, params: tuple[object, ...]) -> list[tuple[object, ...]]:
         rows = plain(sql, params)
         read[0] += len(rows)
         return rows
 
-    monkeypatch.setattr(index, "_read", counting)
+    monkeypatch.setattr(index._events, "_read", counting)
     assert numbers(read_all(index, 50, names[:-1])) == [i for i in range(2000) if i % 20 != 19]
     assert read[0] < 5 * 2000, read[0]  # about 50 x 20 per page of 50 without the bound
     index.close()
@@ -416,11 +416,11 @@ def test_sqlite_paging_by_many_namespaces_reads_each_event_about_once(
 
 def _v4_file(path: Path) -> None:
     """A file as version 4 left it, with an entry and an audit record."""
-    from neffcache.server.index import sqlite as sqlite_module
+    from neffcache.server.index import sqlite_schema
 
     conn = sqlite3.connect(path)
     for step in (1, 2, 3, 4):
-        conn.executescript(sqlite_module._STEPS[step])
+        conn.executescript(sqlite_schema.STEPS[step])
     conn.execute(
         "INSERT INTO entries (namespace, key, manifest, created_at, writer, last_access)"
         " VALUES ('team-a', ?, '{\"neff\":\"11\"}', 5.5, 'tok1', 5.5)",
@@ -447,7 +447,7 @@ def test_sqlite_file_from_schema_4_gains_the_events_log(tmp_path: Path) -> None:
     assert numbers(index.events_for_key("team-a", KEY, 5)) == [3, 2]
     index.close()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (6,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (7,)
         made = {row[1] for row in conn.execute("PRAGMA index_list(events)")}
         assert {"events_by_time", "events_by_namespace", "events_by_key"} <= made
         assert conn.execute("SELECT n FROM events_count").fetchone() == (2,)
@@ -459,11 +459,11 @@ def test_sqlite_file_from_schema_4_gains_the_events_log(tmp_path: Path) -> None:
 
 def _v5_file(path: Path) -> None:
     """A file as version 5 left it, with events of two namespaces."""
-    from neffcache.server.index import sqlite as sqlite_module
+    from neffcache.server.index import sqlite_schema
 
     conn = sqlite3.connect(path)
     for step in (1, 2, 3, 4, 5):
-        conn.executescript(sqlite_module._STEPS[step])
+        conn.executescript(sqlite_schema.STEPS[step])
     conn.executemany(
         "INSERT INTO events (at, namespace, kind, key, body) VALUES (?, ?, ?, ?, ?)",
         [(e.at, e.namespace, e.kind, e.key, e.body) for e in _v5_events()],

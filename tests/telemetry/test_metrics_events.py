@@ -178,6 +178,8 @@ _FORMATTED = {
 def _names(arg: ast.expr, path: Path) -> set[str]:
     if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
         return {arg.value}
+    if isinstance(arg, ast.Attribute) and ast.unparse(arg.value) == "ClientCounter":
+        return {arg.attr.lower()}  # a member's value is its name in lower case
     if isinstance(arg, ast.IfExp):
         return _names(arg.body, path) | _names(arg.orelse, path)
     if isinstance(arg, ast.JoinedStr) and ast.unparse(arg) in _FORMATTED:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from neffcache.client._cachevars import CACHE_URL_SCHEMES, FLAGS_SETTING, URL_SETTINGS
+
 if TYPE_CHECKING:
     from collections.abc import Mapping, MutableMapping
 
@@ -25,11 +27,6 @@ class _LazyLogger:
 
 log: Any = _LazyLogger()
 
-# The settings a cache URL is read from (config.py), and how a URL that turns neffcache
-# on starts.
-_URL_SETTINGS = ("NEFFCACHE_URL", "NEURON_COMPILE_CACHE_URL")
-_FLAGS = "NEURON_CC_FLAGS"
-_RIGHT = ("neffcache+http://", "neffcache+https://")
 _CACHE_DIR = "--cache_dir"
 # Checksums of the settings a process checked and of the line it printed for them
 # (``SETTINGS:LINE``): its children (the compiler shim the SDK runs under the hook,
@@ -46,7 +43,7 @@ def warn_typos_once(environ: MutableMapping[str, str]) -> None:
     try:
         if not typos_suspected(environ):
             return
-        settings = _checksum("\0".join(environ.get(n, "") for n in (*_URL_SETTINGS, _FLAGS)))
+        settings = _checksum("\0".join(environ.get(n, "") for n in (*URL_SETTINGS, FLAGS_SETTING)))
         checked, _, said = environ.get(CHECKED, "").partition(":")
         if checked == settings:
             return
@@ -71,11 +68,13 @@ def typos_suspected(environ: Mapping[str, str]) -> bool:
     """Whether a cache setting mentions neffcache or an http(s):// URL other than at the
     start of a URL variable, or of ``--cache_dir``'s value, spelled as neffcache reads
     it. A false alarm costs ``_typos``'s import and finds nothing."""
-    for name in _URL_SETTINGS:
+    for name in URL_SETTINGS:
         value = environ.get(name, "")
-        if _mentions(value) and not (value.startswith(_RIGHT) and value == value.strip()):
+        if _mentions(value) and not (
+            value.startswith(CACHE_URL_SCHEMES) and value == value.strip()
+        ):
             return True
-    words = environ.get(_FLAGS, "").split()
+    words = environ.get(FLAGS_SETTING, "").split()
     for i, word in enumerate(words):
         if _mentions(word) and not _right_flag(word, words[i - 1] if i else ""):
             return True
@@ -90,5 +89,5 @@ def _mentions(text: str) -> bool:
 def _right_flag(word: str, before: str) -> bool:
     """``--cache_dir=URL`` or ``--cache_dir URL`` with a URL that turns neffcache on."""
     if word.startswith(f"{_CACHE_DIR}="):
-        return word[len(_CACHE_DIR) + 1 :].startswith(_RIGHT)
-    return before == _CACHE_DIR and word.startswith(_RIGHT)
+        return word[len(_CACHE_DIR) + 1 :].startswith(CACHE_URL_SCHEMES)
+    return before == _CACHE_DIR and word.startswith(CACHE_URL_SCHEMES)

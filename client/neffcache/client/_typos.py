@@ -24,16 +24,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from neffcache.client._cachevars import CACHE_URL_SCHEMES as _PREFIXES
+from neffcache.client._cachevars import FLAGS_SETTING as FLAGS_VARIABLE
+from neffcache.client._cachevars import URL_SETTINGS as URL_VARIABLES
 from neffcache.client._redact import redact_url
 
-# The variables a cache URL is read from (config.py), in the words a message uses.
-URL_VARIABLES = ("NEFFCACHE_URL", "NEURON_COMPILE_CACHE_URL")
-FLAGS_VARIABLE = "NEURON_CC_FLAGS"
 TOKEN_VARIABLE = "NEFFCACHE_TOKEN"
 # Names whose near misses are worth a warning: the ones that turn neffcache on.
 _WATCHED = (*URL_VARIABLES, FLAGS_VARIABLE, TOKEN_VARIABLE, "NEFFCACHE_LOCAL_DIR")
 _QUOTES = "\"'"
-_PREFIXES = ("neffcache+http://", "neffcache+https://")
 
 
 class Finding(NamedTuple):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
 from neffcache.client.stats import STATS
+from neffcache.protocol.counters import ClientCounter
 
 if TYPE_CHECKING:
     import subprocess
@@ -141,7 +142,7 @@ def stock_address_of(call: CompileCall, version: str) -> StockAddress | None:
 
     era = stock_era_of(match[2], user_flags(call), call.target)
     if era is None:
-        STATS.count("address_flags_mismatch")
+        STATS.count(ClientCounter.ADDRESS_FLAGS_MISMATCH)
         return None
     return StockAddress(f"neuronxcc-{version}/{match[1]}", era)
 

@@ -323,7 +323,7 @@ def _in_l1_manifests(wanted: Wanted, keys_dir: Path) -> list[Found]:
 def _in_run_manifest(wanted: Wanted, path: str) -> tuple[list[Found], str]:
     """The keys of the run manifest's lines naming the address, and what was seen when
     none did."""
-    from neffcache.client.prewarm import line_ids
+    from neffcache.client.prewarm import record_ids
 
     found: list[Found] = []
     keyless = 0
@@ -331,11 +331,14 @@ def _in_run_manifest(wanted: Wanted, path: str) -> tuple[list[Found], str]:
     try:
         with _open_regular(path) as f:
             for number, raw in enumerate(f, 1):
-                ids = dict(line_ids(raw) or ()) if needle in raw else {}
+                if needle not in raw:  # most lines: no parse
+                    continue
+                record = _parsed(raw)
+                ids = dict(record_ids(record) or ())
                 address = ids.get("neuron_address")
                 if address is None or not wanted.matches(address):
                     continue
-                key = ids.get("key") or _explain_key(raw)
+                key = ids.get("key") or _explain_key(record)
                 if key is not None:
                     found.append(Found(key, address, f"the run manifest {path}, line {number}"))
                 else:
@@ -350,13 +353,17 @@ def _in_run_manifest(wanted: Wanted, path: str) -> tuple[list[Found], str]:
     return found, f"no line of the run manifest {path} names it"
 
 
-def _explain_key(raw: bytes) -> str | None:
-    """A hook miss line's ``explain_key`` (runlog.py), when it is a well-formed key."""
+def _parsed(raw: bytes) -> object:
+    """One run-manifest line, parsed; None when it is not JSON."""
     try:
-        line = json.loads(raw)
-    except (ValueError, RecursionError):
+        return json.loads(raw)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
-    key = line.get("explain_key") if isinstance(line, dict) else None
+
+
+def _explain_key(record: object) -> str | None:
+    """A hook miss line's ``explain_key`` (runlog.py), when it is a well-formed key."""
+    key = record.get("explain_key") if isinstance(record, dict) else None
     return key if isinstance(key, str) and is_digest(key) else None
 
 

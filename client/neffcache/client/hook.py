@@ -155,8 +155,9 @@ def _replacement(original: Any) -> Any:
             return cls(stock, config, url, lower=configured.local_dir if staged else None)
         except Exception:
             from neffcache.client.stats import STATS
+            from neffcache.protocol.counters import ClientCounter
 
-            STATS.count("hook_errors")
+            STATS.count(ClientCounter.HOOK_ERRORS)
             log.exception("neffcache: cannot set up the cache; using the local directory")
             return original(_local_url(config.local_dir), *args, **kwargs)
 
@@ -200,8 +201,9 @@ def _config_for(url: str) -> Any:
         config = ClientConfig.from_env({**os.environ, "NEFFCACHE_URL": handed} if handed else None)
     except ConfigError as exc:
         from neffcache.client.stats import STATS
+        from neffcache.protocol.counters import ClientCounter
 
-        STATS.count("config_errors")
+        STATS.count(ClientCounter.CONFIG_ERRORS)
         log.warning("neffcache: %s; using the stock cache", exc)
         return None
     if handed and config is not None:
@@ -246,8 +248,9 @@ def _off_neffcache(cache_url: Any) -> Any:
         if SCHEME_PREFIX not in str(getattr(cache_url, "url", "")):
             return cache_url
         from neffcache.client.stats import STATS
+        from neffcache.protocol.counters import ClientCounter
 
-        STATS.count("stock_caches_on_l1")
+        STATS.count(ClientCounter.STOCK_CACHES_ON_L1)
         log.info("neffcache: a stock cache was asked for %s; it is built on L1", cache_url.url)
         return _local_url(_usable_l1(_configured_l1()))
     except Exception:  # defensive: the SDK's constructor must still run
@@ -317,8 +320,9 @@ def _probe_l1(local_dir: str) -> str:
     if not l1_read_only(local_dir, local_read_only(os.environ)):
         return local_dir
     from neffcache.client.stats import STATS
+    from neffcache.protocol.counters import ClientCounter
 
-    STATS.count("l1_unwritable")
+    STATS.count(ClientCounter.L1_UNWRITABLE)
     cache = staging_dir() / "cache"
     cache.mkdir(exist_ok=True)
     staged = str(cache)

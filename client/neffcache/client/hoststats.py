@@ -45,40 +45,34 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from neffcache.client.hostlog import (
+    CAP,
+    LOG,
+    MAX_BYTES,
+    MAX_SECONDS,
+    VERSION,
+    is_code,
+    stats_dir,
+)
+from neffcache.client.l1access import refuse_if_read_only
 from neffcache.client.stats import STATS
+from neffcache.protocol.counters import ClientCounter
 
-VERSION = "1"
-KINDS = ("l1", "server", "compiled", "failed", "replayed")
-DIRECTORY = os.path.join(".neffcache", "stats")
-LOG = "log"
 # A log this long is folded by the process that made it so: about 900 records, folded
 # in about 3 ms, once per 900 graphs of the host (a longer log costs the one graph
 # that folds it proportionally more: 25 ms at 256 KiB).
 FOLD_AT = 32 << 10
-# Past this the log is not appended to: folding has failed for many thousands of graphs
-# (an L1 whose locks cannot be made), and L1 is for NEFFs, not for counters.
-CAP = 16 << 20
 _MISS_KINDS = {"ok": "compiled", "failed": "failed"}
-_CODE_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
-# Bounds of a record's figures, as hosttally.py reads them back.
-MAX_SECONDS = 7 * 86400.0
-MAX_BYTES = 1 << 50
-
-
-def stats_dir(local_dir: str) -> str:
-    return os.path.join(local_dir, DIRECTORY)
 
 
 def count(local_dir: str, fields: Mapping[str, Any]) -> None:
     """Add one graph's outcome (a run-manifest line's fields) to L1's counters."""
     try:
-        from neffcache.client.local import refuse_if_read_only
-
         refuse_if_read_only(local_dir)  # a declared read-only L1, as an unwritable one
         record = encode(fields)
         size = 0 if record is None else append(stats_dir(local_dir), record)
     except Exception:  # OSError, or a bug: the counters' trouble is never the job's
-        STATS.count("host_stats_errors")
+        STATS.count(ClientCounter.HOST_STATS_ERRORS)
         return
     if size >= FOLD_AT:
         from neffcache.client.hosttally import fold_quietly
@@ -108,11 +102,6 @@ def encode(fields: Mapping[str, Any]) -> bytes | None:
         size = 0
     figure = _figure(seconds, MAX_SECONDS)
     return f"{VERSION} {kind} {reason} {fetch:.6f} {figure:.3f} {size}\n".encode()
-
-
-def is_code(text: str) -> bool:
-    """A reason code as the server's vocabulary spells them (``new-graph``)."""
-    return 0 < len(text) <= 64 and text[0] != "-" and _CODE_CHARACTERS.issuperset(text)
 
 
 def _figure(value: Any, bound: float) -> float:

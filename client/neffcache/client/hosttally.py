@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from neffcache.client._log import log
-from neffcache.client.hoststats import (
+from neffcache.client.hostlog import (
     CAP,
     KINDS,
     LOG,
@@ -48,6 +48,7 @@ from neffcache.client.hoststats import (
     stats_dir,
 )
 from neffcache.client.stats import STATS
+from neffcache.protocol.counters import ClientCounter
 
 SUMMARY = "summary.json"
 FOLDING = "folding-"
@@ -73,7 +74,7 @@ _POLL = 0.01
 
 @dataclass
 class Tally:
-    """Graph outcomes added up: counts by kind (hoststats.KINDS), misses by reason,
+    """Graph outcomes added up: counts by kind (hostlog.KINDS), misses by reason,
     and the sums of their figures."""
 
     kinds: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
@@ -282,7 +283,7 @@ def fold_quietly(local_dir: str) -> None:
     try:
         fold(local_dir, wait=0.0)
     except Exception:  # the counters' trouble is never the job's
-        STATS.count("host_stats_errors")
+        STATS.count(ClientCounter.HOST_STATS_ERRORS)
         log.exception("neffcache: could not fold the host's counters")
 
 

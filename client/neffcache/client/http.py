@@ -38,6 +38,11 @@ class HttpError(Exception):
     """The request did not complete: connection, timeout, or a malformed response."""
 
 
+class ConnectFailed(HttpError):
+    """No connection could be opened: nothing was sent (the bridge stops its run on
+    this, and only skips the entry at hand on any other HttpError)."""
+
+
 class Response(NamedTuple):
     status: int
     headers: dict[str, str]  # lower-case names
@@ -115,17 +120,22 @@ class Connection:
 
     def _socket(self, deadline: float) -> socket.socket:
         if self._sock is None:
-            timeout = max(0.001, min(self.connect_timeout, deadline - time.monotonic()))
-            if self.tls:
-                import socket
-                import ssl  # only for https: their imports are not free
-
-                plain = socket.create_connection((self.host, self.port), timeout=timeout)
-                context = ssl.create_default_context()
-                self._sock = context.wrap_socket(plain, server_hostname=self.host)
-            else:
-                self._sock = _connect(self.host, self.port, timeout)
+            try:
+                self._sock = self._open(deadline)
+            except OSError as exc:
+                raise ConnectFailed(f"cannot connect to {self.host_header}: {exc}") from exc
         return self._sock
+
+    def _open(self, deadline: float) -> socket.socket:
+        timeout = max(0.001, min(self.connect_timeout, deadline - time.monotonic()))
+        if not self.tls:
+            return _connect(self.host, self.port, timeout)
+        import socket
+        import ssl  # only for https: their imports are not free
+
+        plain = socket.create_connection((self.host, self.port), timeout=timeout)
+        context = ssl.create_default_context()
+        return context.wrap_socket(plain, server_hostname=self.host)
 
     def _send(
         self,

@@ -54,8 +54,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from neffcache.client._log import log
+from neffcache.client.l1access import l1_read_only
 from neffcache.client.manifests import is_digest
 from neffcache.client.stats import STATS
+from neffcache.protocol.counters import ClientCounter
 
 if TYPE_CHECKING:
     from neffcache.client.config import ClientConfig
@@ -119,13 +121,11 @@ def grew(config: ClientConfig, *, background: bool = False) -> None:
         else:
             evictor.run_quietly()
     except Exception:  # the cache's trouble is never the job's
-        STATS.count("l1_eviction_errors")
+        STATS.count(ClientCounter.L1_EVICTION_ERRORS)
         log.exception("neffcache: the L1 size limit could not be applied")
 
 
 def _writable(local_dir: str) -> bool:
-    from neffcache.client.local import l1_read_only
-
     return not l1_read_only(local_dir, declared=False)
 
 
@@ -209,7 +209,7 @@ class Evictor:
         try:
             self.run()
         except Exception:  # the cache's trouble is never the job's
-            STATS.count("l1_eviction_errors")
+            STATS.count(ClientCounter.L1_EVICTION_ERRORS)
             log.exception("neffcache: the L1 size limit could not be applied")
 
     def run(self) -> list[Path]:
@@ -250,8 +250,8 @@ class Evictor:
             if self._remove(item):
                 total -= item.size
                 removed.append(item.path)
-                STATS.count("l1_evicted")
-                STATS.count("l1_evicted_bytes", item.size)
+                STATS.count(ClientCounter.L1_EVICTED)
+                STATS.count(ClientCounter.L1_EVICTED_BYTES, item.size)
         if removed:
             removed += self._orphan_manifests(deadline)
         return removed
@@ -263,7 +263,7 @@ class Evictor:
         try:
             return self._remove_entry(item.path) if item.entry else self._remove_blob(item.path)
         except OSError as exc:
-            STATS.count("l1_eviction_errors")
+            STATS.count(ClientCounter.L1_EVICTION_ERRORS)
             if not self._warned:  # one line per run: an L1 shared with other users may
                 self._warned = True  # refuse every removal
                 log.warning("neffcache: cannot evict %s from L1: %s", item.path, exc)
@@ -386,7 +386,7 @@ class Evictor:
                 path = Path(found.path)
                 if path.suffix == ".json" and self._orphan(path) and self._remove_manifest(path):
                     removed.append(path)
-                    STATS.count("l1_evicted_manifests")
+                    STATS.count(ClientCounter.L1_EVICTED_MANIFESTS)
         return removed
 
     def _orphan(self, path: Path) -> bool:
@@ -436,10 +436,17 @@ def try_lock(root: Path, name: str) -> int | None:
     return fd
 
 
+def entry_lock_name(address: str) -> str:
+    """The name of the flock the hook holds on a stock address's entry while it fills
+    or reads it (proxy.py), which an eviction here must take too."""
+    import blake3
+
+    return "entry-" + blake3.blake3(address.encode()).hexdigest()[:32]
+
+
 def _entry_lock(entry: Path) -> str | None:
-    """The hook's per-entry flock name (``proxy.entry_lock_name``), None when the
+    """The hook's per-entry flock name (``entry_lock_name``), None when the
     directory is not at a stock address."""
-    from neffcache.client.proxy import entry_lock_name
     from neffcache.keying import KeyingError, parse_neuron_address
 
     try:

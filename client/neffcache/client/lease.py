@@ -30,6 +30,7 @@ from neffcache.client.config import ClientConfig
 from neffcache.client.manifests import Manifest
 from neffcache.client.remote import LeaseAnswer, Remote
 from neffcache.client.stats import STATS
+from neffcache.protocol.counters import ClientCounter
 
 # The longest single long-poll request; the server may answer sooner (its own cap).
 _POLL = 30.0
@@ -154,14 +155,14 @@ class Leases:
                 return Wait("free", reason="nobody compiles it")
             if answer.state == "done" and answer.entry is not None:
                 if give_up_at is not None:
-                    STATS.count("lease_waits")
+                    STATS.count(ClientCounter.LEASE_WAITS)
                 return Wait("done", entry=answer.entry)
             if answer.state == "granted" and answer.lease:
                 self._hold(name, answer.lease, answer.ttl)
-                STATS.count("leases_held")
+                STATS.count(ClientCounter.LEASES_HELD)
                 return Wait("granted")
             if answer.state == "failed":
-                STATS.count("lease_failures_seen")
+                STATS.count(ClientCounter.LEASE_FAILURES_SEEN)
                 reason = f"{answer.holder} failed to compile it"
                 return Wait("failed", reason=reason, failure=answer.failure)
             if answer.state != "held":
@@ -185,7 +186,7 @@ class Leases:
             limit = now + max(0.0, bound - answer.held_for)
             give_up_at = min(cap, limit if give_up_at is None else max(give_up_at, limit))
             if now >= give_up_at:
-                STATS.count("lease_waits_abandoned")
+                STATS.count(ClientCounter.LEASE_WAITS_ABANDONED)
                 waited = now - started
                 return Wait("compile", reason=f"waited {waited:.0f} s for {answer.holder}")
             took = now - asked_at
@@ -249,7 +250,7 @@ class Leases:
                     if self._held.get(name, ("",))[0] != lease_id:
                         continue  # released meanwhile
                 if self.remote.renew(name, lease_id) is False:
-                    STATS.count("leases_lost")
+                    STATS.count(ClientCounter.LEASES_LOST)
                     log.warning("neffcache: lost the lease on %s; still compiling", name[:24])
                     with self._lock:
                         if self._held.get(name, ("",))[0] == lease_id:

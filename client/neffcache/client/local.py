@@ -35,9 +35,12 @@ from typing import TYPE_CHECKING, Any
 import blake3
 
 from neffcache.client._log import log
+from neffcache.client.l1access import l1_read_only as l1_read_only
+from neffcache.client.l1access import refuse_if_read_only
 from neffcache.client.l1limit import used
 from neffcache.client.manifests import checked, is_digest
 from neffcache.client.stats import STATS
+from neffcache.protocol.counters import ClientCounter
 
 if TYPE_CHECKING:
     from neffcache.client.config import ClientConfig
@@ -48,58 +51,6 @@ _LOG_EVERY = 60.0
 # directory over a read-only L1: where the shim looks for the SDK's entries (to vouch
 # for a stock address) and leaves its notes for the hook (runlog's delegated lines).
 SDK_CACHE_VARIABLE = "NEFFCACHE_SDK_CACHE_DIR"
-
-# L1 directories declared read-only in this process (absolute paths). local.py's
-# writers refuse to write below them as a read-only filesystem does (EROFS), so every
-# best-effort writer (down marks, the compiler's version memo, failure notes) goes on
-# exactly as it does on a read-only mount: a declared L1 and an unwritable one behave
-# the same.
-_DECLARED_READ_ONLY: set[str] = set()
-_ACCESS_AS_EFFECTIVE = os.access in os.supports_effective_ids
-
-
-def l1_read_only(local_dir: str | Path, declared: bool) -> bool:
-    """Whether neffcache must not write to the L1 at ``local_dir``: ``declared`` so
-    (``NEFFCACHE_LOCAL_READ_ONLY``), or a directory this process cannot write (a
-    read-only mount, another user's files: asked of the kernel with ``access``, so root
-    writes wherever it may). An L1 that does not exist yet is made here, as its first
-    write would make it; one that cannot be made is read-only (and empty)."""
-    top = os.path.abspath(local_dir)
-    if declared:
-        _DECLARED_READ_ONLY.add(top)
-        return True
-    return not _writable(top)
-
-
-def _writable(top: str) -> bool:
-    seen = False
-    for path in (os.path.join(top, ".neffcache"), top):
-        try:
-            os.stat(path)
-        except FileNotFoundError:
-            continue
-        except OSError:
-            return False
-        seen = True
-        if not os.access(path, os.W_OK | os.X_OK, effective_ids=_ACCESS_AS_EFFECTIVE):
-            return False
-    if seen:
-        return True
-    try:
-        os.makedirs(top, exist_ok=True)
-    except OSError:
-        return False
-    return os.access(top, os.W_OK | os.X_OK, effective_ids=_ACCESS_AS_EFFECTIVE)
-
-
-def refuse_if_read_only(directory: str | Path) -> None:
-    """OSError (EROFS) when ``directory`` lies in an L1 declared read-only."""
-    if not _DECLARED_READ_ONLY:
-        return
-    here = os.path.abspath(directory)
-    for top in _DECLARED_READ_ONLY:
-        if here == top or here.startswith(top + os.sep):
-            raise OSError(errno.EROFS, "L1 is read-only (NEFFCACHE_LOCAL_READ_ONLY)", here)
 
 
 def new_temp(directory: Path, prefix: str) -> tuple[int, Path]:
@@ -204,7 +155,7 @@ class LocalStore:
         except FileNotFoundError:
             return False
         except (OSError, ValueError):
-            STATS.count("bad_local_blobs")
+            STATS.count(ClientCounter.BAD_LOCAL_BLOBS)
             if not self.read_only:  # else it stays, and is never served
                 with contextlib.suppress(OSError):
                     path.unlink()
@@ -233,7 +184,7 @@ class LocalStore:
         except FileNotFoundError:
             return None
         except (OSError, ValueError):
-            STATS.count("bad_local_manifests")
+            STATS.count(ClientCounter.BAD_LOCAL_MANIFESTS)
             return None
         return checked(value, f"L1's manifest {path}")
 
@@ -246,7 +197,7 @@ class LocalStore:
         try:
             atomic_write(path, json.dumps(manifest, sort_keys=True).encode())
         except OSError as exc:
-            STATS.count("local_errors")
+            STATS.count(ClientCounter.LOCAL_ERRORS)
             log.warning("neffcache: cannot write %s: %s", path, exc)
             return False
         return True
@@ -307,7 +258,7 @@ class LocalStore:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            STATS.count("local_errors")
+            STATS.count(ClientCounter.LOCAL_ERRORS)
             log.warning("neffcache: cannot create lock %s: %s", path, exc)
             return None
         if not _acquire(fd, what, wait):
@@ -332,11 +283,11 @@ def _acquire(fd: int, what: str, wait: float) -> bool:
             return True
         except OSError as exc:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                STATS.count("local_errors")
+                STATS.count(ClientCounter.LOCAL_ERRORS)
                 return False
         now = time.monotonic()
         if wait and now - start >= wait:
-            STATS.count("lock_wait_timeouts")
+            STATS.count(ClientCounter.LOCK_WAIT_TIMEOUTS)
             return False
         if now >= next_log:
             holder = _holder(fd)
@@ -471,7 +422,7 @@ def link_entry(source: Path, entry: Path) -> bool:
             if not os.path.lexists(entry / name):
                 os.symlink(os.path.abspath(source / name), entry / name)
     except OSError as exc:
-        STATS.count("local_errors")
+        STATS.count(ClientCounter.LOCAL_ERRORS)
         log.warning("neffcache: cannot serve %s from the read-only L1: %s", source, exc)
         return False
     return True

@@ -21,6 +21,7 @@ from typing import Any
 from neffcache.client._log import log
 from neffcache.client.stats import STATS
 from neffcache.protocol import MAX_FILE_BYTES, ManifestError, is_hex64, parse
+from neffcache.protocol.counters import ClientCounter
 
 Manifest = dict[str, Any]
 # The protocol's error under the name the client's modules catch.
@@ -50,6 +51,6 @@ def checked(value: object, source: str) -> Manifest | None:
     try:
         return check(value)
     except BadManifest as exc:
-        STATS.count("bad_manifests")
+        STATS.count(ClientCounter.BAD_MANIFESTS)
         log.warning("neffcache: %s is malformed (%s); treated as a miss", source, exc)
         return None

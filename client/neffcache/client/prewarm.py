@@ -65,13 +65,14 @@ from typing import Any, NamedTuple, TextIO
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
 from neffcache.client.http import Connection, HttpError, error_detail
-from neffcache.client.l1limit import grew
+from neffcache.client.l1limit import entry_lock_name, grew
 from neffcache.client.local import LocalStore, atomic_write
 from neffcache.client.manifests import BadManifest, Manifest, check, is_digest
-from neffcache.client.proxy import DONE, NEFF, entry_lock_name, same_environment, write_entry
+from neffcache.client.proxy import DONE, NEFF, same_environment, write_entry
 from neffcache.client.remote import Remote
 from neffcache.client.stats import STATS
 from neffcache.keying import KeyingError, parse_neuron_address
+from neffcache.protocol.counters import ClientCounter
 
 # Which run-manifest fields name a graph, in the order they are looked up: the
 # canonical key (the most general), the direct key, the stock address.
@@ -183,6 +184,11 @@ def line_ids(raw: bytes) -> list[Ident] | None:
         record = json.loads(raw)
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
+    return record_ids(record)
+
+
+def record_ids(record: object) -> list[Ident] | None:
+    """``line_ids`` of a line already parsed."""
     if not isinstance(record, dict) or not any(f in record for f in ID_FIELDS):
         return None
     ids: list[Ident] = []
@@ -314,7 +320,7 @@ class PrewarmRemote(Remote):
         thread's connection, which ``abort`` cuts."""
         server = self.config.server
         try:
-            answer = self._connection().request("GET", "/readyz", headers=self._headers)
+            answer = self._api().get("/readyz")
         except HttpError as exc:
             return f"cannot reach {server}: {exc}"
         if answer.status >= 500:
@@ -322,7 +328,7 @@ class PrewarmRemote(Remote):
         return None
 
     def _mark_down(self, what: str, reason: object, scope: str | None = None) -> None:
-        STATS.count("server_errors")
+        STATS.count(ClientCounter.SERVER_ERRORS)
         if not self.stop.is_set():  # a cut transfer is no news
             log.warning("neffcache: %s failed (%s)", what, reason)
 
@@ -487,7 +493,7 @@ class Prewarmer:
             try:
                 written = write_entry(self.local, self.remote, entry, manifest, _mark_done)
             except OSError as exc:
-                STATS.count("local_errors")
+                STATS.count(ClientCounter.LOCAL_ERRORS)
                 log.warning("neffcache: cannot write %s: %s", entry, exc)
                 return None
         return True if written else None

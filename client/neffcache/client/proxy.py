@@ -21,6 +21,11 @@ The order in which the SDK writes the HLO and probes ``model.done`` is not publi
 looked up; a trace that differs in metadata then misses here and is caught by the
 compiler wrapper, which is why both interception points are meant to be enabled
 together.
+
+``Core`` is the SDK-call adapter of ``resolver.py``: it maps the SDK's probes, locks
+and uploads onto the resolver's lookup, lease and release (``resolver.HOOK``'s
+policy), and keeps what is the hook's own: the SDK's entry folders in L1, its
+per-entry lock, and publishing in the background once the SDK wrote ``model.done``.
 """
 
 from __future__ import annotations
@@ -35,9 +40,18 @@ from typing import TYPE_CHECKING, Any
 
 from neffcache.client._log import log
 from neffcache.client.config import ClientConfig
+from neffcache.client.l1limit import entry_lock_name
 from neffcache.client.l1limit import grew as _grew
 from neffcache.client.l1limit import used as _used
 from neffcache.client.reasons import UNKNOWN
+from neffcache.client.resolver import (
+    HOOK,
+    Compile,
+    Resolver,
+    Served,
+    failure_notice,
+)
+from neffcache.client.resolver import same_environment as same_environment  # prewarm's
 from neffcache.client.runlog import DELEGATED_FIELDS, saved_seconds
 from neffcache.client.stats import STATS
 from neffcache.keying import (
@@ -48,6 +62,7 @@ from neffcache.keying import (
     STOCK_NEFF,
     is_stock_artifact,
 )
+from neffcache.protocol.counters import ClientCounter
 
 if TYPE_CHECKING:
     from neffcache.client.lease import Leases
@@ -187,17 +202,22 @@ class Core:
         # entries are linked in as the SDK first asks for them, and never written.
         self.lower = None if lower is None else Path(lower)
         self.remote = Remote(config)
+        self.resolver = Resolver(config, HOOK, lambda: self.remote, _shared_leases(config))
         self._hlo_seen: dict[str, float] = {}  # entry dir -> when its HLO was written
         self._entry_locks: dict[str, int] = {}  # HLO path -> held flock descriptor
         self._locked_entries: set[str] = set()  # entry dirs whose SDK lock we hold
         self._waited_from: dict[str, float] = {}  # entry dir -> when this rank began to wait
-        self._leases: Leases | None = None  # made on the first miss
         self._holding: dict[str, str] = {}  # entry dir -> the address this process leases
-        self._no_lease: set[str] = set()  # addresses compiled here without a lease
         # Entries whose hit this process counted under the SDK's lock (fetched, or found
         # fetched by another rank of the host): the SDK's probe that follows finds them
         # in L1 and must not count them again.
         self._counted: set[str] = set()
+
+    @property
+    def _leases(self) -> Leases | None:
+        """This process's leases (one per process: the SDK makes a new cache object per
+        compile), once this object asked for one."""
+        return self.resolver.leases
 
     # -- the SDK's per-entry compile lock, made safe against dead holders ---------------
     #
@@ -223,7 +243,7 @@ class Core:
         try:
             if stale.read_text().strip().startswith("neffcache pid"):
                 stale.unlink()
-                STATS.count("stale_locks_removed")
+                STATS.count(ClientCounter.STALE_LOCKS_REMOVED)
                 log.warning("neffcache: removed %s, left by a killed compile", stale)
         except (OSError, UnicodeDecodeError):
             pass
@@ -238,7 +258,7 @@ class Core:
             self._lease_under_lock(Path(entry))
             self._explain(Path(entry))
         except Exception:  # the cache's trouble is never the job's
-            STATS.count("hook_errors")
+            STATS.count(ClientCounter.HOOK_ERRORS)
             log.exception("neffcache: the compile lease of %s failed; compiling", entry)
 
     def _lease_under_lock(self, entry: Path) -> None:
@@ -251,7 +271,7 @@ class Core:
         if (entry / DONE).exists() or not self.config.leases:
             return
         address = self._address(entry)
-        if address is None or not self.remote.available():
+        if address is None:
             return
         began = self._waited_from.get(_spelled(entry), time.time())
         t0 = time.monotonic()
@@ -275,7 +295,7 @@ class Core:
         # A compile that ended with neither model.done nor model.log (an exception
         # in the SDK) leaves nothing to wait for: let the others go.
         entry = _dir_of(hlo_path)
-        self._release(self._holding.pop(entry, None), failed=False)
+        self.resolver.release(self._holding.pop(entry, None), failed=False)
         _take_explanation(entry)
         self._locked_entries.discard(entry)
         self._waited_from.pop(entry, None)
@@ -305,7 +325,7 @@ class Core:
         try:
             return self._fetch(folder) and self.stock.exists(path)
         except Exception:  # the cache's trouble is never the job's
-            STATS.count("hook_errors")
+            STATS.count(ClientCounter.HOOK_ERRORS)
             log.exception("neffcache: lookup of %s failed; compiling", path)
             return False
 
@@ -320,7 +340,7 @@ class Core:
         try:
             self._fetch(entry)
         except Exception:  # the cache's trouble is never the job's
-            STATS.count("hook_errors")
+            STATS.count(ClientCounter.HOOK_ERRORS)
             log.exception("neffcache: fetching %s failed", entry)
 
     def _from_lower(self, path: str) -> bool:
@@ -362,7 +382,7 @@ class Core:
             return False
         if failed_at < waited_from:
             return False
-        STATS.count("failures_replayed")
+        STATS.count(ClientCounter.FAILURES_REPLAYED)
         return True
 
     def get_hlos(self, *args: Any, **kwargs: Any) -> Any:
@@ -396,7 +416,7 @@ class Core:
                     lambda: self._publish(Path(entry), seconds, environ, lease)
                 )
                 if not queued:  # dropped: nothing will be published for the waiters
-                    self._release(lease, failed=True)
+                    self.resolver.release(lease, failed=failure_notice(0, published=False))
             elif name == LOG:
                 lease = self._holding.pop(entry, None)
                 started = self._hlo_seen.pop(entry, None)
@@ -410,9 +430,9 @@ class Core:
                     lambda: self._report(Path(entry), text, seconds, environ, lease)
                 )
                 if not queued:
-                    self._release(lease, failed=True)
+                    self.resolver.release(lease, failed=failure_notice(None, published=False))
         except Exception:
-            STATS.count("hook_errors")
+            STATS.count(ClientCounter.HOOK_ERRORS)
             log.exception("neffcache: could not handle the upload of %s", cache_path)
 
     def _record(
@@ -440,7 +460,13 @@ class Core:
         # A compile the wrapper's shim ran is counted by the wrapper's process (as the
         # compile or the hit it was): counted here too, it would count twice.
         if outcome != "failed" and not wrapped:
-            STATS.count("compiles" if source == "compiler" else f"hits_{source}")
+            STATS.count(
+                ClientCounter.COMPILES
+                if source == "compiler"
+                else ClientCounter.HITS_L1
+                if source == "l1"
+                else ClientCounter.HITS_SERVER
+            )
         # Without a run manifest or telemetry, the graph still goes to the host's
         # counters (runlog.graph), with no wait added for its miss's reason.
         reported = bool(self.config.run_manifest or self.config.telemetry)
@@ -575,14 +601,14 @@ class Core:
             if (entry / DONE).exists():  # another rank on this host fetched it meanwhile
                 self._record(entry, "hit", "l1", None)
                 return True
-            manifest = same_environment(self.remote.alias(address))
+            manifest = self.resolver.lookup(address=address)
             if manifest is None:
                 keys = self._keys(entry, address)
                 if keys is not None:
                     direct, canonical = keys
-                    manifest = self.remote.alias(direct.key)
-                    if manifest is None:
-                        manifest = self.remote.entry(canonical().key)
+                    manifest = self.resolver.lookup(
+                        direct=direct.key, canonical=lambda: canonical().key
+                    )
             if manifest is None and _spelled(entry) not in self._locked_entries:
                 # Before the SDK's entry lock: wait for a host that compiles it, never
                 # take the lease (that happens under the lock, in mark_entry).
@@ -598,32 +624,14 @@ class Core:
     def _fleet(self, entry: Path, address: str, began: float, take: bool) -> dict[str, Any] | None:
         """Another host's entry for this graph once its compile ends, or None: the
         SDK compiles here, holding the lease if ``take`` and this process got it."""
-        from neffcache.client.lease import shared_leases
-
-        if address in self._no_lease:
-            return None
-        if self._leases is None:
-            # One per process: the SDK makes a new cache object per compile.
-            self._leases = shared_leases(self.config, before_exit=_flush_publishes)
-        wait = self._leases.acquire_or_wait(address, began=began, take=take)
-        if wait.state == "granted":
+        outcome = self.resolver.fleet(address, began, take=take)
+        if isinstance(outcome, Served):
+            return outcome.entry
+        if isinstance(outcome, Compile) and outcome.held:
             self._holding[_spelled(entry)] = address
-            return None
-        if wait.state == "done":
-            return same_environment(wait.entry)
-        if wait.state in ("free", "local"):
-            # Nobody holds it (the lock step takes it), or a live rank of this host
-            # does: it may die, so ask again next time.
-            return None
-        # A failed or abandoned wait: compile without asking again in this process.
-        self._no_lease.add(address)
-        if wait.reason:
-            log.info("neffcache: %s; compiling %s", wait.reason, address)
-        return None
-
-    def _release(self, address: str | None, failed: bool) -> None:
-        if address is not None and self._leases is not None:
-            self._leases.release(address, failed)
+        elif isinstance(outcome, Compile) and outcome.reason and not outcome.again:
+            log.info("neffcache: %s; compiling %s", outcome.reason, address)
+        return None  # HOOK replays no failure: the SDK compiles
 
     def _keys(
         self, entry: Path, address: str, environ: dict[str, str] | None = None
@@ -659,10 +667,8 @@ class Core:
         try:
             published = self._publish_entry(entry, seconds, environ)
         finally:
-            # After the publish: the waiters the release wakes find the entry. With
-            # nothing published they would wait for each other's compiles one after
-            # another: the failure notice sends them all to compile now instead.
-            self._release(lease, failed=not published)
+            # After the publish: the waiters the release wakes find the entry.
+            self.resolver.release(lease, failed=failure_notice(0, published))
             # This Core's connection on the publisher's thread: the SDK makes a new
             # cache object (and Core) per compile, so none would be used again.
             self.remote.close()
@@ -676,14 +682,14 @@ class Core:
         if address is None or not (entry / NEFF).is_file():
             return False
         if placeholder_mode(environ) and not self._resolved_by_shim(entry, address):
-            STATS.count("placeholders_kept_back")
+            STATS.count(ClientCounter.PLACEHOLDERS_KEPT_BACK)
             log.info("neffcache: %s not published: the SDK may return placeholders", address)
             return False
         keys = self._keys(entry, address, environ)
         if keys is None:
             # No --target in the flags (docs/neuron-sdk.md#flags-hash item 6): the wrapper
             # keys such graphs from the compiler's own command line.
-            STATS.count("unkeyable")
+            STATS.count(ClientCounter.UNKEYABLE)
             return False
         direct, canonical = keys
         files = {p.name: p for p in entry.iterdir() if p.is_file() and is_stock_artifact(p.name)}
@@ -717,7 +723,8 @@ class Core:
         try:
             self._report_failure(entry, text, seconds, environ)
         finally:
-            self._release(lease, failed=True)
+            # The SDK's compile failed (model.log); how, it does not say.
+            self.resolver.release(lease, failed=failure_notice(None, published=False))
             self.remote.close()
 
     def _report_failure(
@@ -731,7 +738,7 @@ class Core:
             return
         direct, canonical = keys
         key = canonical()
-        STATS.count("compile_failures")
+        STATS.count(ClientCounter.COMPILE_FAILURES)
         record = failure_record(key, direct, address, None, seconds, text)
         self.remote.put_failure(key.key, record)
 
@@ -808,33 +815,6 @@ def compile_seconds_of(local: LocalStore, entry: Path) -> float | None:
     return value if 0 <= value < 7 * 86400 else None
 
 
-def same_environment(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
-    """``manifest`` if it was compiled under this process's compile-affecting
-    environment, else None. A stock address does not cover the environment
-    (docs/neuron-sdk.md#stock-address) while neffcache's key does: an entry found by
-    address must agree."""
-    if manifest is None:
-        return None
-    from neffcache.keying import compile_env
-
-    # An entry without components (imported from a stock cache) was keyed without an
-    # environment: it matches a process that sets none of the variables.
-    components = manifest.get("components")
-    theirs = components.get("env", {}) if isinstance(components, dict) else {}
-    if theirs != compile_env(os.environ):
-        STATS.count("address_env_mismatches")
-        return None
-    # The NKI version likewise, when the entry was keyed by neffcache (an imported
-    # stock entry never recorded one: served as the stock cache would serve it).
-    if isinstance(components, dict) and "frameworks" in components:
-        from neffcache.client.keys import framework_versions
-
-        if components["frameworks"] != framework_versions():
-            STATS.count("address_env_mismatches")
-            return None
-    return manifest
-
-
 def _flags_path(entry: Path) -> Path | None:
     """The entry's flags file: ``compile_flags.json``, else the oldest era's
     ``compile_flags.txt``; None when it has neither."""
@@ -885,12 +865,6 @@ def entry_inputs(
     except (OSError, ValueError):
         return None
     return module, ctx
-
-
-def entry_lock_name(address: str) -> str:
-    import blake3
-
-    return "entry-" + blake3.blake3(address.encode()).hexdigest()[:32]
 
 
 def _read_text(path: str) -> str:
@@ -950,6 +924,16 @@ def _flush_publishes() -> None:
         publisher = _the_publisher[0] if _the_publisher else None
     if publisher is not None:
         publisher.flush()
+
+
+def _shared_leases(config: ClientConfig) -> Callable[[], Leases]:
+    def make() -> Leases:
+        from neffcache.client.lease import shared_leases
+
+        # The publish flush first at exit: a waiter woken by a release finds the entry.
+        return shared_leases(config, before_exit=_flush_publishes)
+
+    return make
 
 
 def _publisher(config: ClientConfig) -> Any:

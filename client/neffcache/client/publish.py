@@ -24,6 +24,7 @@ from neffcache.client.manifests import Manifest
 from neffcache.client.remote import Remote
 from neffcache.client.stats import STATS
 from neffcache.keying import CacheKey
+from neffcache.protocol.counters import ClientCounter
 
 _QUEUE_SIZE = 256
 
@@ -108,20 +109,20 @@ def publish(remote: Remote, manifest: Manifest, paths: dict[str, Path]) -> bool:
         # names it, and then it is uploaded anyway.
         for digest in dict.fromkeys([*missing, *named]):
             if digest not in paths or not remote.put_blob(digest, paths[digest]):
-                STATS.count("publish_failures")
+                STATS.count(ClientCounter.PUBLISH_FAILURES)
                 return False
         response = remote.put_entry(manifest["key"], manifest)
         if response is None:
-            STATS.count("publish_failures")
+            STATS.count(ClientCounter.PUBLISH_FAILURES)
             return False
         if response.status in (200, 201):
-            STATS.count("publishes")
+            STATS.count(ClientCounter.PUBLISHES)
             return True
         if response.status == 409:
             # Another host published this key first (the same program, traced with
             # other metadata or stamps): its NEFF serves. This trace's own names must
             # still lead to it, or every later lookup by them misses.
-            STATS.count("publish_conflicts")
+            STATS.count(ClientCounter.PUBLISH_CONFLICTS)
             key = manifest["key"]
             return all(
                 remote.put_alias(alias, key)
@@ -133,12 +134,12 @@ def publish(remote: Remote, manifest: Manifest, paths: dict[str, Path]) -> bool:
             # more, with the blobs the answer names.
             named = [d for d in _named_missing(response.body) if d in paths]
             continue
-        STATS.count("publish_failures")
+        STATS.count(ClientCounter.PUBLISH_FAILURES)
         log.warning(
             "neffcache: publishing %s was refused: HTTP %s", manifest["key"], response.status
         )
         return False
-    STATS.count("publish_failures")
+    STATS.count(ClientCounter.PUBLISH_FAILURES)
     return False
 
 
@@ -157,7 +158,7 @@ class Publisher:
         try:
             self._queue.put_nowait(job)
         except queue.Full:
-            STATS.count("publishes_dropped")
+            STATS.count(ClientCounter.PUBLISHES_DROPPED)
             return False
         return True
 
@@ -167,7 +168,7 @@ class Publisher:
         deadline = time.monotonic() + (self._wait if timeout is None else timeout)
         while self._queue.unfinished_tasks:
             if time.monotonic() >= deadline:
-                STATS.count("publishes_unflushed", self._queue.unfinished_tasks)
+                STATS.count(ClientCounter.PUBLISHES_UNFLUSHED, self._queue.unfinished_tasks)
                 log.warning(
                     "neffcache: %d publish(es) still pending at exit; giving up",
                     self._queue.unfinished_tasks,
@@ -183,7 +184,7 @@ class Publisher:
                 if job is not None:
                     job()
             except Exception:  # a publish must never take the thread down
-                STATS.count("publish_failures")
+                STATS.count(ClientCounter.PUBLISH_FAILURES)
                 log.exception("neffcache: a background publish failed")
             finally:
                 self._queue.task_done()

@@ -30,11 +30,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import blake3
 
 from neffcache.client._log import log
+from neffcache.client.api import Api
 from neffcache.client.config import ClientConfig
 from neffcache.client.http import (
     REDIRECTS,
@@ -48,6 +49,7 @@ from neffcache.client.local import LocalStore, new_temp
 from neffcache.client.manifests import Manifest, checked, is_digest, is_size
 from neffcache.client.stats import STATS
 from neffcache.protocol import LeaseOutcome, routes
+from neffcache.protocol.counters import ClientCounter
 
 # Blob transfers get the request timeout plus this much time per byte: a 256 MiB NEFF
 # over a slow link must not count as a dead server, a stalled one must still end.
@@ -63,7 +65,10 @@ _refusals: dict[str, str] = {}
 # back-off periods, and the fix is the same after each.
 _said: set[tuple[str, str]] = set()
 # The scope of telemetry and explanations: their trouble skips them, not the cache.
-TELEMETRY = "telemetry"
+# The one scope so far; a new one is a new Literal, and new counters in _call and
+# _mark_down.
+Scope = Literal["telemetry"]
+TELEMETRY: Scope = "telemetry"
 _down_lock = threading.Lock()
 # Digests this process reported as arriving with other bytes: each is reported once.
 _reported: set[str] = set()
@@ -90,9 +95,6 @@ class Remote:
     def __init__(self, config: ClientConfig) -> None:
         self.config = config
         self._local = threading.local()
-        self._headers = {"Accept": "application/json"}
-        if config.token:
-            self._headers["Authorization"] = f"Bearer {config.token}"
         self._ns = config.namespace
         # A refusal is this token's in this namespace, not the server's: another job of
         # the host, with its own token or namespace, keeps using the server.
@@ -102,7 +104,7 @@ class Remote:
 
     # -- state ------------------------------------------------------------------------
 
-    def available(self, scope: str | None = None) -> bool:
+    def available(self, scope: Scope | None = None) -> bool:
         """False while the server is marked down after an error or a refused token, by
         this process or by another on this host (the wrapper is a new process per
         graph: without the shared mark each would pay the timeout again). With a
@@ -165,10 +167,12 @@ class Remote:
                 atomic_write(self._mark_path(name), f"{until} {cause or ''}".strip().encode())
         return first
 
-    def _mark_down(self, what: str, reason: object, scope: str | None = None) -> None:
+    def _mark_down(self, what: str, reason: object, scope: Scope | None = None) -> None:
         """Skip the server (or only ``scope``'s requests) for the back-off period."""
         name = self.config.server if scope is None else f"{self.config.server} {scope}"
-        STATS.count("server_errors" if scope is None else f"{scope}_errors")
+        STATS.count(
+            ClientCounter.SERVER_ERRORS if scope is None else ClientCounter.TELEMETRY_ERRORS
+        )
         first = self._back_off(name)
         if first and scope is None:
             log.warning(
@@ -194,6 +198,14 @@ class Remote:
             self._local.conn = conn
         return conn
 
+    def _api(self) -> Api:
+        """This thread's ``Api``, over its connection."""
+        api: Api | None = getattr(self._local, "api", None)
+        if api is None:
+            api = Api(self._connection(), self._ns, self.config.token)
+            self._local.api = api
+        return api
+
     def close(self) -> None:
         conn: Connection | None = getattr(self._local, "conn", None)
         if conn is not None:
@@ -207,7 +219,7 @@ class Remote:
         *,
         gated: bool = True,
         forbidden_ok: bool = False,
-        scope: str | None = None,
+        scope: Scope | None = None,
         write: bool = False,
         **kwargs: Any,
     ) -> Response | None:
@@ -220,15 +232,15 @@ class Remote:
         endpoint never turns a cache hit into a compile. ``write``: a publish's
         request, skipped while writes are (a 403 to it skips writes, not reads)."""
         if gated and not self.available(scope):
-            STATS.count("server_skipped" if scope is None else f"{scope}_skipped")
+            STATS.count(
+                ClientCounter.SERVER_SKIPPED if scope is None else ClientCounter.TELEMETRY_SKIPPED
+            )
             return None
         if gated and write and not self.writable():
-            STATS.count("writes_skipped")
+            STATS.count(ClientCounter.WRITES_SKIPPED)
             return None
-        headers = dict(self._headers)
-        headers.update(kwargs.pop("headers", {}))
         try:
-            response = self._connection().request(method, path, headers=headers, **kwargs)
+            response = self._api().request(method, path, **kwargs)
         except HttpError as exc:
             self._mark_down(what, exc, scope)
             return None
@@ -247,7 +259,7 @@ class Remote:
         from neffcache.client.http import error_detail
         from neffcache.client.reasons import FORBIDDEN, UNAUTHORIZED
 
-        STATS.count("auth_errors")
+        STATS.count(ClientCounter.AUTH_ERRORS)
         detail = f"HTTP {response.status}: {error_detail(response.body)}"
         if response.status == 403 and write:
             name, cause = self._writes_as, "writes"
@@ -317,17 +329,17 @@ class Remote:
         A digest or size that is not one (a server's manifest may say anything) is
         refused before it becomes a URL or bounds a download."""
         if not is_digest(digest) or not is_size(size):
-            STATS.count("bad_manifests")
+            STATS.count(ClientCounter.BAD_MANIFESTS)
             log.warning("neffcache: refused to fetch blob %r of size %r", digest[:80], size)
             return False
         if not self.available():
-            STATS.count("server_skipped")
+            STATS.count(ClientCounter.SERVER_SKIPPED)
             return False
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = new_temp(dest.parent, ".fetch-")
         except OSError as exc:
-            STATS.count("local_errors")
+            STATS.count(ClientCounter.LOCAL_ERRORS)
             log.warning("neffcache: cannot write into %s: %s", dest.parent, exc)
             return False
         hasher = blake3.blake3()
@@ -358,7 +370,7 @@ class Remote:
             if response is None or response.status != 200:
                 return False
             if received != size or hasher.hexdigest() != digest:
-                STATS.count("bad_downloads")
+                STATS.count(ClientCounter.BAD_DOWNLOADS)
                 log.warning("neffcache: blob %s arrived with other bytes; discarded", digest)
                 if received == size:  # whole, and wrong: what the server holds may be
                     self.report_mismatch(digest)
@@ -366,7 +378,7 @@ class Remote:
             os.replace(tmp, dest)
             return True
         except OSError as exc:
-            STATS.count("local_errors")
+            STATS.count(ClientCounter.LOCAL_ERRORS)
             log.warning("neffcache: cannot write %s: %s", dest, exc)
             return False
         finally:
@@ -438,7 +450,7 @@ class Remote:
         downloaded now, None when it could not be had. One download per blob per host:
         concurrent callers (ranks, prewarm) wait on one lock and find it there."""
         if not is_digest(digest) or not is_size(size):
-            STATS.count("bad_manifests")
+            STATS.count(ClientCounter.BAD_MANIFESTS)
             return None
         if local.has_blob(digest, size):
             return "l1"
@@ -452,13 +464,11 @@ class Remote:
     # -- writes -----------------------------------------------------------------------
 
     def missing(self, digests: list[str]) -> list[str] | None:
-        body = json.dumps({"digests": digests}).encode()
         response = self._call(
             "blob check",
             "POST",
             routes.BLOBS_MISSING,
-            body=body,
-            headers={"Content-Type": "application/json"},
+            json_body={"digests": digests},
             write=True,  # a publish's first step: nothing to ask while writes are skipped
         )
         if response is None or response.status != 200:
@@ -483,7 +493,7 @@ class Remote:
                     write=True,
                 )
         except OSError as exc:
-            STATS.count("local_errors")
+            STATS.count(ClientCounter.LOCAL_ERRORS)
             log.warning("neffcache: cannot read %s for upload: %s", path, exc)
             return False
         return response is not None and response.status in (200, 201)
@@ -493,8 +503,7 @@ class Remote:
             "publish",
             "PUT",
             routes.entry_path(self._ns, key),
-            body=json.dumps(manifest).encode(),
-            headers={"Content-Type": "application/json"},
+            json_body=manifest,
             write=True,
         )
 
@@ -506,8 +515,7 @@ class Remote:
             "alias publish",
             "PUT",
             routes.alias_path(self._ns, alias),
-            body=json.dumps({"key": key}).encode(),
-            headers={"Content-Type": "application/json"},
+            json_body={"key": key},
             write=True,
         )
         return response is not None and response.status in (200, 201)
@@ -517,8 +525,7 @@ class Remote:
             "failure report",
             "PUT",
             routes.failure_path(self._ns, key),
-            body=json.dumps(record).encode(),
-            headers={"Content-Type": "application/json"},
+            json_body=record,
             write=True,
         )
         return response is not None and response.status in (200, 201)
@@ -580,8 +587,7 @@ class Remote:
             "lease request",
             "POST",
             routes.lease_path(self._ns, name),
-            body=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
+            json_body=body,
             wait=wait,
             write=True,  # leases need write scope: a read-only token compiles unleased
         )

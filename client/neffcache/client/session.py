@@ -1,4 +1,4 @@
-"""One compile call through the wrapper: lookup, compile, keep, publish.
+"""One compile call through the wrapper: the argv adapter of ``resolver.py``.
 
 Order, cheapest first: the direct key (raw bytes, no parsing) in L1 then on the server;
 then the canonical key (metadata-insensitive) in L1 then on the server, under a per-key
@@ -8,16 +8,19 @@ others need the NEFF in L1, not the upload.
 Once the compiler has run, or a hit has written ``--output``, the outcome is final:
 nothing after it (a full L1, a publish that fails) can turn it into a second compile.
 A rank that waited on the lock while the holder's compile failed replays that failure
-(its exit code and log tail) instead of repeating it; a later run compiles again.
+(its exit code and log tail) instead of repeating it; a later run compiles again. So
+does one that waited for another host's lease (``resolver.WRAPPER``'s policy).
+
+What is the wrapper's own: L1 by key (manifests and blobs), ``--output`` and
+``--logfile``, running the compiler, and the run-manifest line's fields. The decision
+between server, fleet and compiler, and the lease's release, are the resolver's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,12 +40,14 @@ from neffcache.client.keys import SDK_VERSION_VARIABLE
 from neffcache.client.l1limit import grew
 from neffcache.client.manifests import Manifest
 from neffcache.client.stats import STATS
+from neffcache.protocol.counters import ClientCounter
 
 if TYPE_CHECKING:
     from neffcache.client.inputs import GraphInput
     from neffcache.client.lease import Leases
     from neffcache.client.reasons import Explanation
     from neffcache.client.remote import Remote
+    from neffcache.client.resolver import Replay, Resolver
     from neffcache.keying import CacheKey, CompileContext
 
 
@@ -64,7 +69,7 @@ class Session:
         # The stock layout's era its flags file follows: the SDK's, when the input is
         # an SDK entry's (libneuronxla decides it), else the current one.
         self._era = StockEra.TARGET
-        self._leases: Leases | None = None  # set while this call holds a compile lease
+        self._holds = False  # while this call holds the graph's compile lease
         self._explanation: Explanation | None = None  # asked for as a miss starts compiling
         self._components: dict[str, Any] | None = None  # the missed key's, for its event
         self.report: dict[str, Any] = {
@@ -81,6 +86,25 @@ class Session:
         from neffcache.client.remote import Remote
 
         return Remote(self.config)
+
+    @functools.cached_property
+    def resolver(self) -> Resolver:
+        """Made on first use (a lookup on the server, a lock's wait): an L1 hit never
+        loads it."""
+        from neffcache.client.resolver import WRAPPER, Resolver
+
+        def leases() -> Leases:
+            # Here: only a wait for another host needs the lease client.
+            from neffcache.client.lease import Leases
+
+            return Leases(self.remote, self.config)
+
+        return Resolver(self.config, WRAPPER, lambda: self.remote, leases)
+
+    @property
+    def _leases(self) -> Leases | None:
+        """The leases, while this call holds the graph's."""
+        return self.resolver.leases if self._holds else None
 
     def run(self) -> int:
         from neffcache.client.compiler import compiler_version
@@ -148,7 +172,7 @@ class Session:
                 if path.stat().st_size == len(data) and path.read_bytes() == data:
                     self._era = found.era  # the entry is written back in its era
                     return found.address
-        STATS.count("address_unverified")
+        STATS.count(ClientCounter.ADDRESS_UNVERIFIED)
         return None
 
     def _warn_versions(self, sdk: str, real: str) -> None:
@@ -187,14 +211,16 @@ class Session:
         code = 1
         compiled = False  # the compiler ran here, holding the lease
         published = False
+        from neffcache.client.resolver import failed_while_waiting, failure_notice
+
         try:
             with self.local.lock(canonical.key, f"graph {canonical.key[:12]}") as _held:
                 # Another rank may have fetched or compiled it while we waited.
                 if self._hit(canonical.key, alias=False, also=also):
                     return self._done(0)
-                replayed = self._replay_failure(canonical.key, waited_from)
-                if replayed is not None:
-                    return self._done(replayed)
+                failed = failed_while_waiting(self.local, canonical.key, waited_from)
+                if failed is not None:
+                    return self._done(self._replay(failed))
                 # Other hosts: wait for one's compile, or hold the lease for ours.
                 served = self._fleet(canonical.key, also, waited_from)
                 if served is not None:
@@ -207,15 +233,10 @@ class Session:
             if kept:
                 published = self._publish()
         finally:
-            if self._leases is not None:
+            if self._holds:
                 # After the publish, so waiters woken by the release find the entry.
-                # A failure notice tells them to stop waiting: the graph failed to
-                # compile (they replay it), or it compiled and nothing could be
-                # published (they compile at once rather than one after another).
-                # A failure of this host (a signal, a compiler that cannot start) is
-                # no notice: one of them takes over, as from a dead holder.
-                failed = (code == 0 and not published) or replayable(code)
-                self._leases.release(canonical.key, failed=compiled and failed)
+                notice = compiled and failure_notice(code, published)
+                self.resolver.release(canonical.key, failed=notice)
         return code
 
     def _done(self, code: int) -> int:
@@ -237,8 +258,10 @@ class Session:
         if source is None:
             if found is not None:
                 manifest = found
+            elif alias:
+                manifest = self.resolver.lookup(direct=key)
             else:
-                manifest = self.remote.alias(key) if alias else self.remote.entry(key)
+                manifest = self.resolver.lookup(canonical=lambda: key)
             source = None if manifest is None else self._materialize(manifest)
             if manifest is None or source is None:
                 return False
@@ -249,7 +272,7 @@ class Session:
             self.local.put_manifest(also, manifest)
         self._note_log("neffcache: the NEFF came from the cache; the compiler did not run\n")
         self._record("hit", source, time.monotonic() - t0, None, manifest)
-        STATS.count(f"hits_{source}")
+        STATS.count(ClientCounter.HITS_L1 if source == "l1" else ClientCounter.HITS_SERVER)
         return True
 
     def _materialize(self, manifest: dict[str, Any]) -> str | None:
@@ -280,7 +303,7 @@ class Session:
         try:
             copy_atomic(self.local.blob_path(digest), self.call.output)
         except OSError as exc:
-            STATS.count("local_errors")
+            STATS.count(ClientCounter.LOCAL_ERRORS)
             log.warning("neffcache: cannot write %s: %s", self.call.output, exc)
             return None
         self.outcome = 0
@@ -293,34 +316,28 @@ class Session:
         """Wait for the host that compiles this graph (then serve its entry, or replay
         its failure), or take the lease and compile here; the exit code when served,
         None to compile."""
-        from neffcache.client.lease import Leases
+        from neffcache.client.resolver import Compile, Replay, Served
 
-        leases = Leases(self.remote, self.config)
-        wait = leases.acquire_or_wait(key, began=began)
-        if wait.state == "granted":
-            self._leases = leases
-            return None
-        if wait.state == "done" and self._hit(key, alias=False, also=direct, found=wait.entry):
+        outcome = self.resolver.fleet(key, began)
+        if isinstance(outcome, Served) and self._hit(
+            key, alias=False, also=direct, found=outcome.entry
+        ):
             return 0
-        if wait.state == "failed" and wait.failure is not None:
-            return self._replay_remote_failure(wait.failure, wait.reason)
-        if wait.reason:
-            log.info("neffcache: %s; compiling", wait.reason)
+        if isinstance(outcome, Replay):
+            return self._replay(outcome)
+        if isinstance(outcome, Compile):
+            self._holds = outcome.held
+            if outcome.reason:
+                log.info("neffcache: %s; compiling", outcome.reason)
         return None
 
-    def _replay_remote_failure(self, record: dict[str, Any], reason: str) -> int | None:
-        """The failure another host's compile of this graph just reported (its record,
-        as the server attached it to the lease's answer), replayed: its exit code, its
-        log on stderr; None when the record does not say how it failed."""
-        code = record.get("exit_code")
-        if not isinstance(code, int) or not replayable(code):
-            return None
-        text = record.get("log")
-        if isinstance(text, str):
-            sys.stderr.write(text)
-            self._note_log(text)
-        STATS.count("failures_replayed")
-        self.report["fallback"] = reason
+    def _replay(self, failed: Replay) -> int:
+        """A failure replayed (another rank's or another host's): its exit code, its
+        log on stderr and in --logfile, and the graph's line."""
+        from neffcache.client.resolver import replay
+
+        code = replay(failed, self._note_log)
+        self.report["fallback"] = failed.reason
         self.report["exit_code"] = code
         from neffcache.client.reasons import FAILED_BEFORE  # misses only: not on a hit's path
 
@@ -343,7 +360,7 @@ class Session:
             same = False
         if same:
             return graph
-        STATS.count("inputs_changed")
+        STATS.count(ClientCounter.INPUTS_CHANGED)
         log.warning("neffcache: %s changed while it compiled; not cached", self.call.input)
         return None
 
@@ -358,16 +375,18 @@ class Session:
         # compiler wrote elsewhere) must never be kept.
         written = self.call.output.is_file() and _stamp(self.call.output) != before
         if code != 0 or not written:
-            STATS.count("compile_failures")
+            STATS.count(ClientCounter.COMPILE_FAILURES)
             self._record("miss", "compiler", 0.0, seconds, None, outcome="failed")
-            self._remember_failure(canonical.key, code, log_tail)
             from neffcache.client.publish import failure_record
+            from neffcache.client.resolver import remember_failure
+
+            remember_failure(self.local, canonical.key, code, log_tail)
 
             address = self.report["neuron_address"]
             record = failure_record(canonical, direct, address, code, seconds, log_tail)
             self.remote.put_failure(canonical.key, record)
             return code, seconds
-        STATS.count("compiles")
+        STATS.count(ClientCounter.COMPILES)
         size = self.call.output.stat().st_size
         self._record("miss", "compiler", 0.0, seconds, None, size=size, outcome="ok")
         return code, seconds
@@ -415,7 +434,7 @@ class Session:
             if direct is not None:
                 self.local.put_manifest(direct.key, self._manifest)
         except OSError as exc:
-            STATS.count("local_errors")
+            STATS.count(ClientCounter.LOCAL_ERRORS)
             log.warning("neffcache: cannot keep the new NEFF: %s", exc)
             if getattr(self, "_staged", None) is not None:
                 self._unstage()
@@ -438,46 +457,10 @@ class Session:
             self._unstage()
             grew(self.config)  # the compile kept; after the per-key lock, so no rank waits
 
-    # -- failures seen by ranks that waited ---------------------------------------------
-
-    def _failure_path(self, key: str) -> Path:
-        return self.local.root / "failures" / f"{key}.json"
-
-    def _remember_failure(self, key: str, code: int, log_tail: str) -> None:
-        if not replayable(code):  # this host's trouble (a signal, no --output): not the graph's
-            return
-        from neffcache.client.local import atomic_write
-
-        record = {"exit_code": code, "log": log_tail[-8192:], "time": time.time()}
-        with contextlib.suppress(OSError):  # waiters then compile: slower, never wrong
-            atomic_write(self._failure_path(key), json.dumps(record).encode())
-
-    def _replay_failure(self, key: str, waited_from: float) -> int | None:
-        """The holder's failure, if it failed while this rank waited; else None."""
-        try:
-            record = json.loads(self._failure_path(key).read_bytes())
-            code, when, text = record["exit_code"], record["time"], record["log"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-        if not isinstance(code, int) or not isinstance(when, (int, float)) or when < waited_from:
-            return None
-        if not replayable(code):
-            return None
-        if isinstance(text, str):
-            sys.stderr.write(text)
-            self._note_log(text)
-        STATS.count("failures_replayed")
-        self.report["fallback"] = "the rank that held the lock failed to compile this graph"
-        self.report["exit_code"] = code
-        from neffcache.client.reasons import FAILED_BEFORE
-
-        self._record("miss", "compiler", 0.0, None, None, reason=FAILED_BEFORE)
-        return code
-
     # -- the rest ---------------------------------------------------------------------
 
     def _uncached(self, reason: str) -> int:
-        STATS.count("uncached")
+        STATS.count(ClientCounter.UNCACHED)
         self.report["fallback"] = reason
         log.info("neffcache: %s; compiling without the cache", reason)
         t0 = time.monotonic()
@@ -593,10 +576,3 @@ def _module_of(path: Path, ctx: CompileContext) -> bytes | None:
     except (OSError, ValueError, Unkeyable):
         return None
     return graph.module
-
-
-def replayable(code: int) -> bool:
-    """Whether a compiler's exit code is the graph's failure, which another host would
-    meet too, rather than this host's: killed by a signal (negative: the OOM killer,
-    say), or not runnable (126, 127)."""
-    return code > 0 and code not in (126, 127)

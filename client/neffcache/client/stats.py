@@ -11,15 +11,20 @@ import os
 import threading
 from collections import Counter
 
+from neffcache.protocol.counters import ClientCounter
+
 
 class Stats:
     def __init__(self) -> None:
         self._counts: Counter[str] = Counter()
         self._lock = threading.Lock()
 
-    def count(self, event: str, n: int = 1) -> None:
+    def count(self, event: ClientCounter | str, n: int = 1) -> None:
+        """Add ``n`` to ``event``'s counter. The client counts ``ClientCounter``s, the
+        names the server's metrics label; a plain string is a test's own name."""
+        name = event.value if isinstance(event, ClientCounter) else event
         with self._lock:
-            self._counts[event] += n
+            self._counts[name] += n
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:

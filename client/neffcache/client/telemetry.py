@@ -48,6 +48,7 @@ from neffcache.client.config import ClientConfig
 from neffcache.client.remote import TELEMETRY
 from neffcache.client.stats import STATS
 from neffcache.protocol import is_counter_name
+from neffcache.protocol.counters import ClientCounter
 
 if TYPE_CHECKING:
     from neffcache.client.remote import Remote
@@ -231,7 +232,7 @@ class Sender:
         with self._lock:
             if len(self._queue) >= self._max:
                 self._queue.popleft()
-                STATS.count("telemetry_dropped")
+                STATS.count(ClientCounter.TELEMETRY_DROPPED)
             self._queue.append((config, event))
             self._home = config
             if self.threaded and self._thread is None:
@@ -283,7 +284,7 @@ class Sender:
         if self._queue or self._home is not None:
             self.flush(timeout)
         if self.pending():
-            STATS.count("telemetry_unsent", self.pending())
+            STATS.count(ClientCounter.TELEMETRY_UNSENT, self.pending())
 
     def detach(self, timeout: float | None = None) -> bool:
         """Hand what is queued to a forked child that sends it (``at_exit``) and ends;
@@ -363,7 +364,7 @@ class Sender:
             if head is None:
                 break
             if head.server not in self._refused and not self._remote(head).available(TELEMETRY):
-                STATS.count("telemetry_skipped")
+                STATS.count(ClientCounter.TELEMETRY_SKIPPED)
                 return
             batch = self._take()
             if not batch:
@@ -400,7 +401,7 @@ class Sender:
             try:
                 data = _dumps(event)
             except (TypeError, ValueError):  # not JSON (a NaN): the server would refuse
-                STATS.count("telemetry_rejected")
+                STATS.count(ClientCounter.TELEMETRY_REJECTED)
                 continue
             if batch and size + len(data) > MAX_BATCH_BYTES - 16 * 1024:
                 # Room kept for the counters event; the rest go in the next batch.
@@ -418,14 +419,14 @@ class Sender:
             self._queue.extendleft((config, event) for config, event, _ in reversed(batch))
             while len(self._queue) > self._max:
                 self._queue.popleft()
-                STATS.count("telemetry_dropped")
+                STATS.count(ClientCounter.TELEMETRY_DROPPED)
 
     def _post(self, config: ClientConfig, events: list[bytes]) -> bool | None:
         """Post ``events`` (each as JSON) with a counters event when counters rose:
         True when that went, False when not (or the batch was refused), None on
         trouble (retry)."""
         if config.server in self._refused:
-            STATS.count("telemetry_rejected", len(events))
+            STATS.count(ClientCounter.TELEMETRY_REJECTED, len(events))
             return False
         snapshot = STATS.snapshot()
         counts = self._rises(snapshot)
@@ -449,9 +450,9 @@ class Sender:
         self._reported.update({name: snapshot[name] for name in counts})
         self._counters_at = time.monotonic()
         if 200 <= status < 300:
-            STATS.count("telemetry_sent", len(events))
+            STATS.count(ClientCounter.TELEMETRY_SENT, len(events))
             return bool(counts)
-        STATS.count("telemetry_rejected", len(events))
+        STATS.count(ClientCounter.TELEMETRY_REJECTED, len(events))
         if status in (404, 405):
             self._refused.add(config.server)  # a server older than telemetry
         if status not in self._warned:  # once per answer: a bad token refuses every batch

@@ -217,7 +217,9 @@ def main(argv: Sequence[str]) -> int:
         session = Session(config, real, call)
         return session.run()
     except Exception:  # the cache's own bug: never the job's problem
-        STATS.count("wrapper_errors")
+        from neffcache.protocol.counters import ClientCounter
+
+        STATS.count(ClientCounter.WRAPPER_ERRORS)
         if session is not None and session.outcome is not None:  # compiled, or served
             log.exception("neffcache: the wrapper failed after its outcome was final")
             return session.outcome

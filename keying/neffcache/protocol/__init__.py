@@ -25,6 +25,7 @@ from .manifest import (
     parse,
 )
 from .patterns import (
+    ALIAS,
     COMPILER_VERSION,
     COUNTER_NAME,
     FILE_NAME,
@@ -35,6 +36,7 @@ from .patterns import (
     NAMESPACE,
     NEURON_ADDRESS,
     compiled,
+    is_alias,
     is_counter_name,
     is_file_name,
     is_hex64,
@@ -58,6 +60,7 @@ from .routes import (
 from .states import ANSWER_STATES, LEASE_OUTCOMES, AnswerState, LeaseOutcome, is_answer_state
 
 __all__ = [
+    "ALIAS",
     "ANSWER_STATES",
     "COMPILER_VERSION",
     "COUNTER_NAME",
@@ -87,6 +90,7 @@ __all__ = [
     "entry_path",
     "explain_path",
     "failure_path",
+    "is_alias",
     "is_answer_state",
     "is_counter_name",
     "is_file_name",

@@ -7,8 +7,9 @@ names below and counts every other one as ``other``, so that clients cannot grow
 server's series. ``tests/telemetry`` reads every ``STATS.count`` in the client and
 checks that each name is listed here: add a member with the counter.
 
-Not imported by ``neffcache.protocol`` itself: building this enum costs the shim's
-import more than the rest of the package, and only the server reads it.
+Not imported by ``neffcache.protocol`` itself: building this enum costs more than the
+rest of the package. The client's ``stats.py`` imports it, so the shim pays it (about
+0.6 ms) for counters that cannot be misspelled.
 """
 
 from __future__ import annotations

@@ -29,6 +29,12 @@ COMPILER_VERSION = r"[0-9]+(?:\.[0-9]+)+\+[0-9A-Za-z]+"
 # (docs/neuron-sdk.md#module_key): the module key is the SDK's, so only its alphabet is
 # known.
 NEURON_ADDRESS = rf"neuronxcc-{COMPILER_VERSION}/MODULE_[0-9A-Za-z]{{1,128}}\+[0-9a-f]{{8}}"
+# A name an alias or a compile lease may have (docs/protocol.md: a direct key, or a
+# stock address neuronxcc-<ver>/MODULE_<key>+<8 hex>). The routes that take one, and
+# pins of an address, accept any version spelling, looser than NEURON_ADDRESS (which a
+# manifest's own ``neuron_address`` meets): a stock cache's folders are named by
+# whatever SDK wrote them, and a name once taken keeps being one.
+ALIAS = rf"(?:{HEX64}|neuronxcc-[0-9][0-9A-Za-z.+]*/MODULE_[0-9A-Za-z]{{1,128}}\+[0-9a-f]{{8}})"
 # A job's model label (NEFFCACHE_MODEL): printable, since reports and tables print it.
 MODEL_LABEL = r"[^\x00-\x1f\x7f]+"
 MODEL_LABEL_MAX = 200
@@ -64,6 +70,10 @@ def is_file_name(value: object) -> TypeGuard[str]:
 
 def is_neuron_address(value: object) -> TypeGuard[str]:
     return matches(NEURON_ADDRESS, value)
+
+
+def is_alias(value: object) -> TypeGuard[str]:
+    return matches(ALIAS, value)
 
 
 def is_counter_name(value: object) -> TypeGuard[str]:

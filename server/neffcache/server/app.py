@@ -1,7 +1,8 @@
-"""The FastAPI application: ``create_app(settings, blobs=..., index=...)``.
+"""The FastAPI application: ``create_app(settings, blob_store=..., index=..., clock=...)``.
 
 Stores are injected (tests pass in-memory ones) or opened from the settings' URLs, and
-the services built on them (``build_services``); the lifespan closes what it opened.
+the services built on them (``build_services``, which also takes the clock events are
+stamped with); the lifespan closes what it opened.
 Every ServerError maps to its status in one handler.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -54,11 +56,12 @@ def create_app(
     *,
     blob_store: BlobStore | None = None,
     index: Index | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> FastAPI:
     settings = settings or ServerSettings()
     # A bad price_table stops start-up with one line (ConfigError), before any store opens.
     load_prices(settings.price_table)
-    services = build_services(settings, blob_store=blob_store, index=index)
+    services = build_services(settings, blob_store=blob_store, index=index, clock=clock)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

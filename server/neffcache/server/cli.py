@@ -3,8 +3,9 @@
 
 Importing this module is cheap (no FastAPI): the client's CLI imports it to list the
 commands even where the ``server`` extra is not installed; running ``serve`` then says
-which extra to install. The admin commands that ask a server need httpx alone; those
-that open the stores (``--local``, ``reindex``, ``fsck``) and ``serve`` need the whole
+which extra to install. The admin commands that ask a server need nothing beyond the
+base install (they ask through the client's own HTTP, ``host.request``); those that
+open the stores (``--local``, ``reindex``, ``fsck``) and ``serve`` need the whole
 extra.
 
 The host CLI hands ``register`` its server resolver and error types (``host``: the

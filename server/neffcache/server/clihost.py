@@ -53,40 +53,7 @@ def target_arguments(parser: argparse.ArgumentParser, *, local: bool) -> None:
 def request(
     args: argparse.Namespace, method: str, path: str, body: Any = None, timeout: float = 10.0
 ) -> Any:
-    """The admin API's JSON answer; a refusal is a CommandError (exit 2), no answer or
-    one that is not JSON a ServerUnavailable (exit 1)."""
-    import httpx
-
-    target = host.resolve(args, namespace=False)
-    headers = {"Authorization": f"Bearer {target.token}"} if target.token else {}
-    # Certificates are loaded for https only: loading them costs a fifth of a second,
-    # and a plain http server has no use for them.
-    verify = target.server.startswith("https://")
-    try:
-        response = httpx.request(
-            method,
-            target.server + path,
-            json=body,
-            headers=headers,
-            timeout=timeout,
-            verify=verify,
-        )
-    except httpx.HTTPError as exc:
-        raise ServerUnavailable(f"cannot reach {target.server}: {exc}") from None
-    if not 200 <= response.status_code < 300:
-        raise host.answer_error(target.server, response.status_code, _detail(response))
-    try:
-        return response.json() if response.content else None
-    except ValueError:
-        raise ServerUnavailable(
-            f"{target.server} answered with something other than JSON"
-        ) from None
-
-
-def _detail(response: Any) -> str:
-    """The server's reason, on one line: its ``detail``, else the body."""
-    try:
-        detail = response.json().get("detail", response.text)
-    except (ValueError, AttributeError):
-        detail = response.text
-    return " ".join(str(detail).split())[:300] or "no reason given"
+    """The admin API's JSON answer, asked through the host CLI's one API client
+    (``host.request``); a refusal is a CommandError (exit 2), no answer or one that is
+    not JSON a ServerUnavailable (exit 1)."""
+    return host.request(args, method, path, body, timeout)

@@ -52,9 +52,9 @@ class FailureReport(BaseModel):
     )
     direct_key: str | None = Field(None, pattern=f"^{HEX64}$", description="64 hex")
     components: dict[str, Any] | None = Field(None, description="as in a manifest")
-    # A signal shows as a negative code (Python's subprocess); int64 keeps it readable
-    # by any JSON reader.
-    exit_code: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    # An exit status, 0 to 255, or a signal as a negative code (Python's subprocess):
+    # a larger one is no process's, and a client replaying 256 would exit 0.
+    exit_code: int | None = Field(None, ge=-255, le=255)
     compile_seconds: float | None = Field(None, ge=0, allow_inf_nan=False)
     log: str | None = Field(None, description=f"the server keeps the last {LOG_MAX_BYTES} bytes")
     host: str | None = Field(None, max_length=NAME_MAX)

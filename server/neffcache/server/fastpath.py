@@ -22,11 +22,11 @@ from typing import Any
 
 from starlette.responses import Response
 
+from neffcache.protocol import HEX64, NAMESPACE
 from neffcache.server.api.blobs import ACCEL_HEADER, answer_blob
 from neffcache.server.api.entries import answer_entry
 from neffcache.server.deps import authenticate_request
 from neffcache.server.errors import ServerError
-from neffcache.server.manifest import HEX64, NAMESPACE
 from neffcache.server.services import Services
 
 Scope = MutableMapping[str, Any]

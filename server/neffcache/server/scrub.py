@@ -34,12 +34,9 @@ The clock and the sleep are injected (tests run a pass on a clock they move).
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import json
 import logging
-import os
-import secrets
 import threading
 import time
 from collections import OrderedDict, deque
@@ -54,7 +51,7 @@ from neffcache.server.errors import StoreError
 from neffcache.server.index import Index, Record
 from neffcache.server.metrics import Metrics
 from neffcache.server.settings import ServerSettings
-from neffcache.server.system_lease import SYSTEM, hold
+from neffcache.server.system_lease import LeasedThread
 from neffcache.server.verified import VerifiedMemo
 
 if TYPE_CHECKING:  # only Integrity.of names it; the scrub itself takes the parts
@@ -193,13 +190,18 @@ class _Counts:
     mismatches: int = 0
 
 
-class Scrub:
+class Scrub(LeasedThread):
     """The background scrub of one replica (see the module docstring).
 
     >>> scrub = Scrub(blobs, index, memo, metrics, settings)
     >>> scrub.start()   # a thread: a look at the record FIRST_LOOK seconds after start-up
     >>> scrub.tick()    # or by hand: a pass if one is due; seconds until the next look
     """
+
+    lease = LEASE
+    role = "scrub"
+    what = "scrub"
+    log = log
 
     def __init__(
         self,
@@ -215,48 +217,31 @@ class Scrub:
     ) -> None:
         """``clock``: epoch seconds (the record, the lease); ``monotonic`` paces the
         reads, ``sleep`` waits (tests move one clock for all three)."""
-        self.blobs, self.index, self.memo, self.metrics = blobs, index, memo, metrics
+        super().__init__(index)
+        self.blobs, self.memo, self.metrics = blobs, memo, metrics
         self.interval = settings.scrub_interval_seconds
         self.rate = settings.scrub_bytes_per_second
         self.enabled = self.interval > 0 and bool(getattr(blobs, "scrubbed", False))
         self._clock = clock
         self._monotonic = monotonic
-        self._stop = threading.Event()
-        self._sleep: Sleep = sleep or (lambda seconds: not self._stop.wait(seconds))
-        self._lease_id = secrets.token_hex(16)
+        # A pass under way stops at its next chunk when the thread is stopped.
+        self._sleep: Sleep = sleep or self.running
         self._renewed = 0.0
-        self.actor = f"scrub@{os.uname().nodename} pid {os.getpid()}"
-        self._thread: threading.Thread | None = None
 
-    # --- lifecycle
+    # --- the thread (LeasedThread)
 
     def start(self) -> None:
-        if self.enabled and self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._loop, name="neffcache-scrub")
-            self._thread.daemon = True
-            self._thread.start()
+        if self.enabled:
+            super().start()
 
-    def stop(self) -> None:
-        """Stop the thread (a pass under way stops at its next chunk) and give up the lease."""
-        thread, self._thread = self._thread, None
-        self._stop.set()
-        if thread is not None:
-            thread.join(timeout=30)
-            with contextlib.suppress(StoreError):  # it expires on its own
-                self.index.release_lease(SYSTEM, LEASE, self._lease_id, None)
+    def first_wait(self) -> float:
+        return FIRST_LOOK
 
-    def _loop(self) -> None:
-        wait = FIRST_LOOK
-        while not self._stop.wait(wait):
-            try:
-                wait = self.tick()
-            except StoreError as exc:
-                log.warning("scrub failed (tried again in %.0f s): %s", IDLE, exc)
-                wait = IDLE
-            except Exception:  # a bug must not end the thread for good
-                log.exception("scrub failed")
-                wait = IDLE
+    def idle(self) -> float:
+        return IDLE
+
+    def turn(self) -> float:
+        return self.tick()
 
     # --- the record
 
@@ -295,7 +280,7 @@ class Scrub:
     def _lead(self) -> bool:
         """Hold (take or renew) the scrubber lease; False while another replica does."""
         now = self._clock()
-        if not hold(self.index, LEASE, self._lease_id, self.actor, now, LEASE_TTL):
+        if not self.hold_lease(now, LEASE_TTL):
             return False
         self._renewed = now
         return True
@@ -338,8 +323,7 @@ class Scrub:
             (done.last_full_pass or began) - began,
             done.mismatches,
         )
-        with contextlib.suppress(StoreError):  # it expires on its own
-            self.index.release_lease(SYSTEM, LEASE, self._lease_id, None)
+        self.release_lease()
         return done
 
     def _scrub_one(self, digest: str, size: int, pace: Pace, counts: _Counts) -> bool:

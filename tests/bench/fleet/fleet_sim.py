@@ -50,9 +50,9 @@ for _path in (HERE, BENCH, TESTS):
 
 import bench_server as peers  # noqa: E402  (neffcache_server, Service)
 from bench_load import AWS_ENV, fresh_bucket, moto_service  # noqa: E402
-from client.e2e_harness import clean_environ, search_path  # noqa: E402
 from fleet_graphs import Graph, write_table  # noqa: E402
 from fleet_relay import Moved, Relay  # noqa: E402
+from support.e2e import clean_environ, search_path  # noqa: E402
 
 STANDINS = TESTS / "standins"
 RANK = HERE / "fleet_rank.py"

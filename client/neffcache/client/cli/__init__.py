@@ -21,11 +21,14 @@ if TYPE_CHECKING:
 # Other parts add commands through this entry point group (the server adds `serve` and
 # `admin`), so this package never imports them by name. A plugin's ``register(sub,
 # host)`` gets the subparsers and ``_server``, the module with the one server resolver
-# and the error types main() maps to exit codes.
+# and the error types main() maps to exit codes; the bridge's commands (``import``,
+# ``export``), part of the client, register the same way.
 PLUGIN_GROUP = "neffcache.cli"
 # This distribution's own plugins' commands: where one cannot load, its commands still
-# parse, and say which extra to install instead of "invalid choice".
-PLUGIN_COMMANDS = {"server": ("serve", "admin"), "bridge": ("import", "export")}
+# parse, and say which extra to install instead of "invalid choice". (An install made
+# while the bridge was a plugin lists a ``bridge`` entry point that no longer loads:
+# not named here, it adds nothing.)
+PLUGIN_COMMANDS = {"server": ("serve", "admin")}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,8 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
         command.register(sub)
     from importlib.metadata import entry_points  # scans every installed package
 
+    from neffcache.client.bridge import cli as bridge
+
     from . import _server
 
+    bridge.register(sub, _server)
     for plugin in entry_points(group=PLUGIN_GROUP):
         try:
             register = plugin.load()

@@ -63,7 +63,6 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace, flags: list[str]) -> int:
     config = _server.client_config(_server.resolve(args, namespace=True))
-    namespace = config.namespace
     from neffcache.client.explain_target import resolve_target
 
     # Compiler options describe an HLO_FILE: given them, a file is read as one even
@@ -73,11 +72,10 @@ def run(args: argparse.Namespace, flags: list[str]) -> int:
     if key is not None:
         if options:
             raise CommandError("a KEY takes no compiler options: they describe an HLO_FILE")
-        method, path, body = "GET", f"/v1/ns/{namespace}/explain/{key}", None
+        body = None
     else:
-        method, path = "POST", f"/v1/ns/{namespace}/explain"
         body = _request(read_module(args.what), args, flags, config)
-    answer = _ask(config, method, path, body)
+    answer = _ask(config, key, body)
     if args.json:
         json.dump(answer, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -109,21 +107,32 @@ def _request(
     return body
 
 
-def _ask(config: ClientConfig, method: str, path: str, body: bytes | None) -> dict[str, Any]:
-    from neffcache.client.http import Connection, HttpError, error_detail
+def _ask(config: ClientConfig, key: str | None, body: bytes | None) -> dict[str, Any]:
+    """The server's explanation of ``key`` (``GET``), or of the graph ``body`` describes
+    (``POST``)."""
+    from neffcache.client.api import Api
+    from neffcache.client.http import HttpError, error_detail
+    from neffcache.protocol import routes
 
-    headers = {"Accept": "application/json"}
-    if config.token:
-        headers["Authorization"] = f"Bearer {config.token}"
-    if body is not None:
-        headers["Content-Type"] = "application/json"
-    connection = Connection(config.server, config.connect_timeout, max(config.timeout, _TIMEOUT))
     try:
-        response = connection.request(method, path, headers=headers, body=body)
+        api = Api.open(
+            config.server,
+            config.namespace,
+            config.token,
+            connect_timeout=config.connect_timeout,
+            timeout=max(config.timeout, _TIMEOUT),
+        )
+        try:
+            if key is not None:
+                response = api.get(api.explain_key_path(key))
+            else:
+                path = routes.explain_path(config.namespace)
+                headers = {"Content-Type": "application/json"}
+                response = api.request("POST", path, headers=headers, body=body)
+        finally:
+            api.close()
     except HttpError as exc:
         raise ServerUnavailable(f"cannot reach {config.server}: {exc}") from None
-    finally:
-        connection.close()
     if response.status != 200:
         raise _server.answer_error(config.server, response.status, error_detail(response.body))
     try:

@@ -19,7 +19,6 @@ import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
 
 from neffcache.client.http import error_detail
 from neffcache.protocol import is_namespace
@@ -111,14 +110,14 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if extra:
         raise CommandError(f"unexpected arguments: {' '.join(extra)}")
     fmt = _choice(args.fmt, FORMATS, "--format")
-    path, query = _upgrade(args) if args.report_action == "upgrade" else _cost(args)
+    report, query = _upgrade(args) if args.report_action == "upgrade" else _cost(args)
     query["format"] = fmt
     for namespace in args.namespaces:
         if not is_namespace(namespace):
             raise CommandError(f"--namespace {namespace!r} is not a namespace name")
     query["namespace"] = args.namespaces
     target = _server.resolve(args, namespace=False)
-    body = _get(target.server, f"{path}?{urlencode(query, doseq=True)}", target.token)
+    body = _get(target.server, report, query, target.token)
     if fmt == "json":
         body = (json.dumps(_json(body, target.server), indent=2) + "\n").encode()
     if args.output:
@@ -140,7 +139,7 @@ def _cost(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         "by": ",".join(dict.fromkeys(by)),
         "top": _count(args.top, 10, "--top"),
     }
-    return "/v1/reports/cost", query
+    return "cost", query
 
 
 def _upgrade(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
@@ -156,7 +155,7 @@ def _upgrade(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         if not _DURATION.fullmatch(args.active):
             raise CommandError(f"--active {args.active!r} is not a duration such as 30d")
         query["active"] = args.active
-    return "/v1/reports/upgrade", query
+    return "upgrade", query
 
 
 def _choice(value: str, choices: tuple[str, ...], option: str) -> str:
@@ -191,16 +190,16 @@ def _when(text: str, option: str) -> str:
     return text.strip()
 
 
-def _get(server: str, path: str, token: str | None) -> bytes:
-    from neffcache.client.http import Connection, HttpError
+def _get(server: str, report: str, query: dict[str, Any], token: str | None) -> bytes:
+    from neffcache.client.api import Api, report_path
+    from neffcache.client.http import HttpError
 
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        connection = Connection(server, CONNECT_TIMEOUT, REPORT_TIMEOUT)
+        api = Api.open(server, "", token, connect_timeout=CONNECT_TIMEOUT, timeout=REPORT_TIMEOUT)
         try:
-            answer = connection.request("GET", path, headers=headers, limit=REPORT_LIMIT)
+            answer = api.get(report_path(report, query), limit=REPORT_LIMIT)
         finally:
-            connection.close()
+            api.close()
     except HttpError as exc:
         raise ServerUnavailable(f"cannot reach {server}: {exc}") from None
     if answer.status == 200:

@@ -13,9 +13,11 @@ scripts do not break silently: ``--url`` (for ``--server``), ``NEFFCACHE_SERVER`
 ``NEFFCACHE_URL``) and ``NEFFCACHE_ADMIN_TOKEN`` (for ``NEFFCACHE_TOKEN``). Where both
 spellings are given the new one wins, and the line says the old one is ignored.
 
-The server's commands (``admin``, ``import``, ``export``) receive this module as
-``host`` when they register (``register(sub, host)``): the server package may not
-import the client, and this is how they share its resolver and its error types.
+The server's commands (``serve``, ``admin``) receive this module as ``host`` when
+they register (``register(sub, host)``): the server package may not import the
+client, and this is how they share its resolver, its error types and its one
+request (``request``, over the client's API client). The bridge's
+(``import``, ``export``) register the same way.
 The standard library only: the client's CLI runs in training images.
 """
 
@@ -181,6 +183,41 @@ def client_config(
     if config is None:  # cannot be: the URL is the client's form and nothing disables it
         raise CommandError(f"cannot use {target.url}")
     return config
+
+
+_ANSWER_LIMIT = 256 << 20
+
+
+def request(
+    args: argparse.Namespace, method: str, path: str, body: Any = None, timeout: float = 10.0
+) -> Any:
+    """One request to the server ``args`` name, through the client's API client
+    (``api.Api``), for a command: its JSON answer (None for an empty one). A refusal is
+    a CommandError (exit 2); no answer, or one that is not JSON, ServerUnavailable
+    (exit 1). The server's remote ``admin`` commands ask through this (``clihost``)."""
+    import json
+
+    from neffcache.client.api import Api
+    from neffcache.client.http import HttpError, error_detail
+
+    target = resolve(args, namespace=False)
+    try:
+        api = Api.open(target.server, "", target.token, connect_timeout=timeout, timeout=timeout)
+        try:
+            # A listing (tokens, audit) may be long: more than the runtime's cap.
+            answer = api.request(method, path, json_body=body, limit=_ANSWER_LIMIT)
+        finally:
+            api.close()
+    except HttpError as exc:
+        raise ServerUnavailable(f"cannot reach {target.server}: {exc}") from None
+    if not 200 <= answer.status < 300:
+        raise answer_error(target.server, answer.status, error_detail(answer.body))
+    try:
+        return json.loads(answer.body) if answer.body else None
+    except ValueError:
+        raise ServerUnavailable(
+            f"{target.server} answered with something other than JSON"
+        ) from None
 
 
 def answer_error(server: str, status: int, detail: str) -> Exception:

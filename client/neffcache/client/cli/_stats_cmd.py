@@ -149,7 +149,7 @@ def _settings(args: argparse.Namespace) -> tuple[ClientConfig | None, str, int |
 def _writable(local_dir: str) -> bool:
     """Whether processes like this one can record counters in L1: the deepest
     directory that exists on the way to the counters' is writable."""
-    from neffcache.client.hoststats import stats_dir
+    from neffcache.client.hostlog import stats_dir
 
     directory = os.path.abspath(stats_dir(local_dir))
     while not os.path.exists(directory) and os.path.dirname(directory) != directory:
@@ -161,7 +161,7 @@ def _fold(local_dir: str) -> bool:
     """Fold the counters' log into their summary, which keeps it small (a command
     that only reads makes no directory: nothing to fold where there is none); True
     when the summary could not be read and was begun again."""
-    from neffcache.client.hoststats import stats_dir
+    from neffcache.client.hostlog import stats_dir
     from neffcache.client.hosttally import fold
 
     if not os.path.isdir(stats_dir(local_dir)):
@@ -174,7 +174,7 @@ def _fold(local_dir: str) -> bool:
 
 
 def _counters(tally: Tally, summary_lost: bool, local_dir: str) -> dict[str, Any]:
-    from neffcache.client.hoststats import stats_dir
+    from neffcache.client.hostlog import stats_dir
     from neffcache.client.reasons import CLIENT_REASONS, FAILED_BEFORE, UNKNOWN
 
     kinds = tally.kinds
@@ -236,20 +236,23 @@ def _l1(local_dir: str, max_size: int | None, writable: bool) -> dict[str, Any]:
 def _server_view(config: ClientConfig, window: float) -> tuple[dict[str, Any], Exception | None]:
     """The server's ``GET /v1/status`` for the configured namespace, or why not, with
     the error the command ends with when it could not be had."""
-    from neffcache.client.http import Connection, HttpError
+    from neffcache.client.api import Api
+    from neffcache.client.http import HttpError
 
     shown: dict[str, Any] = {"url": config.url, "status": None, "error": None}
-    headers = {"Accept": "application/json"}
-    if config.token:
-        headers["Authorization"] = f"Bearer {config.token}"
-    path = f"/v1/status?namespace={config.namespace}&window={window:g}"
     failure: Exception
     try:
-        connection = Connection(config.server, config.connect_timeout, max(config.timeout, 30.0))
+        api = Api.open(
+            config.server,
+            config.namespace,
+            config.token,
+            connect_timeout=config.connect_timeout,
+            timeout=max(config.timeout, 30.0),
+        )
         try:
-            answer = connection.request("GET", path, headers=headers, limit=STATUS_LIMIT)
+            answer = api.get(api.status_path(window=window), limit=STATUS_LIMIT)
         finally:
-            connection.close()
+            api.close()
     except HttpError as exc:
         failure = ServerUnavailable(f"cannot reach {config.server}: {exc}")
     else:

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, NamedTuple, TypeVar, cast
 
+from neffcache.client.api import Api
 from neffcache.client.compiler import find_real_compiler, is_shim
 from neffcache.client.config import (
     DEFAULT_LOCAL_DIR,
@@ -22,7 +23,6 @@ from neffcache.client.config import (
     cache_url,
 )
 from neffcache.client.doctor import interpreters, serverfacts
-from neffcache.client.http import Connection
 
 T = TypeVar("T")
 # The programs that run libneuronxla (so the hook must arm in their Python) or the
@@ -99,7 +99,7 @@ class Context:
         config = self.config().config
         if config is None:
             return None
-        return self.once("status", lambda: serverfacts.status(config, self._connection()))
+        return self.once("status", lambda: serverfacts.status(config, self._api()))
 
     def round_trip(self) -> serverfacts.RoundTrip | None:
         config = self.config().config
@@ -111,18 +111,18 @@ class Context:
         if may_write is None and isinstance(caller, dict):
             may_write = caller.get("scope") in ("write", "admin")
         return self.once(
-            "round trip", lambda: serverfacts.round_trip(config, self._connection(), may_write)
+            "round trip", lambda: serverfacts.round_trip(config, self._api(), may_write)
         )
 
-    def _connection(self) -> Connection:
+    def _api(self) -> Api:
         config = self.config().config
         assert config is not None
-        return self.once("connection", lambda: serverfacts.connection(config))
+        return self.once("api", lambda: serverfacts.open_api(config))
 
     def close(self) -> None:
-        conn = self._memo.get("connection")
-        if conn is not None:
-            conn.close()
+        api = self._memo.get("api")
+        if api is not None:
+            api.close()
 
     # -- PATH and interpreters --------------------------------------------------------
 

@@ -13,12 +13,13 @@ import json
 import shlex
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import quote
 
+from neffcache.client.api import Api
 from neffcache.client.config import ClientConfig
 from neffcache.client.doctor import serverfacts, words
 from neffcache.client.doctor.live_run import Run
 from neffcache.client.http import HttpError
+from neffcache.protocol import routes
 
 # The manifest fields the output keeps (the rest, the process's counters, are noise).
 _KEPT = (
@@ -129,30 +130,29 @@ def run_data(run: Run) -> dict[str, Any]:
 def entry(config: ClientConfig, runs: Sequence[Run]) -> dict[str, Any] | None:
     """The server's entry for the graph the runs resolved (the last run's first), with
     its files' sizes; ``{"error": ...}`` when it cannot be read; None: no graph."""
-    names = []
+    ns = config.namespace
+    paths = []
     for run in reversed(runs):
         for _, line in graphs(run):
-            for field, route in (("key", "entries"), ("direct_key", "aliases")):
+            if line.get("key"):
+                paths.append(routes.entry_path(ns, str(line["key"])))
+            for field in ("direct_key", "neuron_address"):
                 if line.get(field):
-                    names.append(f"{route}/{line[field]}")
-            if line.get("neuron_address"):
-                names.append(f"aliases/{quote(str(line['neuron_address']), safe='/+')}")
-    if not names:
+                    paths.append(routes.alias_path(ns, str(line[field])))
+    if not paths:
         return None
-    conn = serverfacts.connection(config)
+    api = serverfacts.open_api(config)
     try:
-        return _read_entry(config, conn, names)
+        return _read_entry(api, paths)
     finally:
-        conn.close()
+        api.close()
 
 
-def _read_entry(config: ClientConfig, conn: Any, names: list[str]) -> dict[str, Any]:
+def _read_entry(api: Api, paths: list[str]) -> dict[str, Any]:
     answer = None
-    for name in dict.fromkeys(names):
+    for path in dict.fromkeys(paths):
         try:
-            answer = conn.request(
-                "GET", f"/v1/ns/{config.namespace}/{name}", headers=serverfacts.headers(config)
-            )
+            answer = api.get(path)
         except HttpError as exc:
             return {"error": f"cannot read the entry: {exc}"}
         if answer.status == 200:

@@ -1,9 +1,9 @@
 """What the server says about itself and the caller, and a round trip through it.
 
-Spoken with the client's own HTTP (``http.Connection``: the connect timeout and the
-per-request deadline of ``NEFFCACHE_CONNECT_TIMEOUT`` and ``NEFFCACHE_TIMEOUT``), but
-not through ``remote.Remote``: trouble here must be reported, not turned into a miss,
-and must not mark the server down for every process of the host.
+Spoken through the client's ``api.Api`` (the connect timeout and the per-request
+deadline of ``NEFFCACHE_CONNECT_TIMEOUT`` and ``NEFFCACHE_TIMEOUT``), but not through
+``remote.Remote``: trouble here must be reported, not turned into a miss, and must not
+mark the server down for every process of the host.
 
 ``GET /v1/status?namespace=NS`` tells the server's version, auth mode and clock, the
 caller's token (scope, namespaces, trusted) and the namespace (policy, usage). A
@@ -25,10 +25,11 @@ import json
 import os
 import time
 from typing import Any, NamedTuple
-from urllib.parse import quote
 
+from neffcache.client.api import Api
 from neffcache.client.config import ClientConfig
-from neffcache.client.http import Connection, HttpError, Response, error_detail
+from neffcache.client.http import REDIRECTS, HttpError, Response, error_detail
+from neffcache.protocol import routes
 
 PROBE_MODEL = "neffcache-doctor"
 PROBE_FILE = "neffcache-doctor-probe"
@@ -60,15 +61,15 @@ class RoundTrip(NamedTuple):
     key: str | None = None
 
 
-def connection(config: ClientConfig) -> Connection:
-    return Connection(config.server, config.connect_timeout, config.timeout)
-
-
-def headers(config: ClientConfig) -> dict[str, str]:
-    found = {"Accept": "application/json"}
-    if config.token:
-        found["Authorization"] = f"Bearer {config.token}"
-    return found
+def open_api(config: ClientConfig) -> Api:
+    """The API of the configured server and namespace; close it when done."""
+    return Api.open(
+        config.server,
+        config.namespace,
+        config.token,
+        connect_timeout=config.connect_timeout,
+        timeout=config.timeout,
+    )
 
 
 def detail_of(response: Response) -> str:
@@ -76,29 +77,29 @@ def detail_of(response: Response) -> str:
     return error_detail(response.body)
 
 
-def status(config: ClientConfig, conn: Connection) -> ServerStatus:
+def status(config: ClientConfig, api: Api) -> ServerStatus:
     """The server's status with the namespace's part; when the token may not read the
     namespace (403), the status without it, so the token can still be described."""
-    found = _status(config, conn, f"/v1/status?namespace={quote(config.namespace)}")
+    found = _status(config, api, api.status_path())
     if found.state != "forbidden":
         return found
-    bare = _status(config, conn, "/v1/status")
+    bare = _status(config, api, api.status_path(namespace=False))
     if bare.state != "ok":
         return found
     return bare._replace(detail=f"namespace {config.namespace}: {found.detail}")
 
 
-def _status(config: ClientConfig, conn: Connection, path: str) -> ServerStatus:
+def _status(config: ClientConfig, api: Api, path: str) -> ServerStatus:
     before = time.time()
     began = time.monotonic()
     try:
-        answer = conn.request("GET", path, headers=headers(config))
+        answer = api.get(path)
     except HttpError as exc:
         return ServerStatus("down", f"no answer from {config.server}: {exc}", {})
     after = time.time()
     seconds = time.monotonic() - began
     if answer.status == 404:
-        return _old(config, conn, seconds)
+        return _old(config, api, seconds)
     if answer.status != 200:
         state = {401: "unauthorized", 403: "forbidden"}.get(answer.status, "error")
         return ServerStatus(
@@ -119,9 +120,9 @@ def _status(config: ClientConfig, conn: Connection, path: str) -> ServerStatus:
     return ServerStatus("ok", "", body, skew, uncertainty, seconds)
 
 
-def _old(config: ClientConfig, conn: Connection, seconds: float) -> ServerStatus:
+def _old(config: ClientConfig, api: Api, seconds: float) -> ServerStatus:
     try:
-        answer = conn.request("GET", "/healthz")
+        answer = api.get("/healthz", auth=False)
     except HttpError as exc:
         return ServerStatus("down", f"no answer from {config.server}/healthz: {exc}", {})
     if answer.status != 200:
@@ -133,20 +134,20 @@ def _old(config: ClientConfig, conn: Connection, seconds: float) -> ServerStatus
     )
 
 
-def round_trip(config: ClientConfig, conn: Connection, may_write: bool | None) -> RoundTrip:
+def round_trip(config: ClientConfig, api: Api, may_write: bool | None) -> RoundTrip:
     """Look up an absent key; then, unless ``may_write`` is False, upload, publish and
     read back. ``may_write`` None: unknown (an older server), so the write is tried
     and a refusal is the answer."""
     timings: dict[str, float] = {}
     key = os.urandom(32).hex()
-    read, detail = _timed(timings, "lookup", lambda: _lookup(config, conn, key))
+    read, detail = _timed(timings, "lookup", lambda: _lookup(config, api, key))
     if read != "ok":
         return RoundTrip(read, "skipped", detail, timings)
     if may_write is False:
         return RoundTrip(
             "ok", "skipped", "read-only: a lookup of an absent key answered 404", timings
         )
-    write, detail = _write(config, conn, key, timings)
+    write, detail = _write(config, api, key, timings)
     return RoundTrip("ok", write, detail, timings, key if write == "ok" else None)
 
 
@@ -158,11 +159,9 @@ def _timed(timings: dict[str, float], name: str, step: Any) -> Any:
         timings[name] = round(time.monotonic() - began, 4)
 
 
-def _lookup(config: ClientConfig, conn: Connection, key: str) -> tuple[str, str]:
+def _lookup(config: ClientConfig, api: Api, key: str) -> tuple[str, str]:
     try:
-        answer = conn.request(
-            "GET", f"/v1/ns/{config.namespace}/entries/{key}", headers=headers(config)
-        )
+        answer = api.get(routes.entry_path(config.namespace, key))
     except HttpError as exc:
         return "down", f"lookup: {exc}"
     if answer.status == 404:
@@ -171,17 +170,15 @@ def _lookup(config: ClientConfig, conn: Connection, key: str) -> tuple[str, str]
     return kinds.get(answer.status, "error"), f"lookup: HTTP {answer.status}: {detail_of(answer)}"
 
 
-def _write(
-    config: ClientConfig, conn: Connection, key: str, timings: dict[str, float]
-) -> tuple[str, str]:
+def _write(config: ClientConfig, api: Api, key: str, timings: dict[str, float]) -> tuple[str, str]:
     import blake3
 
     data = os.urandom(PROBE_BYTES)
     digest = blake3.blake3(data).hexdigest()
     steps = (
-        ("upload", lambda: _upload(config, conn, digest, data)),
-        ("publish", lambda: _publish(config, conn, key, digest)),
-        ("read back", lambda: _read_back(config, conn, key, digest, data)),
+        ("upload", lambda: _upload(config, api, digest, data)),
+        ("publish", lambda: _publish(config, api, key, digest)),
+        ("read back", lambda: _read_back(config, api, key, digest, data)),
     )
     for name, step in steps:
         outcome, detail = _timed(timings, name, step)
@@ -191,12 +188,12 @@ def _write(
     return "ok", f"uploaded, published and read back {PROBE_BYTES} bytes ({spent})"
 
 
-def _upload(config: ClientConfig, conn: Connection, digest: str, data: bytes) -> tuple[str, str]:
+def _upload(config: ClientConfig, api: Api, digest: str, data: bytes) -> tuple[str, str]:
     try:
-        answer = conn.request(
+        answer = api.request(
             "PUT",
-            f"/v1/blobs/{digest}",
-            headers={**headers(config), "Content-Type": "application/octet-stream"},
+            routes.blob_path(digest),
+            headers={"Content-Type": "application/octet-stream"},
             body=data,
         )
     except HttpError as exc:
@@ -208,7 +205,7 @@ def _upload(config: ClientConfig, conn: Connection, digest: str, data: bytes) ->
     return "error", f"HTTP {answer.status}: {detail_of(answer)}"
 
 
-def _publish(config: ClientConfig, conn: Connection, key: str, digest: str) -> tuple[str, str]:
+def _publish(config: ClientConfig, api: Api, key: str, digest: str) -> tuple[str, str]:
     # docs/protocol.md: a manifest needs its key and at least one file whose blob the
     # server holds with that size; the rest is optional.
     manifest = {
@@ -217,12 +214,7 @@ def _publish(config: ClientConfig, conn: Connection, key: str, digest: str) -> t
         "model": PROBE_MODEL,
     }
     try:
-        answer = conn.request(
-            "PUT",
-            f"/v1/ns/{config.namespace}/entries/{key}",
-            headers={**headers(config), "Content-Type": "application/json"},
-            body=json.dumps(manifest).encode(),
-        )
+        answer = api.request("PUT", routes.entry_path(config.namespace, key), json_body=manifest)
     except HttpError as exc:
         return "error", str(exc)
     if answer.status in (200, 201):
@@ -233,21 +225,19 @@ def _publish(config: ClientConfig, conn: Connection, key: str, digest: str) -> t
 
 
 def _read_back(
-    config: ClientConfig, conn: Connection, key: str, digest: str, data: bytes
+    config: ClientConfig, api: Api, key: str, digest: str, data: bytes
 ) -> tuple[str, str]:
     try:
-        entry = conn.request(
-            "GET", f"/v1/ns/{config.namespace}/entries/{key}", headers=headers(config)
-        )
+        entry = api.get(routes.entry_path(config.namespace, key))
         if entry.status != 200:
             return "error", f"the entry just published answered HTTP {entry.status}"
         files = json.loads(entry.body).get("files", {})
         if files.get(PROBE_FILE) != {"digest": digest, "size": PROBE_BYTES}:
             return "error", "the entry read back names other files than were published"
-        blob = conn.request("GET", f"/v1/blobs/{digest}", headers=headers(config))
+        blob = api.get(routes.blob_path(digest))
     except (HttpError, ValueError, AttributeError) as exc:
         return "error", str(exc)
-    if blob.status in (301, 302, 303, 307, 308):
+    if blob.status in REDIRECTS:
         return "ok", "the blob is redirected to the store (not followed here)"
     if blob.status != 200 or blob.body != data:
         return "error", f"the blob read back differs (HTTP {blob.status}, {len(blob.body)} bytes)"

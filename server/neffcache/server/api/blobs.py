@@ -22,19 +22,18 @@ once the blob is known to exist: its bytes never pass through the server, which
 therefore cannot verify them; the client does (docs/protocol.md). A range is never
 redirected: only the server, which hashes the whole blob first, can verify one.
 
-What a read sends is decided in services/blobs.py; this module makes it a response.
+What a read sends is decided in services/blobs.py, and what an upload keeps in
+services/uploads.py; this module makes them requests and responses.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Annotated, Any, BinaryIO, Literal
+from typing import Annotated, Literal
 
-import blake3
 from fastapi import APIRouter, Header, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import StreamingResponse
@@ -56,14 +55,10 @@ from neffcache.server.api.body import body_chunks, read_body
 from neffcache.server.auth import Caller
 from neffcache.server.blobs import BlobStore
 from neffcache.server.deps import Backends, BackendsDep, CallerDep
-from neffcache.server.errors import (
-    FULL_ERRNOS,
-    BadRequest,
-    NotFound,
-    StoreFull,
-)
+from neffcache.server.errors import BadRequest, NotFound
 from neffcache.server.manifest import HEX64
 from neffcache.server.services import blobs as blob_reads
+from neffcache.server.services import uploads
 
 router = APIRouter()
 log = logging.getLogger("neffcache.server")
@@ -128,51 +123,8 @@ async def put_blob(
     content_length: Annotated[int | None, Header()] = None,
 ) -> Response:
     caller.require("write")
-    announced = blob_reads.check_announced(backends, content_length)
-    staged = blob_reads.staging_file(backends)
-    try:
-        received, actual = await _receive(request, staged, announced)
-        upload = blob_reads.Upload(digest, announced, received, actual)
-        created = await run_in_threadpool(blob_reads.store, backends, staged, upload)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            staged.unlink()
+    created = await uploads.receive_blob(backends, digest, content_length, body_chunks(request))
     return Response(status_code=201 if created else 200)
-
-
-_WRITE_BATCH = 2**20
-
-
-async def _receive(request: Request, staged: Path, limit: int) -> tuple[int, str]:
-    """Stream the body to ``staged``; return its length and BLAKE3.
-
-    Hashing and writing happen in a worker thread, 1 MiB at a time, so a large upload
-    never stalls the event loop (and the other requests on it), and each upload holds
-    about 2 MiB of memory."""
-    hasher = blake3.blake3()
-    received = 0
-    batch = bytearray()
-    try:
-        with open(staged, "wb") as out:
-            async for chunk in body_chunks(request):
-                received += len(chunk)
-                if received > limit:
-                    raise BadRequest(f"the body is longer than Content-Length ({limit})")
-                batch += chunk
-                if len(batch) >= _WRITE_BATCH:
-                    full, batch = batch, bytearray()  # hand it over, no copy
-                    await run_in_threadpool(_absorb, hasher, out, full)
-            await run_in_threadpool(_absorb, hasher, out, batch)
-    except OSError as exc:
-        if exc.errno in FULL_ERRNOS:
-            raise StoreFull("the blob store is out of space") from exc
-        raise
-    return received, hasher.hexdigest()
-
-
-def _absorb(hasher: Any, out: BinaryIO, data: bytearray) -> None:
-    hasher.update(data)
-    out.write(data)
 
 
 @router.head(

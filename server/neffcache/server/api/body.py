@@ -1,4 +1,5 @@
-"""Request bodies read with a cap, after the caller is known.
+"""Request bodies as the services take them (services/uploads.py): an async iterator
+of chunks that stops a stalled or vanished client.
 
 FastAPI reads and parses a declared body before any dependency runs, so a large JSON
 body would cost memory and CPU even without a token. Routes with small JSON bodies read
@@ -13,7 +14,8 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
-from neffcache.server.errors import BadRequest, ClientGone, RequestTimeout, TooLarge
+from neffcache.server.errors import ClientGone, RequestTimeout
+from neffcache.server.services import uploads
 
 # How long a request body may go without sending a byte before the request is dropped
 # (and its staging file removed): a stalled client must not hold them forever.
@@ -40,17 +42,6 @@ async def body_chunks(
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit() or len(declared) > 19:
-            raise BadRequest("Content-Length is not a number")
-        if int(declared) > limit:
-            raise TooLarge(f"this body may be at most {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in body_chunks(request):
-        size += len(chunk)
-        if size > limit:
-            raise TooLarge(f"this body may be at most {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    """The whole body, at most ``limit`` bytes (services/uploads.py ``read_capped``)."""
+    content_length = request.headers.get("content-length")
+    return await uploads.read_capped(body_chunks(request), content_length, limit)

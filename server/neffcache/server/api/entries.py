@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
+from neffcache.protocol import is_alias
 from neffcache.server.api.answers import (
     BODY,
     ENTRY,
@@ -43,8 +44,6 @@ router = APIRouter()
 
 Namespace = Annotated[str, PathParam(pattern=f"^{NAMESPACE}$")]
 Key = Annotated[str, PathParam(pattern=f"^{HEX64}$")]
-# A direct key, or a stock Neuron address neuronxcc-<ver>/MODULE_<key>+<flags8>.
-ALIAS = rf"{HEX64}|neuronxcc-[0-9][0-9A-Za-z.+]*/MODULE_[0-9A-Za-z]{{1,128}}\+[0-9a-f]{{8}}"
 _MANIFEST_MAX = 1 << 20
 # {"key": "<64 hex>"} and a little room for whitespace.
 _ALIAS_BODY_MAX = 1024
@@ -153,7 +152,7 @@ async def get_alias(
     namespace: Namespace, alias: str, caller: CallerDep, backends: BackendsDep
 ) -> Response:
     caller.require("read", namespace)
-    if not re.fullmatch(ALIAS, alias):
+    if not is_alias(alias):
         raise BadRequest(f"{alias!r} is neither a direct key nor a Neuron cache address")
     return await backends.run(_alias_response, backends, namespace, alias)
 
@@ -184,7 +183,7 @@ async def put_alias(
     """Add an alias to an existing entry (``{"key": KEY}``): a Neuron address or a
     direct key under which a stock cache or another trace found the same program."""
     await require_writer(backends, caller, namespace)
-    if not re.fullmatch(ALIAS, alias):
+    if not is_alias(alias):
         raise BadRequest(f"{alias!r} is neither a direct key nor a Neuron cache address")
     key = _alias_target(await read_body(request, _ALIAS_BODY_MAX))
     # A thread even for local stores: a write may wait for another process's lock.

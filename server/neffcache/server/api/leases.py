@@ -14,9 +14,8 @@ Who is granted what is services/leases.py; this module is the HTTP side and the 
 
 from __future__ import annotations
 
-import re
 import time
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi import Path as PathParam
@@ -24,6 +23,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from neffcache.protocol import LEASE_ID, LeaseOutcome, is_alias
 from neffcache.server.api.answers import (
     BODY,
     ENTRY,
@@ -40,7 +40,7 @@ from neffcache.server.api.answers import (
     request_body,
 )
 from neffcache.server.api.body import read_body
-from neffcache.server.api.entries import ALIAS, Namespace
+from neffcache.server.api.entries import Namespace
 from neffcache.server.api.rules import require_writer
 from neffcache.server.deps import Backends, BackendsDep, CallerDep
 from neffcache.server.errors import BadRequest
@@ -50,7 +50,7 @@ from neffcache.server.services import leases
 router = APIRouter()
 
 Name = Annotated[str, PathParam(description="a key, a direct key or a Neuron address")]
-LeaseId = Annotated[str, Query(alias="lease", pattern="^[0-9a-f]{32}$")]
+LeaseId = Annotated[str, Query(alias="lease", pattern=f"^{LEASE_ID}$")]
 _BODY_MAX = 4096
 
 
@@ -74,7 +74,7 @@ class LeaseRequest(BaseModel):
 
 
 def _check_name(name: str) -> str:
-    if not re.fullmatch(ALIAS, name):
+    if not is_alias(name):
         raise BadRequest(f"{name!r} is neither a key nor a Neuron cache address")
     return name
 
@@ -86,7 +86,7 @@ def _state(name: str) -> Schema:
 _GRANTED = obj(
     {
         "state": _state("granted"),
-        "lease": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+        "lease": {"type": "string", "pattern": f"^{LEASE_ID}$"},
         "ttl": NUMBER,
         "expires_in": NUMBER,
     }
@@ -213,7 +213,7 @@ async def release_lease(
     lease_id: LeaseId,
     caller: CallerDep,
     backends: BackendsDep,
-    outcome: Annotated[Literal["done", "failed"], Query()] = "done",
+    outcome: Annotated[LeaseOutcome, Query()] = "done",
 ) -> Response:
     await require_writer(backends, caller, namespace)
     _check_name(name)

@@ -64,8 +64,8 @@ _TRANSFER = TransferConfig(
 @contextmanager
 def s3_errors(action: str) -> Iterator[None]:
     """Translate boto3 and botocore failures into StoreError, naming only the error
-    class or S3 code: botocore messages can quote request details (the bridge's S3
-    source uses it too)."""
+    class or S3 code: botocore messages can quote request details (the client's bridge,
+    which may not import this, does the same in client/bridge/s3.py)."""
     try:
         yield
     except ClientError as exc:
@@ -96,8 +96,8 @@ def _parse_url(url: str) -> tuple[str, str]:
 
 
 def make_client() -> Any:
-    """An S3 client for the endpoint the environment names (shared with the bridge's
-    S3 source); ConfigError when boto3 cannot make one."""
+    """An S3 client for the endpoint the environment names (the client's bridge makes
+    its own alike: client/bridge/s3.py); ConfigError when boto3 cannot make one."""
     # Read here rather than left to boto3 so that path-style addressing goes with a
     # custom endpoint: MinIO or moto behind a plain host name has no bucket subdomains.
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")

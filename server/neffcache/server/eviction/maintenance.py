@@ -10,10 +10,7 @@ removals are conditional (``delete_entry``) and blobs wait out their grace perio
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +23,7 @@ from neffcache.server.eviction.evictor import Applied, Collected, Evictor
 from neffcache.server.eviction.plan import Plan
 from neffcache.server.index import Index
 from neffcache.server.settings import ServerSettings
-from neffcache.server.system_lease import SYSTEM, hold
+from neffcache.server.system_lease import SYSTEM, LeasedThread
 
 log = logging.getLogger("neffcache.server.eviction")
 
@@ -68,7 +65,12 @@ class _Intact:
         return True
 
 
-class Maintenance:
+class Maintenance(LeasedThread):
+    lease = LEADER
+    role = "evictor"
+    what = "background maintenance"
+    log = log
+
     def __init__(
         self,
         index: Index,
@@ -79,49 +81,27 @@ class Maintenance:
     ) -> None:
         """``recovery`` rebuilds a lost index (recovery/reindex.py ``IndexRecovery``);
         None for an index with nothing to rebuild it from."""
-        self.index = index
+        super().__init__(index)
         self.recovery = recovery or _Intact()
         self.evictor = evictor
         self.access = access
         self.settings = settings
-        self.actor = f"evictor@{os.uname().nodename} pid {os.getpid()}"
-        self._lease_id = secrets.token_hex(16)
         self._pass_lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._last_pass = 0.0
 
-    # --- lifecycle
+    # --- the thread (LeasedThread)
 
-    def start(self) -> None:
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._loop, name="neffcache-maintenance")
-            self._thread.daemon = True
-            self._thread.start()
-
-    def stop(self) -> None:
-        thread, self._thread = self._thread, None
-        self._stop.set()
-        if thread is not None:
-            thread.join(timeout=30)
-        self.flush()
-        with contextlib.suppress(StoreError):  # it expires on its own
-            self.index.release_lease(SYSTEM, LEADER, self._lease_id, None)
-
-    def _tick(self) -> float:
+    def idle(self) -> float:
         interval = self.settings.eviction_interval_seconds
         tick = self.settings.access_flush_seconds
         return min(tick, interval) if interval > 0 else tick
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self._tick()):
-            try:
-                self.tick()
-            except StoreError as exc:
-                log.warning("eviction pass failed: %s", exc)
-            except Exception:  # a bug must not end the thread for good
-                log.exception("background maintenance failed")
+    def turn(self) -> float:
+        self.tick()
+        return self.idle()
+
+    def stopped(self) -> None:
+        self.flush()  # the hits recorded since the last tick
 
     def tick(self) -> None:
         """One turn of the background thread."""
@@ -152,8 +132,7 @@ class Maintenance:
 
     def lead(self) -> bool:
         """Hold (take or renew) the evictor lease; False while another replica does."""
-        ttl = max(5.0, 3 * self._tick())
-        return hold(self.index, LEADER, self._lease_id, self.actor, time.time(), ttl)
+        return self.hold_lease(time.time(), max(5.0, 3 * self.idle()))
 
     def trim_events(self) -> None:
         """Drop telemetry events past their retention. Appends trim too; this pass

@@ -21,14 +21,13 @@ from collections.abc import Container, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from neffcache.protocol import ALIAS
 from neffcache.server.errors import BadRequest
 from neffcache.server.index import EntryStats, Index, Record
 from neffcache.server.manifest import HEX64, canonical_json
 
 PIN = "pin"
 KINDS = ("key", "address", "model", "compiler-version")
-# A direct key or a stock address; the same shapes the alias routes take.
-_ADDRESS = rf"{HEX64}|neuronxcc-[0-9][0-9A-Za-z.+]*/MODULE_[0-9A-Za-z]{{1,128}}\+[0-9a-f]{{8}}"
 _TEXT = r"[^\x00-\x1f\x7f]{1,200}"
 
 
@@ -64,7 +63,8 @@ def check_pin(kind: str, value: str) -> None:
     """BadRequest unless ``value`` is a well-formed pin of ``kind``."""
     if kind not in KINDS:
         raise BadRequest(f"pin kind {kind!r} is not one of {', '.join(KINDS)}")
-    pattern = {"key": HEX64, "address": _ADDRESS}.get(kind, _TEXT)
+    # An address: a direct key or a stock address, as the alias routes take.
+    pattern = {"key": HEX64, "address": ALIAS}.get(kind, _TEXT)
     if not re.fullmatch(pattern, value):
         what = {"key": "a 64-hex key", "address": "a Neuron address or direct key"}
         raise BadRequest(f"{value[:80]!r} is not {what.get(kind, 'a name of 1-200 characters')}")

@@ -21,6 +21,7 @@ from neffcache.keying import (
     compute_key,
     normalize_flags,
 )
+from neffcache.protocol import MODEL_LABEL, MODEL_LABEL_MAX
 from neffcache.server.errors import BadRequest
 from neffcache.server.explain.facts import Asked, GraphInfo
 from neffcache.server.manifest import HEX64, load_json, validated
@@ -75,7 +76,9 @@ class ExplainRequest(BaseModel):
     key: str | None = Field(None, pattern=f"^{HEX64}$")
     components: ComponentsBody | None = None
     graph: GraphBody | None = None
-    model: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
+    model: str | None = Field(
+        None, min_length=1, max_length=MODEL_LABEL_MAX, pattern=f"^{MODEL_LABEL}$"
+    )
 
     @model_validator(mode="after")
     def _something(self) -> ExplainRequest:

@@ -26,6 +26,9 @@ from .base import (
     event_size,
     events_start,
 )
+from .failures import LogFailures
+from .leases import CellLeases
+from .primitives import MemoryCells, MemoryLogs
 
 # An event's place in the log: its time, then its sequence (order of appending).
 _Place = tuple[float, int]
@@ -39,12 +42,11 @@ class MemoryIndex:
         self._entries: dict[tuple[str, str], Entry] = {}
         self._aliases: dict[tuple[str, str], str] = {}
         self._tokens: dict[str, Token] = {}
-        # Each key's failure records, newest first; and a heap of (expires_at, key) with
-        # one item per record written, so a write reclaims every expired record without
-        # scanning all keys.
-        self._failures: dict[tuple[str, str], list[Failure]] = {}
-        self._expiries: list[tuple[float, tuple[str, str]]] = []
-        self._leases: dict[tuple[str, str], Lease] = {}
+        # The primitives of the roles written once over every backend (primitives.py).
+        self.cells = MemoryCells()
+        self._leases = CellLeases(self.cells)
+        self.logs = MemoryLogs()
+        self._failures = LogFailures(self.logs)
         # Each entry's facts, and its use: [last_access, hits].
         self._facts: dict[tuple[str, str], EntryFacts] = {}
         self._use: dict[tuple[str, str], list[float]] = {}
@@ -107,79 +109,29 @@ class MemoryIndex:
                 return PutResult.CREATED
             return PutResult.CONFLICT
 
-    def put_failure(self, failure: Failure, keep: int) -> None:
-        where = (failure.namespace, failure.key)
-        with self._lock:
-            self._drop_expired(failure.created_at)
-            records = [failure, *self._failures.get(where, [])]
-            # Stable: of records created at the same instant, the later write comes first.
-            records.sort(key=lambda f: f.created_at, reverse=True)
-            self._failures[where] = records[:keep]
-            heapq.heappush(self._expiries, (failure.expires_at, where))
-            live = sum(len(kept) for kept in self._failures.values())
-            if len(self._expiries) > 2 * live + 64:
-                # Trimmed records leave their heap items behind: rebuild from what is
-                # kept, so the heap grows with the records, not with the writes.
-                self._expiries = [
-                    (f.expires_at, place) for place, kept in self._failures.items() for f in kept
-                ]
-                heapq.heapify(self._expiries)
+    # --- failures: written once over logs (failures.py) --------------------------------
 
-    def _drop_expired(self, now: float) -> None:
-        # Caller holds _lock.
-        while self._expiries and self._expiries[0][0] <= now:
-            _, where = heapq.heappop(self._expiries)
-            live = [f for f in self._failures.get(where, []) if f.expires_at > now]
-            if live:
-                self._failures[where] = live
-            else:
-                self._failures.pop(where, None)
+    def put_failure(self, failure: Failure, keep: int) -> None:
+        self._failures.put_failure(failure, keep)
 
     def failures(self, namespace: str, key: str, now: float) -> list[Failure]:
-        with self._lock:
-            return [f for f in self._failures.get((namespace, key), []) if f.expires_at > now]
+        return self._failures.failures(namespace, key, now)
 
-    # --- leases -----------------------------------------------------------------------
+    # --- leases: written once over cells (leases.py) -----------------------------------
 
     def acquire_lease(self, lease: Lease, replacing: str | None = None) -> Lease:
-        where = (lease.namespace, lease.name)
-        with self._lock:
-            if len(self._leases) > 1024:  # expired leases of names nobody asks for again
-                now = lease.acquired_at
-                self._leases = {k: v for k, v in self._leases.items() if v.expires_at > now}
-            current = self._leases.get(where)
-            live = current is not None and current.expires_at > lease.acquired_at
-            if current is not None and live and current.lease_id != replacing:
-                return current
-            self._leases[where] = lease
-            return lease
+        return self._leases.acquire_lease(lease, replacing)
 
     def renew_lease(self, namespace: str, name: str, lease_id: str, expires_at: float) -> bool:
-        with self._lock:
-            current = self._leases.get((namespace, name))
-            if current is None or current.lease_id != lease_id or current.failed:
-                return False
-            self._leases[(namespace, name)] = dataclasses.replace(current, expires_at=expires_at)
-            return True
+        return self._leases.renew_lease(namespace, name, lease_id, expires_at)
 
     def release_lease(
         self, namespace: str, name: str, lease_id: str, failed_until: float | None
     ) -> bool:
-        with self._lock:
-            current = self._leases.get((namespace, name))
-            if current is None or current.lease_id != lease_id or current.failed:
-                return False
-            if failed_until is None:
-                del self._leases[(namespace, name)]
-            else:
-                notice = dataclasses.replace(current, expires_at=failed_until, failed=True)
-                self._leases[(namespace, name)] = notice
-            return True
+        return self._leases.release_lease(namespace, name, lease_id, failed_until)
 
     def get_lease(self, namespace: str, name: str, now: float) -> Lease | None:
-        with self._lock:
-            current = self._leases.get((namespace, name))
-            return current if current is not None and current.expires_at > now else None
+        return self._leases.get_lease(namespace, name, now)
 
     # --- tokens -----------------------------------------------------------------------
 

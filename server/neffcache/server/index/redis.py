@@ -43,11 +43,13 @@ Every key starts with ``neffcache:``::
 are atomic across replicas. The scripts touch several keys, some of them named inside
 the script (the aliases an entry loses, the entry an alias names, the lists and
 namespace sets of the events an append drops), which a standalone Redis (or one
-primary) allows and Redis Cluster does not. ``put_failure`` is one script on one
-key; the key expires when its newest record does, so Redis itself reclaims keys
-nobody writes again. A lease is one key with Redis's own expiry, so a lease's life is measured on
-one clock however many replicas ask; its ``expires_at`` is that remaining life added
-to the caller's clock.
+primary) allows and Redis Cluster does not. The scripts are in redis_scripts.py.
+
+Leases and failure records are written once over the primitives (leases.py and
+failures.py over redis_primitives.py): a lease is one cell, a key with Redis's own
+expiry, so its life is measured on one clock however many replicas ask; a key's
+failure records are one log, a sorted set that expires with its longest-lived record,
+so Redis itself reclaims keys nobody writes again.
 
 The entry key is the truth: an entry is there when its key is. Its stats, access time
 and hits live beside it, written and deleted with it; an entry written before they
@@ -62,8 +64,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
-import secrets
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -90,8 +90,20 @@ from .base import (
     Token,
     Touch,
     entry_facts,
-    event_cursor,
-    events_start,
+)
+from .failures import LogFailures
+from .leases import CellLeases
+from .redis_events import EVENTS_PER_KEY as EVENTS_PER_KEY  # documented bounds, named here
+from .redis_events import TRIM_BATCH as TRIM_BATCH
+from .redis_events import RedisEvents
+from .redis_primitives import PREFIX, RedisCells, RedisLogs, as_str, escaped
+from .redis_scripts import (
+    ADD_ALIAS,
+    APPEND_AUDIT,
+    DELETE_ENTRY,
+    PUT_ENTRY,
+    REPLACE_RECORD,
+    TOUCH_ENTRIES,
 )
 
 log = logging.getLogger("neffcache.server.index")
@@ -107,7 +119,6 @@ TIMEOUT_S = 2.0
 # which eviction (an estimate of use), readers of the log and reports tolerate.
 RETRIES = 1
 
-PREFIX = "neffcache:"
 TOKENS_BY_AGE = PREFIX + "tokens"
 NAMESPACES = PREFIX + "namespaces"
 # When this database first held eviction data (set once): an entry written before has no
@@ -116,400 +127,39 @@ NAMESPACES = PREFIX + "namespaces"
 EVICTION_SINCE = PREFIX + "eviction-since"
 AUDIT = PREFIX + "audit"
 AUDIT_SEQ = PREFIX + "audit-seq"
-EVENTS = PREFIX + "events"
-EVENTS_SEQ = PREFIX + "events-seq"
-EVENT_LISTS = PREFIX + "events:"  # then "{ns}:{key}"
-EVENTS_BY_NS = PREFIX + "events-ns:"  # then "{ns}"
-EVENTS_BYTES = PREFIX + "events-bytes"
 
 # Touches per script call: each call holds Redis for its whole batch.
 TOUCH_BATCH = 500
 # Audit records read per round trip; one namespace's are picked out in Python.
 AUDIT_PAGE = 500
-# Events per append script: each call holds Redis for its whole batch.
-EVENTS_BATCH = 500
-# Events read per round trip when only some namespaces are wanted (picked out in Python).
-EVENTS_PAGE = 500
-# Events kept per (namespace, key) for events_for_key: explanations read a few.
-EVENTS_PER_KEY = 100
-# Events dropped from the log per script call at most (a lowered events_keep drops
-# many at once): each call holds Redis for its whole batch.
-TRIM_BATCH = 5000
-
-# Shared by the alias-writing scripts: make the alias at ``alias_key`` (named ``alias``)
-# name ``key`` unless it names another entry that exists; an alias naming a key with no
-# entry (deleted) is free. Each key's set of aliases follows, so that delete_entry
-# finds them; SADD on SAME repairs the set of an alias written before sets existed.
-# ``entry_prefix`` and ``set_prefix`` are the namespace's entry and alias-set key
-# prefixes, to which a key is appended.
-_CLAIM_ALIAS = """
-local function claim(alias_key, alias, key, entry_prefix, set_prefix)
-  local named = redis.call('GET', alias_key)
-  if named == key then
-    redis.call('SADD', set_prefix .. key, alias)
-    return 'same'
-  end
-  if named and redis.call('EXISTS', entry_prefix .. named) == 1 then
-    return 'conflict'
-  end
-  redis.call('SET', alias_key, key)
-  redis.call('SADD', set_prefix .. key, alias)
-  if named then
-    redis.call('SREM', set_prefix .. named, alias)
-  end
-  return 'created'
-end
-"""
-
-# KEYS[1] the entry, KEYS[2] the namespace's keys, KEYS[3] its stats, KEYS[4] its
-# access times, KEYS[5] its hits, KEYS[6] the set of namespaces, KEYS[7..] the
-# aliases; ARGV[1] the entry's JSON, ARGV[2] its manifest, ARGV[3] its key, ARGV[4] its
-# stats JSON, ARGV[5] its created_at, ARGV[6] the namespace, ARGV[7] and ARGV[8] the
-# prefixes claim() takes, ARGV[9..] the aliases' names, in the order of KEYS[7..].
-_PUT_ENTRY = (
-    _CLAIM_ALIAS
-    + """
--- Listed whenever found too: an entry a server older than the listing wrote is
--- listed from its next put on (ZADD of a member already there changes nothing).
-redis.call('ZADD', KEYS[2], 0, ARGV[3])
-redis.call('SADD', KEYS[6], ARGV[6])
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX') then
-  if cjson.decode(redis.call('GET', KEYS[1]))['manifest'] == ARGV[2] then
-    return 'same'
-  end
-  return 'conflict'
-end
--- Overwrites whatever an entry deleted under this key could have left.
-redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
-redis.call('HSET', KEYS[4], ARGV[3], ARGV[5])
-redis.call('HSET', KEYS[5], ARGV[3], 0)
-for i = 7, #KEYS do
-  claim(KEYS[i], ARGV[i + 2], ARGV[3], ARGV[7], ARGV[8])
-end
-return 'created'
-"""
-)
-
-# KEYS[1] the entry, KEYS[2] the alias; ARGV[1] the key, ARGV[2] the alias's name,
-# ARGV[3] and ARGV[4] the prefixes claim() takes. Returns 'absent' when there is no
-# entry to name.
-_ADD_ALIAS = (
-    _CLAIM_ALIAS
-    + """
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  return 'absent'
-end
-return claim(KEYS[2], ARGV[2], ARGV[1], ARGV[3], ARGV[4])
-"""
-)
-
-# KEYS[1] the entry, KEYS[2] the namespace's keys, KEYS[3] stats, KEYS[4] access
-# times, KEYS[5] hits, KEYS[6] the key's set of aliases; ARGV[1] the key, ARGV[2] the
-# expected created_at, ARGV[3] the namespace's alias key prefix. An alias in the set
-# that names another key by now (re-pointed after a deletion that predates the sets)
-# is left alone.
-_DELETE_ENTRY = """
-local raw = redis.call('GET', KEYS[1])
-if not raw or cjson.decode(raw)['created_at'] ~= tonumber(ARGV[2]) then
-  return 0
-end
-redis.call('DEL', KEYS[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
-redis.call('HDEL', KEYS[4], ARGV[1])
-redis.call('HDEL', KEYS[5], ARGV[1])
-for _, alias in ipairs(redis.call('SMEMBERS', KEYS[6])) do
-  local alias_key = ARGV[3] .. alias
-  if redis.call('GET', alias_key) == ARGV[1] then
-    redis.call('DEL', alias_key)
-  end
-end
-redis.call('DEL', KEYS[6])
-return 1
-"""
-
-# Per touch, three KEYS (the entry, the namespace's access times, its hits) and three
-# ARGV (the key, the time, the hits). Only an entry whose key exists is touched, so a
-# touch racing a deletion never leaves stats behind. An entry written before access
-# times were kept has none: the later of its created_at and EVICTION_SINCE (the last
-# ARGV) stands in, as entry_stats reads it.
-_TOUCH_ENTRIES = """
-for i = 1, #KEYS, 3 do
-  if redis.call('EXISTS', KEYS[i]) == 1 then
-    local key, at = ARGV[i], ARGV[i + 1]
-    local last = redis.call('HGET', KEYS[i + 1], key)
-    if last then
-      last = tonumber(last)
-    else
-      last = math.max(cjson.decode(redis.call('GET', KEYS[i]))['created_at'], tonumber(ARGV[#ARGV]))
-    end
-    if tonumber(at) > last then
-      redis.call('HSET', KEYS[i + 1], key, at)
-    end
-    redis.call('HINCRBY', KEYS[i + 2], key, ARGV[i + 2])
-  end
-end
-"""
-
-# A log in a sorted set, shared by the audit log and the events: each record is scored
-# by its time, and its member starts with a zero-padded sequence, so members of one
-# instant sort (and so read back) in order of appending. log_add returns the member.
-# log_trim drops records older than ``before`` (a time, or '-inf' for none), then all
-# but the ``keep`` newest by rank: both drop the oldest by (time, sequence), the order
-# the log is read in, so what is left is always a suffix of what was written.
-_LOG = """
-local function log_add(log, seq_key, at, text)
-  local member = string.format('%020d', redis.call('INCR', seq_key)) .. ' ' .. text
-  redis.call('ZADD', log, at, member)
-  return member
-end
-local function log_trim(log, keep, before)
-  redis.call('ZREMRANGEBYSCORE', log, '-inf', '(' .. before)
-  redis.call('ZREMRANGEBYRANK', log, 0, -(tonumber(keep) + 1))
-end
-"""
-
-# KEYS[1] the audit log, KEYS[2] its sequence; ARGV[1] how many to keep, then per record
-# its time and its JSON.
-_APPEND_AUDIT = (
-    _LOG
-    + """
-for i = 2, #ARGV, 2 do
-  log_add(KEYS[1], KEYS[2], ARGV[i], ARGV[i + 1])
-end
-log_trim(KEYS[1], ARGV[1], '-inf')
-"""
-)
-
-# KEYS[1] the events log, KEYS[2] its sequence, KEYS[3] the namespaces' bytes,
-# KEYS[4..] the key lists of this batch; ARGV[1] how many to keep, ARGV[2] ``before``,
-# ARGV[3] how many per key, ARGV[4] the lists' lifetime in ms, ARGV[5] the key lists'
-# prefix, ARGV[6] how many to drop at most (TRIM_BATCH), ARGV[7] the namespaces' byte
-# bound ('' for none), ARGV[8] the namespace sets' prefix, ARGV[9] how many
-# namespaces to bound, then their names, then per event its time, its text ("<time>
-# <JSON [ns, kind, key]>" and a newline, then the body) and the index in KEYS of its
-# key's list (0 for none). A list item, and a namespace set's member, stand for the
-# event's member in the log, so that what leaves the log leaves them too; the lists'
-# expiry only reclaims keys nobody writes to again. An event stored before the
-# namespace sets existed has no member in one: its bytes were never counted, and are
-# not taken off. Returns 1 when more are due to be dropped.
-_APPEND_EVENTS = (
-    _LOG
-    + r"""
-local function escaped(ns)
-  return (string.gsub(string.gsub(ns, '%%', '%%25'), ':', '%%3A'))
-end
--- The namespace, the key and the body's bytes of a log member.
-local function facts(member)
-  local header = string.match(member, '^%d+ %S+ ([^\n]*)')
-  local fields = cjson.decode(header)
-  return fields[1], fields[3], #member - string.find(member, '\n', 1, true)
-end
-local function ref(member, size)
-  return string.sub(member, 1, 20) .. ' ' .. size
-end
-local function uncount(ns, size)
-  if redis.call('HINCRBY', KEYS[3], ns, -size) <= 0 then redis.call('HDEL', KEYS[3], ns) end
-end
--- Forget a member leaving the log (the caller removes it from the log).
-local function forget(member)
-  local ns, key, size = facts(member)
-  if key ~= '' then redis.call('LREM', ARGV[5] .. escaped(ns) .. ':' .. key, 1, member) end
-  if redis.call('ZREM', ARGV[8] .. escaped(ns), ref(member, size)) == 1 then uncount(ns, size) end
-end
-local function drop_oldest(members)
-  if #members == 0 then return end
-  for _, member in ipairs(members) do forget(member) end
-  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #members - 1)
-end
--- The log's member of time ``at`` and sequence ``seq``, or nil: members of one time
--- follow every earlier one by rank, and sort among themselves by their sequence.
-local function member_at(at, seq)
-  local lo = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. at)
-  local hi = lo + redis.call('ZCOUNT', KEYS[1], at, at) - 1
-  while lo <= hi do
-    local mid = math.floor((lo + hi) / 2)
-    local member = redis.call('ZRANGE', KEYS[1], mid, mid)[1]
-    local found = string.sub(member, 1, 20)
-    if found == seq then return member end
-    if found < seq then lo = mid + 1 else hi = mid - 1 end
-  end
-  return nil
-end
--- Drop the namespace's oldest while its bytes are over the bound, at most ``budget``;
--- returns how many it dropped.
-local function trim_namespace(ns, bound, budget)
-  local set = ARGV[8] .. escaped(ns)
-  local dropped = 0
-  while dropped < budget and tonumber(redis.call('HGET', KEYS[3], ns) or '0') > bound do
-    local oldest = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
-    if #oldest == 0 then
-      redis.call('HDEL', KEYS[3], ns)
-      break
-    end
-    local member = member_at(oldest[2], string.sub(oldest[1], 1, 20))
-    if member then
-      forget(member)
-      redis.call('ZREM', KEYS[1], member)
-    else
-      -- Its event left the log without it (a trim by an older server): so do its bytes.
-      redis.call('ZREM', set, oldest[1])
-      uncount(ns, tonumber(string.match(oldest[1], ' (%d+)$')))
-    end
-    dropped = dropped + 1
-  end
-  return dropped
-end
-local bounded = tonumber(ARGV[9])
-for i = 10 + bounded, #ARGV, 3 do
-  local member = log_add(KEYS[1], KEYS[2], ARGV[i], ARGV[i + 1])
-  local slot = tonumber(ARGV[i + 2])
-  if slot > 0 then redis.call('LPUSH', KEYS[slot], member) end
-  local ns, _, size = facts(member)
-  redis.call('ZADD', ARGV[8] .. escaped(ns), ARGV[i], ref(member, size))
-  redis.call('HINCRBY', KEYS[3], ns, size)
-end
-for j = 4, #KEYS do
-  redis.call('LTRIM', KEYS[j], 0, tonumber(ARGV[3]) - 1)
-  redis.call('PEXPIRE', KEYS[j], ARGV[4])
-end
--- The oldest by (time, sequence) are the lowest ranks: first those past ``before``,
--- then past ``keep``, then a namespace's past its bound.
-local budget = tonumber(ARGV[6])
-local old = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2], 'LIMIT', 0, budget)
-drop_oldest(old)
-budget = budget - #old
-local excess = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[1])
-if excess > 0 and budget > 0 then
-  local oldest = redis.call('ZRANGE', KEYS[1], 0, math.min(excess, budget) - 1)
-  drop_oldest(oldest)
-  budget = budget - #oldest
-end
-if redis.call('ZCARD', KEYS[1]) > tonumber(ARGV[1]) then return 1 end
-if #redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2], 'LIMIT', 0, 1) > 0 then
-  return 1
-end
-if ARGV[7] ~= '' then
-  local bound = tonumber(ARGV[7])
-  for n = 10, 9 + bounded do
-    budget = budget - trim_namespace(ARGV[n], bound, budget)
-    if tonumber(redis.call('HGET', KEYS[3], ARGV[n]) or '0') > bound then return 1 end
-  end
-end
-return 0
-"""
-)
-
-# KEYS[1] the events log; ARGV[1] the cursor's time, ARGV[2] its zero-padded sequence
-# (members of that time up to it are skipped), ARGV[3] the exclusive upper bound
-# "(<until>", ARGV[4] how many. Atomic, so that the count skipped is exact however the
-# log changes between pages: a batch's events share one time, so one time can hold
-# many members, and a cursor may stop among them (those it passed come first).
-_READ_EVENTS = """
-local skip = 0
-while true do
-  local chunk = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], ARGV[1], 'LIMIT', skip, 100)
-  local passed = 0
-  for _, member in ipairs(chunk) do
-    if string.sub(member, 1, 20) > ARGV[2] then break end
-    passed = passed + 1
-  end
-  skip = skip + passed
-  if passed < 100 then break end
-end
-return redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], ARGV[3], 'LIMIT', skip, ARGV[4])
-"""
-
-# KEYS[1] the key's failures, a sorted set scored by expiry; ARGV[1] "now" (the new
-# record's created_at), ARGV[2] its expires_at, ARGV[3] its member, ARGV[4] how many to
-# keep, ARGV[5] its lifetime in ms. No member is read: records are large and Redis runs
-# one command at a time. The score is the expiry, so expired members go by score and
-# trimming by rank keeps the longest-lived ones: with one TTL setting, the newest.
-_PUT_FAILURE = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
-redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[4]) + 1))
-if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[5]) then
-  redis.call('PEXPIRE', KEYS[1], ARGV[5])
-end
-"""
-
-# KEYS[1] the lease; ARGV[1] the new lease's value, ARGV[2] its lifetime in ms, ARGV[3]
-# "<lease_id> " of a lease to replace, or "". Returns the lease now held (ours or the
-# live one) and its remaining life in ms.
-_ACQUIRE_LEASE = """
-if ARGV[3] ~= '' then
-  local v = redis.call('GET', KEYS[1])
-  if v and string.sub(v, 1, #ARGV[3]) == ARGV[3] then redis.call('DEL', KEYS[1]) end
-end
-redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
-return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
-"""
-
-# KEYS[1] the lease; ARGV[1] "<lease_id> 0 " (held, not a failure notice), ARGV[2] the
-# new lifetime in ms, or for a release "" (delete) or the failure notice's lifetime.
-_RENEW_LEASE = """
-local v = redis.call('GET', KEYS[1])
-if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
-"""
-_RELEASE_LEASE = """
-local v = redis.call('GET', KEYS[1])
-if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
-if ARGV[2] == '' then
-  redis.call('DEL', KEYS[1])
-else
-  local id = string.sub(ARGV[1], 1, #ARGV[1] - 3)
-  redis.call('SET', KEYS[1], id .. ' 1 ' .. string.sub(v, #ARGV[1] + 1), 'PX', ARGV[2])
-end
-return 1
-"""
-# KEYS[1] the kind's records; ARGV[1] the field, ARGV[2] the new value, ARGV[3] the value
-# it must hold now. Returns 1 when replaced.
-_REPLACE_RECORD = """
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[3] then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-return 1
-"""
-
-_GET_LEASE = """
-return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
-"""
-
-
-def _ns(namespace: str) -> str:
-    # Escape ":" so that namespace "a:b" with key "c" and namespace "a" with key "b:c"
-    # get different Redis keys; "%" too, so the escaping cannot collide with itself.
-    return namespace.replace("%", "%25").replace(":", "%3A")
 
 
 def _entry_key(namespace: str, key: str) -> str:
-    return f"{PREFIX}entry:{_ns(namespace)}:{key}"
+    return f"{PREFIX}entry:{escaped(namespace)}:{key}"
 
 
 def _keys_key(namespace: str) -> str:
-    return f"{PREFIX}keys:{_ns(namespace)}"
+    return f"{PREFIX}keys:{escaped(namespace)}"
 
 
 def _alias_key(namespace: str, alias: str) -> str:
-    return f"{PREFIX}alias:{_ns(namespace)}:{alias}"
+    return f"{PREFIX}alias:{escaped(namespace)}:{alias}"
 
 
 def _stats_key(namespace: str) -> str:
-    return f"{PREFIX}stats:{_ns(namespace)}"
+    return f"{PREFIX}stats:{escaped(namespace)}"
 
 
 def _access_key(namespace: str) -> str:
-    return f"{PREFIX}access:{_ns(namespace)}"
+    return f"{PREFIX}access:{escaped(namespace)}"
 
 
 def _hits_key(namespace: str) -> str:
-    return f"{PREFIX}hits:{_ns(namespace)}"
+    return f"{PREFIX}hits:{escaped(namespace)}"
 
 
 def _entry_aliases_key(namespace: str, key: str) -> str:
-    return f"{PREFIX}entry-aliases:{_ns(namespace)}:{key}"
+    return f"{PREFIX}entry-aliases:{escaped(namespace)}:{key}"
 
 
 def _records_key(kind: str) -> str:
@@ -519,53 +169,6 @@ def _records_key(kind: str) -> str:
 def _record_field(namespace: str, name: str) -> str:
     # JSON: no separator a namespace or name could contain makes two records meet.
     return json.dumps([namespace, name])
-
-
-def _events_key(namespace: str, key: str) -> str:
-    # The append script builds the same name from EVENT_LISTS, escaping as _ns does.
-    return f"{EVENT_LISTS}{_ns(namespace)}:{key}"
-
-
-def _failures_key(namespace: str, key: str) -> str:
-    return f"{PREFIX}failures:{_ns(namespace)}:{key}"
-
-
-def _lease_key(namespace: str, name: str) -> str:
-    return f"{PREFIX}lease:{_ns(namespace)}:{name}"
-
-
-def _lease_value(lease: Lease) -> str:
-    rest = {
-        "holder": lease.holder,
-        "acquired_at": lease.acquired_at,
-        "expected_seconds": lease.expected_seconds,
-    }
-    return f"{lease.lease_id} {int(lease.failed)} {json.dumps(rest)}"
-
-
-def _lease_from(
-    namespace: str, name: str, value: str | None, ttl_ms: int, now: float
-) -> Lease | None:
-    if value is None:
-        return None
-    # Present is live: PTTL is 0 in a lease's last millisecond, and -1 (no expiry)
-    # cannot happen to a key only ever written with PX; both count as live now.
-    lease_id, failed, rest = value.split(" ", 2)
-    fields = json.loads(rest)
-    return Lease(
-        namespace=namespace,
-        name=name,
-        lease_id=lease_id,
-        holder=fields["holder"],
-        acquired_at=fields["acquired_at"],
-        expires_at=now + max(ttl_ms, 1) / 1000,
-        expected_seconds=fields["expected_seconds"],
-        failed=failed == "1",
-    )
-
-
-def _ms(seconds: float) -> int:
-    return max(1, math.ceil(seconds * 1000))
 
 
 def _token_key(token_id: str) -> str:
@@ -588,19 +191,18 @@ class RedisIndex:
         self._redis = client
         self._where = where
         self._eviction_since: float | None = None
-        self._put_entry = client.register_script(_PUT_ENTRY)
-        self._add_alias = client.register_script(_ADD_ALIAS)
-        self._delete_entry = client.register_script(_DELETE_ENTRY)
-        self._touch_entries = client.register_script(_TOUCH_ENTRIES)
-        self._append_audit = client.register_script(_APPEND_AUDIT)
-        self._append_events = client.register_script(_APPEND_EVENTS)
-        self._read_events = client.register_script(_READ_EVENTS)
-        self._put_failure = client.register_script(_PUT_FAILURE)
-        self._acquire_lease = client.register_script(_ACQUIRE_LEASE)
-        self._renew_lease = client.register_script(_RENEW_LEASE)
-        self._release_lease = client.register_script(_RELEASE_LEASE)
-        self._get_lease = client.register_script(_GET_LEASE)
-        self._replace_record = client.register_script(_REPLACE_RECORD)
+        self._put_entry = client.register_script(PUT_ENTRY)
+        self._add_alias = client.register_script(ADD_ALIAS)
+        self._delete_entry = client.register_script(DELETE_ENTRY)
+        self._touch_entries = client.register_script(TOUCH_ENTRIES)
+        self._append_audit = client.register_script(APPEND_AUDIT)
+        self._events = RedisEvents(client, self._mapped)
+        # The primitives of the roles written once over every backend (primitives.py).
+        self.cells = RedisCells(client, self._mapped)
+        self._leases = CellLeases(self.cells)
+        self.logs = RedisLogs(client, self._mapped)
+        self._failures = LogFailures(self.logs)
+        self._replace_record = client.register_script(REPLACE_RECORD)
 
     @classmethod
     def from_url(cls, url: str) -> RedisIndex:
@@ -697,7 +299,7 @@ class RedisIndex:
     def aliases_of(self, namespace: str, key: str) -> list[str]:
         with self._mapped():
             members = sorted(
-                _str(a) for a in self._redis.smembers(_entry_aliases_key(namespace, key))
+                as_str(a) for a in self._redis.smembers(_entry_aliases_key(namespace, key))
             )
             named = self._redis.mget([_alias_key(namespace, a) for a in members]) if members else []
         # Checked against each alias itself: the set is delete_entry's bookkeeping,
@@ -708,76 +310,34 @@ class RedisIndex:
         keys = [_entry_key(namespace, key), _alias_key(namespace, alias)]
         args = [key, alias, _entry_key(namespace, ""), _entry_aliases_key(namespace, "")]
         with self._mapped():
-            result = _str(self._add_alias(keys=keys, args=args))
+            result = as_str(self._add_alias(keys=keys, args=args))
         return None if result == "absent" else PutResult(result)
 
     # --- failures ---------------------------------------------------------------------
 
+    # --- failures: written once over logs (failures.py) --------------------------------
+
     def put_failure(self, failure: Failure, keep: int) -> None:
-        # The nonce keeps two identical records of one instant two members.
-        member = f"{failure.created_at!r} {secrets.token_hex(8)} {failure.record}"
-        # Relative, on Redis's clock: replicas' clocks may differ from Redis's.
-        lifetime_ms = max(1, math.ceil((failure.expires_at - failure.created_at) * 1000))
-        keys = [_failures_key(failure.namespace, failure.key)]
-        args: list[EncodableT] = [
-            repr(failure.created_at),
-            repr(failure.expires_at),
-            member,
-            keep,
-            lifetime_ms,
-        ]
-        with self._mapped():
-            self._put_failure(keys=keys, args=args)
+        self._failures.put_failure(failure, keep)
 
     def failures(self, namespace: str, key: str, now: float) -> list[Failure]:
-        with self._mapped():
-            found = self._redis.zrevrange(_failures_key(namespace, key), 0, -1, withscores=True)
-        assert isinstance(found, list), type(found)
-        records = []
-        for pair in found:
-            assert isinstance(pair, tuple), type(pair)  # withscores: (member, score)
-            member, expires_at = pair
-            created_at, _nonce, record = _str(member).split(" ", 2)
-            if float(expires_at) > now:
-                records.append(
-                    Failure(namespace, key, record, float(created_at), float(expires_at))
-                )
-        records.sort(key=lambda f: f.created_at, reverse=True)  # newest first
-        return records
+        return self._failures.failures(namespace, key, now)
 
-    # --- leases -----------------------------------------------------------------------
+    # --- leases: written once over cells (leases.py) -----------------------------------
 
     def acquire_lease(self, lease: Lease, replacing: str | None = None) -> Lease:
-        keys = [_lease_key(lease.namespace, lease.name)]
-        args: list[EncodableT] = [
-            _lease_value(lease),
-            _ms(lease.expires_at - lease.acquired_at),
-            f"{replacing} " if replacing else "",
-        ]
-        with self._mapped():
-            value, ttl_ms = self._acquire_lease(keys=keys, args=args)
-        held = _lease_from(lease.namespace, lease.name, value, ttl_ms, lease.acquired_at)
-        if held is None:  # the script SETs, then GETs, atomically: there is a value
-            raise StoreError(f"redis index {self._where}: lease {keys[0]} vanished")
-        return lease if held.lease_id == lease.lease_id else held
+        return self._leases.acquire_lease(lease, replacing)
 
     def renew_lease(self, namespace: str, name: str, lease_id: str, expires_at: float) -> bool:
-        args: list[EncodableT] = [f"{lease_id} 0 ", _ms(expires_at - time.time())]
-        with self._mapped():
-            return bool(self._renew_lease(keys=[_lease_key(namespace, name)], args=args))
+        return self._leases.renew_lease(namespace, name, lease_id, expires_at)
 
     def release_lease(
         self, namespace: str, name: str, lease_id: str, failed_until: float | None
     ) -> bool:
-        life = "" if failed_until is None else str(_ms(failed_until - time.time()))
-        args: list[EncodableT] = [f"{lease_id} 0 ", life]
-        with self._mapped():
-            return bool(self._release_lease(keys=[_lease_key(namespace, name)], args=args))
+        return self._leases.release_lease(namespace, name, lease_id, failed_until)
 
     def get_lease(self, namespace: str, name: str, now: float) -> Lease | None:
-        with self._mapped():
-            value, ttl_ms = self._get_lease(keys=[_lease_key(namespace, name)], args=[])
-        return _lease_from(namespace, name, value, ttl_ms, now)
+        return self._leases.get_lease(namespace, name, now)
 
     # --- tokens -----------------------------------------------------------------------
 
@@ -812,7 +372,7 @@ class RedisIndex:
     def tokens(self) -> list[Token]:
         with self._mapped():
             # Equal scores come back ordered by member, i.e. by token_id.
-            token_ids = [_str(t) for t in self._redis.zrange(TOKENS_BY_AGE, 0, -1)]
+            token_ids = [as_str(t) for t in self._redis.zrange(TOKENS_BY_AGE, 0, -1)]
             pipe = self._redis.pipeline(transaction=False)
             for token_id in token_ids:
                 pipe.hgetall(_token_key(token_id))
@@ -845,13 +405,13 @@ class RedisIndex:
         start = "-" if after is None else f"({after}"
         with self._mapped():
             found = self._redis.zrangebylex(_keys_key(namespace), start, "+", 0, limit)
-            keys = [_str(k) for k in found]
+            keys = [as_str(k) for k in found]
             raws = self._redis.mget([_entry_key(namespace, k) for k in keys]) if keys else []
         entries = []
         for key, raw in zip(keys, raws, strict=True):
             if raw is None:  # deleted since the listing
                 continue
-            stored = json.loads(_str(raw))
+            stored = json.loads(as_str(raw))
             created_at, writer = stored["created_at"], stored["writer"]
             entries.append(Entry(namespace, key, stored["manifest"], created_at, writer))
         return entries
@@ -865,9 +425,11 @@ class RedisIndex:
         if self._eviction_since is None:
             with self._mapped():
                 self._redis.set(EVICTION_SINCE, repr(time.time()), nx=True)
-                since = float(_str(self._redis.get(EVICTION_SINCE)))
+                since = float(as_str(self._redis.get(EVICTION_SINCE)))
                 pattern = f"{PREFIX}keys:*"
-                found = [_str(k)[len(pattern) - 1 :] for k in self._redis.scan_iter(pattern, 1000)]
+                found = [
+                    as_str(k)[len(pattern) - 1 :] for k in self._redis.scan_iter(pattern, 1000)
+                ]
                 names = [unquote(n) for n in found]
                 if names:
                     self._redis.sadd(NAMESPACES, *names)
@@ -879,7 +441,7 @@ class RedisIndex:
         start = "-" if after is None else f"({after}"
         with self._mapped():
             found = self._redis.zrangebylex(_keys_key(namespace), start, "+", 0, limit)
-            keys = [_str(k) for k in found]
+            keys = [as_str(k) for k in found]
             if not keys:
                 return []
             # MULTI/EXEC: the three reads see one moment, never half a deletion.
@@ -888,7 +450,7 @@ class RedisIndex:
             pipe.hmget(_access_key(namespace), keys)
             pipe.hmget(_hits_key(namespace), keys)
             stats, access, hits = pipe.execute()
-            kept = {k: json.loads(_str(raw)) for k, raw in zip(keys, stats, strict=True) if raw}
+            kept = {k: json.loads(as_str(raw)) for k, raw in zip(keys, stats, strict=True) if raw}
             kept.update(self._legacy_stats(namespace, [k for k in keys if k not in kept]))
         return [
             _stats_from(namespace, key, kept[key], last, count, since)
@@ -905,7 +467,7 @@ class RedisIndex:
         legacy = {}
         for key, raw in zip(keys, raws, strict=True):
             if raw is not None:
-                stored = json.loads(_str(raw))
+                stored = json.loads(as_str(raw))
                 facts = entry_facts(stored["manifest"])
                 legacy[key] = _stats_fields(stored["created_at"], stored["writer"], facts)
         return legacy
@@ -940,7 +502,7 @@ class RedisIndex:
     def namespaces(self) -> list[str]:
         self._upgraded()
         with self._mapped():
-            return sorted(_str(ns) for ns in self._redis.smembers(NAMESPACES))
+            return sorted(as_str(ns) for ns in self._redis.smembers(NAMESPACES))
 
     # --- records
 
@@ -974,9 +536,9 @@ class RedisIndex:
         assert isinstance(found, dict), type(found)
         records = []
         for field, value in found.items():
-            ns, name = json.loads(_str(field))
+            ns, name = json.loads(as_str(field))
             if namespace is None or ns == namespace:
-                records.append(Record(kind, ns, name, _str(value)))
+                records.append(Record(kind, ns, name, as_str(value)))
         return sorted(records, key=lambda r: (r.namespace, r.name))
 
     # --- audit log
@@ -1002,69 +564,24 @@ class RedisIndex:
             for pair in rows:
                 assert isinstance(pair, tuple), type(pair)  # withscores: (member, score)
                 member, score = pair
-                if not cursor.advance(_str(member), float(score)):
+                if not cursor.advance(as_str(member), float(score)):
                     continue  # read already, or appended since the read began
-                record = _audit_from(_str(member).split(" ", 1)[1])
+                record = _audit_from(as_str(member).split(" ", 1)[1])
                 if namespace is None or record.namespace == namespace:
                     found.append(record)
             if len(rows) < page:
                 break
         return found[:limit]
 
-    # --- telemetry events
+    # --- telemetry events (redis_events.py)
 
     def append_events(
         self, events: Sequence[Event], keep: int, before: float, max_bytes: int | None = None
     ) -> None:
-        # Every call bounds every namespace of the whole append: a later call may
-        # still owe an earlier one's trimming.
-        bounded = sorted({e.namespace for e in events}) if max_bytes is not None else []
-        more = True
-        for start in range(0, len(events), EVENTS_BATCH):
-            batch = events[start : start + EVENTS_BATCH]
-            more = self._append_event_batch(batch, keep, before, max_bytes, bounded)
-        while more:  # trimming left for later calls: each drops at most TRIM_BATCH
-            more = self._append_event_batch([], keep, before, max_bytes, bounded)
+        self._events.append_events(events, keep, before, max_bytes)
 
-    def _append_event_batch(
-        self,
-        events: Sequence[Event],
-        keep: int,
-        before: float,
-        max_bytes: int | None,
-        bounded: Sequence[str],
-    ) -> bool:
-        """Append (up to EVENTS_BATCH) events and trim, the ``bounded`` namespaces to
-        ``max_bytes`` too; True when more trimming is due."""
-        keys = [EVENTS, EVENTS_SEQ, EVENTS_BYTES]
-        slots: dict[tuple[str, str], int] = {}
-        records: list[EncodableT] = []
-        for event in events:
-            slot = 0
-            if event.key:
-                where = (event.namespace, event.key)
-                if where not in slots:
-                    keys.append(_events_key(*where))
-                    slots[where] = len(keys)  # 1-based in Lua
-                slot = slots[where]
-            records += [repr(event.at), _event_text(event), slot]
-        # The lists outlive the newest event of the batch by no more than its retention.
-        life_ms = _ms(max((e.at for e in events), default=before) - before)
-        args: list[EncodableT] = [
-            keep,
-            repr(before),
-            EVENTS_PER_KEY,
-            life_ms,
-            EVENT_LISTS,
-            TRIM_BATCH,
-            "" if max_bytes is None else max_bytes,
-            EVENTS_BY_NS,
-            len(bounded),
-            *bounded,
-            *records,
-        ]
-        with self._mapped():
-            return bool(self._append_events(keys=keys, args=args))
+    def events_bytes(self, namespace: str) -> int:
+        return self._events.events_bytes(namespace)
 
     def events(
         self,
@@ -1074,59 +591,10 @@ class RedisIndex:
         after: str | None,
         limit: int,
     ) -> tuple[list[Event], str | None]:
-        at, seq = events_start(since, after, limit)
-        if namespaces is not None and not namespaces:
-            return [], None  # of no namespace: nothing to read through the whole log
-        wanted = None if namespaces is None else set(namespaces)
-        # With no filter every event read is kept: read one more than the page.
-        page = EVENTS_PAGE if wanted is not None else min(limit + 1, EVENTS_PAGE)
-        found: list[tuple[tuple[float, int], Event]] = []
-        while len(found) <= limit:
-            args: list[EncodableT] = [repr(at), f"{seq:020d}", f"({until!r}", page]
-            with self._mapped():
-                rows = self._read_events(keys=[EVENTS], args=args)
-            members = [_str(member) for member in rows]
-            for member in members:
-                place, event = _event_from(member)
-                at, seq = place  # read: the next page starts after it
-                if wanted is None or event.namespace in wanted:
-                    found.append((place, event))
-            if len(members) < page:
-                break
-        more = len(found) > limit
-        found = found[:limit]
-        cursor = event_cursor(*found[-1][0]) if more else None
-        return [event for _, event in found], cursor
+        return self._events.events(since, until, namespaces, after, limit)
 
     def events_for_key(self, namespace: str, key: str, limit: int) -> list[Event]:
-        if limit < 1 or not key:
-            return []
-        with self._mapped():
-            items = self._redis.lrange(_events_key(namespace, key), 0, -1)
-        assert isinstance(items, list), type(items)
-        # Pushed in order of appending, which replicas' clocks may not quite follow.
-        found = [_event_from(_str(item)) for item in items]
-        found.sort(key=lambda pair: pair[0], reverse=True)
-        return [event for _, event in found[:limit]]
-
-    def events_bytes(self, namespace: str) -> int:
-        with self._mapped():
-            value = self._redis.hget(EVENTS_BYTES, namespace)
-        return int(_str(value)) if value is not None else 0
-
-
-def _event_text(event: Event) -> str:
-    # JSON has no raw newline: the body starts after the first one.
-    header = json.dumps([event.namespace, event.kind, event.key], ensure_ascii=False)
-    return f"{event.at!r} {header}\n{event.body}"
-
-
-def _event_from(member: str) -> tuple[tuple[float, int], Event]:
-    """An events-log member: its place in the log (time, sequence) and its event."""
-    seq, at, rest = member.split(" ", 2)
-    header, body = rest.split("\n", 1)
-    namespace, kind, key = json.loads(header)
-    return (float(at), int(seq)), Event(float(at), namespace, kind, key, body)
+        return self._events.events_for_key(namespace, key, limit)
 
 
 class _AuditCursor:
@@ -1198,8 +666,8 @@ def _stats_from(
         writer=stored["writer"],
         facts=facts,
         # Absent for an entry written before access times were kept.
-        last_access=max(created_at, since) if last is None else float(_str(last)),
-        hits=0 if hits is None else int(_str(hits)),
+        last_access=max(created_at, since) if last is None else float(as_str(last)),
+        hits=0 if hits is None else int(as_str(hits)),
     )
 
 
@@ -1232,14 +700,8 @@ def _redacted(url: str) -> str:
     return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}{parts.path or '/0'}"
 
 
-def _str(value: object) -> str:
-    # redis-py's annotations allow bytes; a client that decodes responses returns str.
-    assert isinstance(value, str), type(value)
-    return value
-
-
 def _opt_str(value: object) -> str | None:
-    return None if value is None else _str(value)
+    return None if value is None else as_str(value)
 
 
 def _token(token_id: str, fields: object) -> Token:

@@ -61,12 +61,11 @@ def _store_arguments(parser: argparse.ArgumentParser) -> None:
 def local_backends(args: argparse.Namespace) -> Iterator[Any]:
     """The server's stores, opened as ``neffcache serve`` opens them (the index
     wrapped with its documents), as ``Services``; closed after."""
-    from neffcache.server.auth import TokenPresence
     from neffcache.server.blobs import open_blob_store
     from neffcache.server.config_errors import ConfigError
     from neffcache.server.errors import StoreError
     from neffcache.server.index import open_index
-    from neffcache.server.services import Services, durable
+    from neffcache.server.services import build_services
     from neffcache.server.settings import load_settings
 
     try:
@@ -81,8 +80,7 @@ def local_backends(args: argparse.Namespace) -> Iterator[Any]:
         blobs.close()
         raise clihost.CommandError(str(exc)) from None
     try:
-        wrapped = durable(index, blobs, at_start=False)
-        yield Services(settings, blobs, wrapped, TokenPresence(wrapped))
+        yield build_services(settings, blob_store=blobs, index=index, starting=False)
     except StoreError as exc:
         raise clihost.CommandError(f"{exc} (run it again: it takes up what is left)") from None
     finally:

@@ -43,51 +43,53 @@ log = logging.getLogger("neffcache.server")
 T = TypeVar("T")
 
 
-# Not frozen: tests stamp events with a clock of their own by setting ``clock``.
-@dataclass
+@dataclass(frozen=True, eq=False)
 class Services:
+    """The stores and every service built on them (``__post_init__``), once per
+    process: ``build_services`` for a server or the ``--local`` commands; tests with
+    stores in hand may build one directly. Frozen: what a test varies (the stores, the
+    clock) it passes in."""
+
     settings: ServerSettings
     blobs: BlobStore
     index: Index
     tokens: TokenPresence
-    wakeups: Wakeups = field(default_factory=Wakeups)
-    # The clock events are stamped with (tests report several days' events in one run).
+    # The clock events are stamped with and a status's window ends at (tests report
+    # several days' events in one run through a clock of their own).
     clock: Callable[[], float] = time.time
+    wakeups: Wakeups = field(default_factory=Wakeups)
     verified: VerifiedMemo = field(default_factory=lambda: VerifiedMemo(3600.0))
     access: AccessLog = field(default_factory=AccessLog)
     # The stores build_services opened, which close() closes; injected ones stay open.
     owned: tuple[Any, ...] = ()
-    blob_use: BlobUse = field(init=False)
     # Built from the stores and settings (__post_init__).
+    blob_use: BlobUse = field(init=False)
     policies: Policies = field(init=False)
     audit: AuditLog = field(init=False)
+    metrics: Metrics = field(init=False)
     evictor: Evictor = field(init=False)
     maintenance: Maintenance = field(init=False)
-    metrics: Metrics = field(init=False)
     usage: UsageMemo = field(init=False)  # what each namespace holds, a minute old at most
 
     def __post_init__(self) -> None:
-        self.blob_use = BlobUse(self.settings.blob_grace_seconds)
-        self.policies = Policies(self.index, self.settings)
-        self.audit = AuditLog(self.index, self.settings.audit_keep)
-        self.metrics = Metrics(self._usage)
-        self.evictor = Evictor(
-            self.index,
-            self.blobs,
-            self.policies,
-            self.audit,
-            self.settings,
-            self.blob_use,
-            metrics=self.metrics,
+        def built(name: str, part: T) -> T:
+            object.__setattr__(self, name, part)  # once, here: the instance is frozen
+            return part
+
+        settings, index, blobs = self.settings, self.index, self.blobs
+        blob_use = built("blob_use", BlobUse(settings.blob_grace_seconds))
+        policies = built("policies", Policies(index, settings))
+        audit = built("audit", AuditLog(index, settings.audit_keep))
+        # Before the evictor, which counts into them; their gauges read ``usage``, built
+        # last, only when scraped.
+        metrics = built("metrics", Metrics(self._usage))
+        evictor = built(
+            "evictor",
+            Evictor(index, blobs, policies, audit, settings, blob_use, metrics=metrics),
         )
-        self.maintenance = Maintenance(
-            self.index,
-            self.evictor,
-            self.access,
-            self.settings,
-            IndexRecovery(self.index, self.blobs),
-        )
-        self.usage = UsageMemo(self.evictor)
+        recovery = IndexRecovery(index, blobs)
+        built("maintenance", Maintenance(index, evictor, self.access, settings, recovery))
+        built("usage", UsageMemo(evictor))
 
     def _usage(self) -> Iterator[Usage]:
         for policy in self.policies.all():
@@ -122,10 +124,15 @@ def build_services(
     *,
     blob_store: BlobStore | None = None,
     index: Index | None = None,
+    clock: Callable[[], float] = time.time,
+    starting: bool = True,
 ) -> Services:
     """The stores (injected, as tests do, or opened from the settings' URLs, then owned
-    and closed by ``Services.close``), the index wrapped with its durable copy, the
-    bootstrap admin token ensured, and every service built on them."""
+    and closed by ``Services.close``), the index wrapped with its durable copy, and
+    every service built on them. ``starting``: for a server starting, the index is
+    marked complete when it is (``durable``) and the bootstrap admin token ensured;
+    the ``--local`` commands, on a stopped server's stores, pass False. ``clock``
+    stamps events (``Services.clock``)."""
     owned: list[Any] = []
     if blob_store is None:
         blob_store = open_blob_store(settings.blob_store_url())
@@ -133,9 +140,9 @@ def build_services(
     if index is None:
         index = open_index(settings.index_store_url())
         owned.append(index)
-    index = durable(index, blob_store)
+    index = durable(index, blob_store, at_start=starting)
     changes = []
-    if settings.bootstrap_admin_token is not None:
+    if starting and settings.bootstrap_admin_token is not None:
         changes = ensure_bootstrap_token(index, settings.bootstrap_admin_token.get_secret_value())
     # Debug: `neffcache serve` prints where its data is in its start-up banner (banner.py).
     log.debug(
@@ -148,6 +155,7 @@ def build_services(
         blob_store,
         index,
         TokenPresence(index),
+        clock=clock,
         verified=VerifiedMemo(settings.reverify_seconds),
         owned=tuple(owned),
     )

@@ -8,16 +8,14 @@ last chunk held back until the digest matches. A verified, unchanged file is sen
 unhashed, its last chunk held back until its stamp is checked once more.
 
 Each function blocks on the store; a miss (no such blob, or a corrupt one, now
-quarantined) is None, a bad range ``RangeNotSatisfiable``. An upload is stored only
-once its length and BLAKE3 are the ones announced (``store``).
+quarantined) is None, a bad range ``RangeNotSatisfiable``. Uploads are
+services/uploads.py.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import re
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,7 +25,7 @@ from typing import Literal
 import blake3
 
 from neffcache.server.blobs import BlobStore
-from neffcache.server.errors import BadRequest, RangeNotSatisfiable, StoreError, TooLarge
+from neffcache.server.errors import RangeNotSatisfiable, StoreError
 from neffcache.server.scrub import Verdict, quarantine, verify
 from neffcache.server.services import Services
 
@@ -82,44 +80,6 @@ class File:
 
 
 Read = Whole | Chunks | Presigned
-
-
-@dataclass(frozen=True)
-class Upload:
-    """A received upload: the digest and length announced, and what arrived."""
-
-    digest: str
-    announced: int  # Content-Length
-    received: int
-    actual: str  # the BLAKE3 of the bytes received
-
-
-def check_announced(services: Services, content_length: int | None) -> int:
-    """The length an upload announces, if the server takes blobs that large."""
-    if content_length is None:
-        raise BadRequest("Content-Length is required")
-    if content_length > services.settings.max_blob_bytes:
-        raise TooLarge(f"{content_length} bytes is over max_blob_bytes")
-    return content_length
-
-
-def staging_file(services: Services) -> Path:
-    """A new empty file beside the blobs, for an upload to stream into."""
-    fd, name = tempfile.mkstemp(prefix="upload-", dir=services.blobs.staging_dir())
-    os.close(fd)
-    return Path(name)
-
-
-def store(services: Services, staged: Path, upload: Upload) -> bool:
-    """Commit a staged upload under its digest once it is the blob announced (else
-    BadRequest); True when it is new, False when the blob was there already."""
-    if upload.received != upload.announced:
-        raise BadRequest(
-            f"received {upload.received} bytes, Content-Length said {upload.announced}"
-        )
-    if upload.actual != upload.digest:
-        raise BadRequest(f"the body hashes to {upload.actual}, not {upload.digest}")
-    return services.blobs.commit(staged, upload.digest)
 
 
 def read(services: Services, digest: str, range_header: str | None) -> Read | None:

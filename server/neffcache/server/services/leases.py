@@ -14,16 +14,15 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
+from neffcache.protocol import AnswerState
 from neffcache.server.errors import Conflict
 from neffcache.server.index import Failure, Lease
 from neffcache.server.lookup import find_name, stamped
 from neffcache.server.manifest import HEX64
 from neffcache.server.services import Services
 from neffcache.server.settings import ServerSettings
-
-State = Literal["done", "granted", "held", "failed", "free"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ class Asking:
 
 @dataclass(frozen=True)
 class Answer:
-    state: State
+    state: AnswerState
     entry: str | None = None  # the entry's JSON (``stamped``), when done
     lease: Lease | None = None  # ours when granted, else the live one
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from neffcache.protocol import COUNTER_NAME
+from neffcache.protocol import COUNTER_NAME, MODEL_LABEL, MODEL_LABEL_MAX
 from neffcache.server.errors import BadRequest
 from neffcache.server.manifest import (
     HEX64,
@@ -42,7 +42,6 @@ EVENT_MAX_BYTES = 16 << 10
 # Shapes are sent only for graphs of at most this many instructions.
 MAX_SHAPES = 2048
 NAME_MAX = 255
-MODEL_MAX = 200
 CODE_MAX = 64  # a reason or a fall-back
 MAX_COUNTERS = 64
 # No compile, fetch or saving lasts longer: a larger value is a client's bug.
@@ -76,7 +75,7 @@ class _Event(BaseModel):
     host: Name | None = None
     instance_type: Name | None = None
     model: str | None = Field(
-        None, min_length=1, max_length=MODEL_MAX, pattern=r"^[^\x00-\x1f\x7f]+$"
+        None, min_length=1, max_length=MODEL_LABEL_MAX, pattern=f"^{MODEL_LABEL}$"
     )
     via: Literal["hook", "wrapper", "prewarm"] | None = None
     pid: Count | None = None

@@ -1,4 +1,6 @@
-"""Helpers for the recovery regression tests (tests/recovery/regressions/)."""
+"""What the recovery tests that drive the stores and the service layer in this process
+share (tests/recovery): an entry published as the API publishes one, its blobs'
+digests, and the service layer's ``Backends`` over given stores."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from neffcache.server.manifest import canonical_json
 from neffcache.server.settings import ServerSettings
 
 NS = "team-a"
-BOOT = "nfc_bootstrap_secret_for_regression_tests_0123456789abcdef"
+BOOT = "nfc_bootstrap_secret_for_recovery_tests_0123456789abcdef"
 
 
 def commit(store: BlobStore, data: bytes) -> str:
@@ -55,7 +57,9 @@ def digests(entry: Entry) -> set[str]:
     return {ref["digest"] for ref in files.values()}
 
 
-def backends(index: Index, blobs: BlobStore, tmp: Path, **settings: Any) -> Backends:
+def service_backends(index: Index, blobs: BlobStore, tmp: Path, **settings: Any) -> Backends:
+    """The service layer over ``index`` and ``blobs``, with no background passes, no
+    grace for blobs and no default TTL unless ``settings`` say otherwise."""
     values: dict[str, Any] = {
         "data_dir": tmp,
         "eviction_interval_seconds": 0,

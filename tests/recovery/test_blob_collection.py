@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
-from recovery.regressions.support import BOOT, NS, backends, commit, digests, publish
+from support.recovery import BOOT, NS, commit, digests, publish, service_backends
 
 from neffcache.server.app import create_app
 from neffcache.server.blobs.fs import FsBlobStore
@@ -25,7 +25,7 @@ from neffcache.server.settings import ServerSettings
 
 
 def test_an_index_restored_from_its_backup_keeps_the_blobs_of_later_entries(
-    tmp_path: Path, stores: list[Any]
+    tmp_path: Path, to_close: list[Any]
 ) -> None:
     """Was broken: the marker is a row of the index, so every partial loss of the index
     keeps it: a SQLite index restored from ``sqlite3 index.db .backup`` (what
@@ -42,7 +42,7 @@ def test_an_index_restored_from_its_backup_keeps_the_blobs_of_later_entries(
     compare with the index rows; restore (or at least count as referenced) every
     documented entry the index lacks. The marker can then go."""
     blobs = FsBlobStore(tmp_path / "store")
-    stores.append(blobs)
+    to_close.append(blobs)
     db = tmp_path / "index.db"
     index = SqliteIndex(db)
     wrapped = durable(index, blobs)  # start-up: a new cache, marked complete
@@ -60,8 +60,8 @@ def test_an_index_restored_from_its_backup_keeps_the_blobs_of_later_entries(
         Path(f"{db}{suffix}").unlink(missing_ok=True)
     shutil.copy(backup, db)
     restored = SqliteIndex(db)
-    stores.append(restored)
-    server = backends(durable(restored, blobs), blobs, tmp_path)
+    to_close.append(restored)
+    server = service_backends(durable(restored, blobs), blobs, tmp_path)
     assert is_complete(restored)  # the marker came back with the backup
     server.maintenance.run("evictor")
 
@@ -70,7 +70,7 @@ def test_an_index_restored_from_its_backup_keeps_the_blobs_of_later_entries(
 
 
 def test_start_up_does_not_mark_an_empty_index_complete_beside_a_store_full_of_blobs(
-    tmp_path: Path, stores: list[Any]
+    tmp_path: Path, to_close: list[Any]
 ) -> None:
     """Was broken: ``check_at_start`` marks an index complete whenever the store holds no
     document, even when the index is EMPTY and the store is full of blobs. That is
@@ -85,11 +85,11 @@ def test_start_up_does_not_mark_an_empty_index_complete_beside_a_store_full_of_b
     entries, or the store holds no blobs); otherwise leave it to ``reindex``/``fsck
     --repair``. Better still, the document-listing check of the previous test."""
     original = MemoryBlobStore()
-    stores.append(original)
+    to_close.append(original)
     entries = [publish(durable(MemoryIndex(), original), original, f"e{n}") for n in range(3)]
 
     restoring = MemoryBlobStore()
-    stores.append(restoring)
+    to_close.append(restoring)
     for digest in sorted({d for e in entries for d in digests(e)}):
         chunks = original.read(digest)
         assert chunks is not None
@@ -100,7 +100,7 @@ def test_start_up_does_not_mark_an_empty_index_complete_beside_a_store_full_of_b
         data = original.get_document(name)
         assert data is not None
         restoring.put_document(name, data)
-    server = backends(server_index, restoring, tmp_path)
+    server = service_backends(server_index, restoring, tmp_path)
     server.maintenance.run("evictor")
     report = reindex(index, restoring, restoring)
 
@@ -108,7 +108,7 @@ def test_start_up_does_not_mark_an_empty_index_complete_beside_a_store_full_of_b
 
 
 def test_fsck_repair_beside_the_evicting_replica_never_leaves_an_entry_without_its_blob(
-    tmp_path: Path, stores: list[Any]
+    tmp_path: Path, to_close: list[Any]
 ) -> None:
     """Was broken: ``fsck --repair`` collects orphans itself (``Evictor.remove_blobs`` with
     ``leading=lambda: True``), beside the replica that holds the evictor lease, which
@@ -125,7 +125,7 @@ def test_fsck_repair_beside_the_evicting_replica_never_leaves_an_entry_without_i
     weaker than a collection's: ``modified`` older than the grace, with no second
     sighting and no ``BlobUse``.)"""
     blobs, index = MemoryBlobStore(), MemoryIndex()
-    stores.append(blobs)
+    to_close.append(blobs)
     settings = ServerSettings(
         data_dir=tmp_path,
         bootstrap_admin_token=BOOT,
@@ -135,8 +135,8 @@ def test_fsck_repair_beside_the_evicting_replica_never_leaves_an_entry_without_i
     app = create_app(settings, blob_store=blobs, index=index)
     data = b"a NEFF whose first entry was evicted" * 100
     digest = commit(blobs, data)  # an orphan: its entry was evicted
-    leader = backends(DurableIndex(index, blobs), blobs, tmp_path)
-    admin_host = backends(DurableIndex(index, blobs), blobs, tmp_path)
+    leader = service_backends(DurableIndex(index, blobs), blobs, tmp_path)
+    admin_host = service_backends(DurableIndex(index, blobs), blobs, tmp_path)
     key = "ab" * 32
     manifest = {"key": key, "files": {"model.neff": {"digest": digest, "size": len(data)}}}
     answers: list[int] = []

@@ -27,6 +27,14 @@ from typing import Any, BinaryIO, NamedTuple
 
 import blake3
 
+from neffcache.client.bridge.remote import Refused, Remote
+from neffcache.client.bridge.report import Progress, Report
+from neffcache.client.bridge.stock import (
+    ReadError,
+    State,
+    StockEntry,
+    StockSource,
+)
 from neffcache.keying import (
     STOCK_FLAGS_NAMES,
     STOCK_HLO_NAMES,
@@ -42,14 +50,7 @@ from neffcache.keying import (
     parse_neuron_address,
     read_stock_flags,
 )
-from neffcache.server.bridge.remote import FILE_NAME, Refused, Remote
-from neffcache.server.bridge.report import Progress, Report
-from neffcache.server.bridge.stock import (
-    ReadError,
-    State,
-    StockEntry,
-    StockSource,
-)
+from neffcache.protocol import FILE_NAME
 
 DONE_OUTCOMES = ("imported", "present", "conflict")
 SKIPPED = ("failed", "locked", "empty", "incomplete", "unkeyable")

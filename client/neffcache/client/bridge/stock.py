@@ -38,10 +38,10 @@ import stat
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import BinaryIO, Protocol
 from urllib.parse import urlsplit
 
+from neffcache.client.bridge import s3
 from neffcache.keying import (
     STOCK_DONE,
     STOCK_FLAGS_TXT,
@@ -265,9 +265,9 @@ class S3Source:
     """A stock cache under ``s3://bucket/prefix``, one object per file
     (docs/neuron-sdk.md#s3-backend).
 
-    The client is the S3 blob store's (``blobs/s3.py``): the endpoint comes from
-    ``AWS_ENDPOINT_URL_S3``, else ``AWS_ENDPOINT_URL``, credentials from boto3's
-    usual chain, and its errors name only the S3 error code."""
+    The client is ``s3.py``'s, made as the server's S3 blob store makes its own: the
+    endpoint from ``AWS_ENDPOINT_URL_S3``, else ``AWS_ENDPOINT_URL``, credentials from
+    boto3's usual chain; its errors name only the S3 error code."""
 
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
@@ -280,12 +280,9 @@ class S3Source:
         prefix = parts.path.strip("/")
         self.base = f"{prefix}/" if prefix else ""  # every key starts with this
         self.where = f"s3://{self.bucket}/{prefix}"
-        self._s3 = _s3_module()
-        from neffcache.server.config_errors import ConfigError
-
         try:
-            self._client = self._s3.make_client()
-        except ConfigError as exc:
+            self._client = s3.make_client()
+        except s3.S3Error as exc:
             raise SourceError(str(exc)) from None
 
     def entries(self) -> list[StockEntry]:
@@ -323,23 +320,9 @@ class S3Source:
 
     @contextlib.contextmanager
     def _errors(self, action: str) -> Iterator[None]:
-        """The blob store's one-line S3 errors, as SourceErrors naming the source."""
-        from neffcache.server.errors import StoreError
-
+        """``s3.py``'s one-line S3 errors, as SourceErrors naming the source."""
         try:
-            with self._s3.s3_errors(action):
+            with s3.s3_errors(action):
                 yield
-        except StoreError as exc:
+        except s3.S3Error as exc:
             raise SourceError(f"{self.where}: {exc}") from None
-
-
-def _s3_module() -> ModuleType:
-    try:
-        # boto3 first: the blob store's module may be loaded already while boto3 is not
-        # importable here.
-        import boto3  # type: ignore[import-untyped]  # noqa: F401
-
-        from neffcache.server.blobs import s3
-    except ImportError:
-        raise SourceError("reading s3:// needs boto3: pip install 'neffcache[s3]'") from None
-    return s3

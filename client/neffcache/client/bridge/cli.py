@@ -1,10 +1,11 @@
-"""``neffcache import`` and ``neffcache export``, added to the ``neffcache`` command
-through the ``neffcache.cli`` entry point (docs/bridge.md).
+"""``neffcache import`` and ``neffcache export``, commands of the client's
+``neffcache`` (docs/bridge.md): they need the base install, and boto3 (the ``s3``
+extra) only for an ``s3://`` source.
 
-Importing this module is cheap: httpx, boto3 and keying's protobuf load inside the
-commands (keying itself, which the host CLI imports anyway, costs little); the
-commands need httpx, not the rest of the ``server`` extra. The server, namespace and
-token are named as for every command (the host CLI's resolver, handed to ``register``).
+Importing this module is cheap: the HTTP client, boto3 and keying's protobuf load
+inside the commands (keying itself, which the CLI imports anyway, costs little). The
+server, namespace and token are named as for every command (the CLI's resolver,
+``cli/_server.py``, handed to ``register`` as the server's commands get it).
 A bad input, an unreadable source or a refused token is one line on stderr and exit
 code 2; a server that cannot answer, one line and exit 1; a run that finished with
 per-entry errors exits 1; an interrupted one (Ctrl-C) says so in one line and exits
@@ -24,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from neffcache.server.bridge.remote import Remote
-    from neffcache.server.bridge.report import Report
+    from neffcache.client.bridge.remote import Remote
+    from neffcache.client.bridge.report import Report
 
 # The host CLI's ``_server`` module (resolver and error types), set at registration.
 host: Any = None
@@ -105,11 +106,9 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
 def run_import(args: argparse.Namespace, extra: list[str]) -> int:
     _no_extra(extra)
     target = host.resolve(args, namespace=True)
-    import httpx  # noqa: F401 -- first: where it is missing, the host CLI names the extra
-
-    from neffcache.server.bridge.importer import import_cache, import_report
-    from neffcache.server.bridge.report import Progress
-    from neffcache.server.bridge.stock import SourceError, open_source
+    from neffcache.client.bridge.importer import import_cache, import_report
+    from neffcache.client.bridge.report import Progress
+    from neffcache.client.bridge.stock import SourceError, open_source
 
     progress = Progress("neffcache import", sys.stderr)
     try:
@@ -136,10 +135,8 @@ def run_import(args: argparse.Namespace, extra: list[str]) -> int:
 def run_export(args: argparse.Namespace, extra: list[str]) -> int:
     _no_extra(extra)
     target = host.resolve(args, namespace=True)
-    import httpx  # noqa: F401 -- first: where it is missing, the host CLI names the extra
-
-    from neffcache.server.bridge.exporter import Filters, export_cache, export_report, parse_since
-    from neffcache.server.bridge.report import Progress
+    from neffcache.client.bridge.exporter import Filters, export_cache, export_report, parse_since
+    from neffcache.client.bridge.report import Progress
 
     try:
         since = None if args.since is None else parse_since(args.since)
@@ -180,9 +177,12 @@ def run_export(args: argparse.Namespace, extra: list[str]) -> int:
 def _connected(target: Any) -> Iterator[Remote]:
     """A Remote for the run; its ``Unusable`` becomes the command's one-line error: a
     refused token is bad input (exit 2), any other a server that cannot answer (1)."""
-    from neffcache.server.bridge.remote import Remote, TokenRefused, Unusable
+    from neffcache.client.bridge.remote import Remote, TokenRefused, Unusable
 
-    remote = Remote(target.server, target.namespace, target.token)
+    try:
+        remote = Remote(target.server, target.namespace, target.token)
+    except Unusable as exc:
+        raise host.ServerUnavailable(str(exc)) from None
     try:
         yield remote
     except TokenRefused as exc:

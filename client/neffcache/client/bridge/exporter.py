@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import re
 import secrets
 import shutil
 import stat
@@ -48,6 +47,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from neffcache.client.bridge.remote import Refused, Remote
+from neffcache.client.bridge.report import Progress, Report
 from neffcache.keying import (
     STOCK_DONE,
     STOCK_FLAGS_TXT,
@@ -57,8 +58,7 @@ from neffcache.keying import (
     is_stock_artifact,
     parse_neuron_address,
 )
-from neffcache.server.bridge.remote import FILE_NAME, HEX64, Refused, Remote
-from neffcache.server.bridge.report import Progress, Report
+from neffcache.protocol import Manifest, parse
 
 DONE_OUTCOMES = ("exported", "present")
 SKIPPED = ("filtered", "no_address", "env", "occupied")
@@ -160,14 +160,14 @@ def export_entry(
     try:
         if not filters.keep(manifest):
             return "filtered", None
-        addresses = stock_addresses(remote, manifest)
+        entry = parse(manifest)  # ManifestError, a ValueError, names the bad field
+        addresses = stock_addresses(remote, entry)
         if not addresses:
             return "no_address", None
-        components = manifest.get("components")
-        if isinstance(components, dict) and components.get("env"):
+        if entry.components.get("env"):
             return "env", None
-        files = stock_files(manifest)
-        era = stock_era(manifest, files)
+        files = stock_files(entry)
+        era = stock_era(entry, files)
     except (KeyingError, ValueError) as exc:
         return "error", f"the server sent an entry that cannot be exported: {exc}"
     except Refused as exc:
@@ -250,16 +250,11 @@ def _refuse_a_link(folder: Path) -> None:
         raise Refused(f"{folder} is not a folder")
 
 
-def stock_addresses(remote: Remote, manifest: dict[str, Any]) -> list[str]:
+def stock_addresses(remote: Remote, entry: Manifest) -> list[str]:
     """The entry's own Neuron address, then every other alias of it that is one, in
-    the server's order. KeyingError for an own address that is not one; an alias
-    that is not is skipped (no SDK could look it up)."""
-    own = manifest.get("neuron_address")
-    found = [str(parse_neuron_address(own))] if isinstance(own, str) else []
-    key = manifest.get("key")
-    if not isinstance(key, str) or not re.fullmatch(HEX64, key):
-        return found
-    for alias in remote.aliases(key):
+    the server's order. An alias that is not one is skipped (no SDK could look it up)."""
+    found = [str(parse_neuron_address(entry.neuron_address))] if entry.neuron_address else []
+    for alias in remote.aliases(entry.key):
         with contextlib.suppress(KeyingError):
             address = str(parse_neuron_address(alias))
             if address not in found:
@@ -267,10 +262,10 @@ def stock_addresses(remote: Remote, manifest: dict[str, Any]) -> list[str]:
     return found
 
 
-def stock_era(manifest: dict[str, Any], files: dict[str, tuple[str, int]]) -> StockEra:
+def stock_era(entry: Manifest, files: dict[str, tuple[str, int]]) -> StockEra:
     """The layout the entry came from: its ``stock_era``, else what its files say (a
     ``compile_flags.txt`` is the oldest era's). ValueError for an unknown era."""
-    named = manifest.get("stock_era")
+    named = entry.extra.get("stock_era")
     if named is not None:
         if not isinstance(named, str):
             raise ValueError(f"stock_era {str(named)[:40]!r}")
@@ -283,23 +278,12 @@ def complete(place: Path, era: StockEra) -> bool:
     return (place / (STOCK_DONE if era.marks_done else STOCK_NEFF)).exists()
 
 
-def stock_files(manifest: dict[str, Any]) -> dict[str, tuple[str, int]]:
+def stock_files(entry: Manifest) -> dict[str, tuple[str, int]]:
     """The files to write, name -> (digest, size): every file of the manifest but the
-    state markers and locks a stock entry must not carry. ValueError if malformed."""
-    files = manifest.get("files")
-    if not isinstance(files, dict) or not files:
-        raise ValueError("no files")
-    kept: dict[str, tuple[str, int]] = {}
-    for name, ref in files.items():
-        digest = ref.get("digest") if isinstance(ref, dict) else None
-        size = ref.get("size") if isinstance(ref, dict) else None
-        if not re.fullmatch(FILE_NAME, name) or not isinstance(digest, str):
-            raise ValueError(f"file {name!r}")
-        if not re.fullmatch(HEX64, digest) or not isinstance(size, int) or size < 0:
-            raise ValueError(f"file {name!r}: digest or size")
-        if is_stock_artifact(name):
-            kept[name] = (digest, size)
-    return kept
+    state markers and locks a stock entry must not carry."""
+    return {
+        name: (ref.digest, ref.size) for name, ref in entry.files.items() if is_stock_artifact(name)
+    }
 
 
 def write_lock(dest: Path) -> None:

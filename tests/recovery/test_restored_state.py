@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
-from recovery.regressions.support import BOOT, NS, backends, publish
+from support.recovery import BOOT, NS, publish, service_backends
 
 from neffcache.server.app import create_app
 from neffcache.server.auth import hash_secret
@@ -29,7 +29,7 @@ DAY = 86400.0
 
 
 def test_a_reindexed_entry_in_daily_use_is_not_expired_by_the_next_pass(
-    tmp_path: Path, stores: list[Any]
+    tmp_path: Path, to_close: list[Any]
 ) -> None:
     """Was broken: expiry is by last access (plan.py: "unused ... for longer than the
     TTL"), and reindex restores every entry with ``last_access = created_at``. So the
@@ -43,25 +43,27 @@ def test_a_reindexed_entry_in_daily_use_is_not_expired_by_the_next_pass(
     ``at=now, hits=0`` after a CREATED restore), or documents carry a coarse
     last-access time written now and then."""
     blobs, index = MemoryBlobStore(), MemoryIndex()
-    stores.append(blobs)
+    to_close.append(blobs)
     wrapped = durable(index, blobs)
     now = time.time()
     hot = publish(wrapped, blobs, "in use every day", created_at=now - 40 * DAY)
     index.touch_entries([Touch(NS, hot.key, now - 60, 500)])
     ttl = {"default_ttl_seconds": 30 * DAY}
     assert [
-        v for p in backends(wrapped, blobs, tmp_path, **ttl).evictor.plan() for v in p.victims
+        v
+        for p in service_backends(wrapped, blobs, tmp_path, **ttl).evictor.plan()
+        for v in p.victims
     ] == []
 
     wiped = MemoryIndex()  # Redis restarted without persistence
     assert reindex(wiped, blobs, blobs).restored == 1
-    after = backends(DurableIndex(wiped, blobs), blobs, tmp_path, **ttl)
+    after = service_backends(DurableIndex(wiped, blobs), blobs, tmp_path, **ttl)
     victims = [(v.stats.key, v.reason) for p in after.evictor.plan() for v in p.victims]
     assert victims == [], f"a reindexed entry in daily use would be removed: {victims}"
 
 
 def test_a_revoked_bootstrap_token_stays_revoked_after_a_wipe_and_a_restart(
-    tmp_path: Path, stores: list[Any]
+    tmp_path: Path, to_close: list[Any]
 ) -> None:
     """Was broken: a replica that starts on a wiped index runs ``ensure_bootstrap_token``
     before any reindex (app.py: ``durable`` then the bootstrap). The token's hash is
@@ -76,7 +78,7 @@ def test_a_revoked_bootstrap_token_stays_revoked_after_a_wipe_and_a_restart(
     ``ensure_bootstrap_token``) reads the token's document first and keeps
     ``revoked``; or restore tokens from documents before the bootstrap at start-up."""
     blobs = MemoryBlobStore()
-    stores.append(blobs)
+    to_close.append(blobs)
     settings = ServerSettings(
         data_dir=tmp_path, bootstrap_admin_token=BOOT, eviction_interval_seconds=0
     )
@@ -99,7 +101,7 @@ def test_a_revoked_bootstrap_token_stays_revoked_after_a_wipe_and_a_restart(
     assert token.revoked, "the revoked bootstrap admin token is valid again after a reindex"
 
 
-def test_fsck_repair_never_un_revokes_a_token(tmp_path: Path, stores: list[Any]) -> None:
+def test_fsck_repair_never_un_revokes_a_token(tmp_path: Path, to_close: list[Any]) -> None:
     """Was broken: fsck compares token documents with the index and, on --repair, writes
     the index's row over the document (``sync_token``). After an index restored from
     a backup taken before a revocation (or a Redis snapshot), the index says "not
@@ -110,7 +112,7 @@ def test_fsck_repair_never_un_revokes_a_token(tmp_path: Path, stores: list[Any])
     Fix: in fsck, a token is revoked if either side says so: revoke in the index,
     never write ``revoked: false`` over ``revoked: true``."""
     blobs = MemoryBlobStore()
-    stores.append(blobs)
+    to_close.append(blobs)
     token = Token("tok-leaked", hash_secret("nfc_leaked"), "admin", ("*",), "ci", 1.7e9)
     live = DurableIndex(MemoryIndex(), blobs)
     live.put_token(token)
@@ -119,7 +121,7 @@ def test_fsck_repair_never_un_revokes_a_token(tmp_path: Path, stores: list[Any])
     from_backup = MemoryIndex()  # the index as it was before the revocation
     from_backup.put_token(token)
     mark_complete(from_backup, "restored from a backup")
-    fsck(backends(DurableIndex(from_backup, blobs), blobs, tmp_path), repair=True)
+    fsck(service_backends(DurableIndex(from_backup, blobs), blobs, tmp_path), repair=True)
 
     data = blobs.get_document(docs.token_name(token.token_id))
     assert data is not None
@@ -138,7 +140,7 @@ class FlakyDeletes(MemoryBlobStore):
 
 
 def test_a_removed_pin_whose_document_delete_failed_is_found_by_fsck(
-    tmp_path: Path, stores: list[Any]
+    tmp_path: Path, to_close: list[Any]
 ) -> None:
     """Was broken: removing a pin deletes the row, then the document. When the document
     delete fails the admin gets 503, and the retry 404 (the row is gone), so the
@@ -151,7 +153,7 @@ def test_a_removed_pin_whose_document_delete_failed_is_found_by_fsck(
     row), so a failure leaves the row and a retry works; and have fsck list
     ``tokens/`` and ``records/`` and report documents without a row."""
     blobs = FlakyDeletes()
-    stores.append(blobs)
+    to_close.append(blobs)
     settings = ServerSettings(
         data_dir=tmp_path, bootstrap_admin_token=BOOT, eviction_interval_seconds=0
     )
@@ -176,12 +178,12 @@ def test_a_removed_pin_whose_document_delete_failed_is_found_by_fsck(
         assert fsck(app.state.backends).problems == 0
 
 
-def test_fsck_restores_a_pin_whose_row_the_index_lost(tmp_path: Path, stores: list[Any]) -> None:
+def test_fsck_restores_a_pin_whose_row_the_index_lost(tmp_path: Path, to_close: list[Any]) -> None:
     """Nothing lost: a pin whose row is gone without a tombstone (an index restored
     from a backup older than the pin) is put back by fsck --repair, not taken for a
     removed one."""
     blobs = FlakyDeletes()
-    stores.append(blobs)
+    to_close.append(blobs)
     settings = ServerSettings(
         data_dir=tmp_path, bootstrap_admin_token=BOOT, eviction_interval_seconds=0
     )
@@ -201,7 +203,7 @@ def test_fsck_restores_a_pin_whose_row_the_index_lost(tmp_path: Path, stores: li
 
 
 def test_fsck_never_restores_an_untrusted_entry_into_a_trusted_writers_only_namespace(
-    tmp_path: Path, stores: list[Any]
+    tmp_path: Path, to_close: list[Any]
 ) -> None:
     """Was broken: a publish whose second ``check_writer`` fails (the namespace turned
     trusted-writers-only meanwhile, api/entries.py ``_publish``) takes its entry
@@ -216,7 +218,7 @@ def test_fsck_never_restores_an_untrusted_entry_into_a_trusted_writers_only_name
     only once ``_publish`` has settled (after the second check), or delete the
     document before the row on a take-back."""
     blobs = FlakyDeletes()
-    stores.append(blobs)
+    to_close.append(blobs)
     settings = ServerSettings(
         data_dir=tmp_path, bootstrap_admin_token=BOOT, eviction_interval_seconds=0
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from recovery.regressions.support import backends, publish
+from support.recovery import publish, service_backends
 
 from neffcache.server import cli
 from neffcache.server.blobs import open_blob_store
@@ -55,7 +55,7 @@ def plain_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.e2e
 def test_a_new_cache_set_up_as_documented_is_not_taken_for_a_lost_index(
-    tmp_path: Path, plain_env: None, stores: list[Any]
+    tmp_path: Path, plain_env: None, to_close: list[Any]
 ) -> None:
     """Was broken: the documented first steps (``token create --local``, then ``serve``)
     open the stores with ``at_start=False`` (recovery/commands.py), so the token's
@@ -73,9 +73,9 @@ def test_a_new_cache_set_up_as_documented_is_not_taken_for_a_lost_index(
 
     settings = load_settings(data_dir=str(data_dir))
     blobs = open_blob_store(settings.blob_store_url())
-    stores.append(blobs)
+    to_close.append(blobs)
     index = open_index(settings.index_store_url())
-    stores.append(index)
+    to_close.append(index)
     assert check_at_start(index, blobs, blobs), "a brand-new cache is reported as a lost index"
 
 
@@ -129,7 +129,7 @@ class PublishDuringListing(MemoryBlobStore):
 
 
 def test_fsck_of_a_healthy_busy_cluster_reports_no_problem(
-    tmp_path: Path, stores: list[Any]
+    tmp_path: Path, to_close: list[Any]
 ) -> None:
     """Was broken: fsck reads the index, then the documents; an entry published in between
     (on a 100k-entry cache the gap is minutes) is reported as an "unindexed
@@ -141,17 +141,17 @@ def test_fsck_of_a_healthy_busy_cluster_reports_no_problem(
     document, the row and the document again for an undocumented entry), as the
     dangling check already does with ``blobs.size``."""
     store = PublishDuringListing()
-    stores.append(store)
+    to_close.append(store)
     index = MemoryIndex()
     replica = durable(index, store)
     publish(replica, store, "published before fsck")
     store.during = lambda: publish(replica, store, "published during fsck")
-    report = fsck(backends(DurableIndex(index, store), store, tmp_path))
+    report = fsck(service_backends(DurableIndex(index, store), store, tmp_path))
     assert report.problems == 0, f"a healthy cluster: {report.as_json()}"
 
 
 def test_a_stray_file_among_the_documents_does_not_stop_reindex(
-    tmp_path: Path, stores: list[Any]
+    tmp_path: Path, to_close: list[Any]
 ) -> None:
     """Was broken: ``FsBlobStore.documents`` lists every file under ``documents/``, valid
     name or not, and ``get_document`` raises ValueError (``check_name``) for one that
@@ -168,7 +168,7 @@ def test_a_stray_file_among_the_documents_does_not_stop_reindex(
     from neffcache.server.recovery.reindex import reindex
 
     store = FsBlobStore(tmp_path / "store")
-    stores.append(store)
+    to_close.append(store)
     publish(durable(MemoryIndex(), store), store, "an entry")
     stray = tmp_path / "store" / "documents" / "entries" / "team-a" / ".nfs000000000123"
     stray.write_bytes(b"")

@@ -1,4 +1,5 @@
-"""The server's HTTP API (docs/protocol.md) as the bridge uses it, over httpx.
+"""The server's HTTP API (docs/protocol.md) as the bridge uses it, through the
+client's ``api.Api`` (its own HTTP and the protocol's paths).
 
 Two kinds of trouble, as two exceptions:
 
@@ -7,6 +8,10 @@ Two kinds of trouble, as two exceptions:
   ``TokenRefused`` when it refuses the token (exit 2: bad input).
 * ``Refused``: one request failed (a blob refused, a server error, a transfer cut
   short). Only the entry at hand fails; the run goes on.
+
+Unlike the runtime's ``neffcache.client.remote.Remote``, which turns all trouble into a
+miss so that a training job never waits on the cache, a person runs the bridge and
+wants to know what failed: its trouble is raised.
 """
 
 from __future__ import annotations
@@ -17,19 +22,20 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import blake3
-import httpx
 
-# The wire's patterns, from neffcache.protocol rather than server/manifest.py, so that
-# the bridge needs httpx and not pydantic; re-exported for the exporter and importer.
-from neffcache.protocol import FILE_NAME as FILE_NAME
-from neffcache.protocol import HEX64 as HEX64
-from neffcache.protocol import is_hex64
+from neffcache.client.api import Api
+from neffcache.client.http import ConnectFailed, Connection, HttpError, Response, SinkError
+from neffcache.protocol import is_hex64, routes
 
-_CHUNK = 1 << 20
 # The server's own limit on one POST /v1/blobs/missing.
 _MISSING_MAX = 10_000
-# Connecting is quick or never; a large blob on a slow link is neither.
-_TIMEOUT = httpx.Timeout(120.0, connect=10.0)
+# Connecting is quick or never; each read or write may wait this long, and a request
+# as a whole this long plus its bytes at _MIN_RATE (a large blob on a slow link).
+_CONNECT_TIMEOUT = 10.0
+_TIMEOUT = 120.0
+_MIN_RATE = 1 << 20  # bytes per second
+# A page of the entry listing (up to 1000 manifests) is far below this.
+_PAGE_LIMIT = 64 << 20
 
 
 class Unusable(Exception):
@@ -50,11 +56,12 @@ class Refused(Exception):
 
 
 class Remote:
-    """One namespace of one server.
+    """One namespace of one server. ``connection``: the HTTP connection to use (tests
+    script one); by default one to ``server``. Not thread-safe: one per thread.
 
     >>> remote = Remote("http://cache.internal:8787", "team-a", token=None)
-    >>> remote.entry("ab" * 32) is None
-    True
+    >>> remote.namespace
+    'team-a'
     """
 
     def __init__(
@@ -63,24 +70,26 @@ class Remote:
         namespace: str,
         token: str | None,
         *,
-        transport: httpx.BaseTransport | None = None,
+        connection: Connection | None = None,
     ) -> None:
         self.server = server
         self.namespace = namespace
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(
-            base_url=server, headers=headers, timeout=_TIMEOUT, transport=transport
-        )
+        if connection is None:
+            try:
+                connection = Connection(server, _CONNECT_TIMEOUT, _TIMEOUT)
+            except HttpError as exc:
+                raise Unusable(str(exc)) from None
+        self._api = Api(connection, namespace, token)
 
     def close(self) -> None:
-        self._http.close()
+        self._api.close()
 
     # --- entries ----------------------------------------------------------------------
 
     def entry(self, key: str) -> dict[str, Any] | None:
         """The entry under ``key``, or None."""
-        response = self._send("GET", f"/v1/ns/{self.namespace}/entries/{key}")
-        if response.status_code == 404:
+        response = self._send("GET", routes.entry_path(self.namespace, key))
+        if response.status == 404:
             return None
         found: dict[str, Any] = self._json(self._ok(response, f"entry {key}"))
         return found
@@ -88,38 +97,37 @@ class Remote:
     def put_entry(self, key: str, manifest: dict[str, Any]) -> int:
         """PUT a manifest: 201 created, 200 the same one was there, 409 a different one
         is; Refused otherwise (``body["missing"]`` names blobs the server lacks)."""
-        response = self._send(
-            "PUT", f"/v1/ns/{self.namespace}/entries/{key}", content=json.dumps(manifest)
-        )
-        if response.status_code not in (200, 201, 409):
+        response = self._send("PUT", routes.entry_path(self.namespace, key), json_body=manifest)
+        if response.status not in (200, 201, 409):
             self._ok(response, f"entry {key}")  # raises for an error status
-            raise Refused(f"entry {key}: unexpected HTTP {response.status_code}")
-        return response.status_code
+            raise Refused(f"entry {key}: unexpected HTTP {response.status}")
+        return response.status
 
     def add_alias(self, alias: str, key: str) -> bool:
         """Make ``alias`` (a Neuron address or a direct key) name the entry ``key``:
         True when added now, False when it already named it or names another key.
         Refused otherwise; a server without the route is Unusable."""
-        response = self._send("PUT", f"/v1/ns/{self.namespace}/aliases/{alias}", json={"key": key})
-        if response.status_code == 405:
+        path = routes.alias_path(self.namespace, alias)
+        response = self._send("PUT", path, json_body={"key": key})
+        if response.status == 405:
             raise Unusable(
                 f"{self.server} cannot add aliases (HTTP 405); it may predate "
                 "PUT /v1/ns/{ns}/aliases/{alias}: upgrade it"
             )
-        if response.status_code == 409:
+        if response.status == 409:
             return False
         self._ok(response, f"alias {alias}")
-        return response.status_code == 201
+        return response.status == 201
 
     def aliases(self, key: str) -> list[str]:
         """Every alias naming the entry ``key`` (direct keys and Neuron addresses);
         ``[]`` when the entry is gone. A server without the route is Unusable."""
-        response = self._send("GET", f"/v1/ns/{self.namespace}/entries/{key}/aliases")
-        if response.status_code == 404 and _absent(response):
+        response = self._send("GET", self._api.entry_aliases_path(key))
+        if response.status == 404 and _absent(response):
             return []
-        if response.status_code in (404, 405):
+        if response.status in (404, 405):
             raise Unusable(
-                f"{self.server} cannot list an entry's aliases (HTTP {response.status_code}); "
+                f"{self.server} cannot list an entry's aliases (HTTP {response.status}); "
                 "it may predate GET /v1/ns/{ns}/entries/{key}/aliases: upgrade it"
             )
         found = self._json(self._ok(response, f"the aliases of {key}"))
@@ -134,13 +142,11 @@ class Remote:
         Unusable."""
         after: str | None = None
         while True:
-            params: dict[str, str | int] = {"limit": limit}
-            if after is not None:
-                params["after"] = after
-            response = self._send("GET", f"/v1/ns/{self.namespace}/entries", params=params)
-            if response.status_code in (404, 405):
+            path = self._api.entries_page_path(limit, after)
+            response = self._send("GET", path, limit=_PAGE_LIMIT)
+            if response.status in (404, 405):
                 raise Unusable(
-                    f"{self.server} cannot list entries (HTTP {response.status_code}); "
+                    f"{self.server} cannot list entries (HTTP {response.status}); "
                     "it may predate GET /v1/ns/{ns}/entries: upgrade it"
                 )
             try:
@@ -179,19 +185,19 @@ class Remote:
         lacking: list[str] = []
         for at in range(0, len(digests), _MISSING_MAX):
             chunk = digests[at : at + _MISSING_MAX]
-            response = self._send("POST", "/v1/blobs/missing", json={"digests": chunk})
+            response = self._send("POST", routes.BLOBS_MISSING, json_body={"digests": chunk})
             lacking += self._json(self._ok(response, "the blob check"))["missing"]
         return lacking
 
     def put_blob(self, digest: str, file: BinaryIO, size: int) -> None:
         """Upload an open file, streamed; Refused if the server does not take it."""
-
-        def chunks() -> Iterator[bytes]:
-            while chunk := file.read(_CHUNK):
-                yield chunk
-
-        headers = {"Content-Length": str(size), "Content-Type": "application/octet-stream"}
-        response = self._send("PUT", f"/v1/blobs/{digest}", content=chunks(), headers=headers)
+        response = self._send(
+            "PUT",
+            routes.blob_path(digest),
+            body_file=(file, size),
+            headers={"Content-Type": "application/octet-stream"},
+            timeout=_TIMEOUT + size / _MIN_RATE,
+        )
         self._ok(response, f"blob {digest}")
 
     def fetch_blob(self, digest: str, size: int, dest: Path) -> None:
@@ -200,22 +206,20 @@ class Remote:
         not fill the disk) or not what it should be (``dest`` may hold a part)."""
         hasher = blake3.blake3()
         received = 0
-        try:
-            with (
-                self._http.stream("GET", f"/v1/blobs/{digest}") as response,
-                dest.open("wb") as out,
-            ):
-                self._ok(response, f"blob {digest}")
-                for chunk in response.iter_bytes(_CHUNK):
-                    if received + len(chunk) > size:
-                        raise Refused(f"blob {digest}: more than the {size} bytes expected")
-                    hasher.update(chunk)
-                    out.write(chunk)
-                    received += len(chunk)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise Unusable(f"cannot reach {self.server}: {exc}") from None
-        except httpx.TransportError as exc:
-            raise Refused(f"blob {digest}: the transfer broke off: {exc}") from None
+        with dest.open("wb") as out:
+
+            def sink(chunk: bytes) -> None:
+                nonlocal received
+                if received + len(chunk) > size:
+                    raise Refused(f"blob {digest}: more than the {size} bytes expected")
+                hasher.update(chunk)
+                out.write(chunk)
+                received += len(chunk)
+
+            response = self._send(
+                "GET", routes.blob_path(digest), sink=sink, timeout=_TIMEOUT + size / _MIN_RATE
+            )
+        self._ok(response, f"blob {digest}")
         if received != size or hasher.hexdigest() != digest:
             raise Refused(
                 f"blob {digest}: received {received} bytes hashing to {hasher.hexdigest()}, "
@@ -224,47 +228,63 @@ class Remote:
 
     # --- plumbing ---------------------------------------------------------------------
 
-    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        headers: dict[str, str] | None = None,
+        **kwargs: Any,
+    ) -> Response:
+        """One request; Unusable when no connection could be opened, Refused when it
+        broke off (the run goes on without this entry), OSError when ``sink`` could
+        not write, and a sink's Refused as it was raised."""
         try:
-            return self._http.request(method, path, **kwargs)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            return self._api.request(method, path, json_body=json_body, headers=headers, **kwargs)
+        except ConnectFailed as exc:
             raise Unusable(f"cannot reach {self.server}: {exc}") from None
-        except httpx.TransportError as exc:
-            raise Refused(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+        except SinkError as exc:
+            if isinstance(exc.__cause__, (Refused, OSError)):
+                raise exc.__cause__ from None
+            raise
+        except HttpError as exc:
+            raise Refused(f"{method} {path.partition('?')[0]}: {exc}") from None
 
-    def _ok(self, response: httpx.Response, what: str) -> httpx.Response:
+    def _ok(self, response: Response, what: str) -> Response:
         """``response`` if it succeeded; else Unusable for a refused token, Refused
         for anything else."""
-        if response.status_code < 400:
+        if response.status < 400:
             return response
-        response.read()
         body: Any = None
         try:
-            body = response.json()
-            detail = body.get("detail", response.text) if isinstance(body, dict) else body
+            body = json.loads(response.body)
+            detail = body.get("detail", _text(response)) if isinstance(body, dict) else body
         except ValueError:
-            detail = response.text[:200]
-        if response.status_code in (401, 403):
+            detail = _text(response)[:200]
+        if response.status in (401, 403):
             raise TokenRefused(
-                f"{self.server} refused the token (HTTP {response.status_code}): {detail}"
+                f"{self.server} refused the token (HTTP {response.status}): {detail}"
             )
         raise Refused(
-            f"{what}: {self.server} answered {response.status_code}: {detail}",
-            response.status_code,
-            body,
+            f"{what}: {self.server} answered {response.status}: {detail}", response.status, body
         )
 
-    def _json(self, response: httpx.Response) -> Any:
+    def _json(self, response: Response) -> Any:
         try:
-            return response.json()
+            return json.loads(response.body)
         except ValueError:
             raise Refused(f"{self.server} answered something that is not JSON") from None
 
 
-def _absent(response: httpx.Response) -> bool:
+def _text(response: Response) -> str:
+    return response.body.decode("utf-8", errors="replace")
+
+
+def _absent(response: Response) -> bool:
     """A 404 of the server's own (no such entry), not of a route it lacks."""
     try:
-        body = response.json()
+        body = json.loads(response.body)
     except ValueError:
         return False
     return isinstance(body, dict) and body.get("reason") == "absent"

@@ -42,14 +42,14 @@ from typing import Any
 
 import blake3
 import httpx
-from loopback import free_port, wait_healthy
+
+from support import served
 
 TESTS = Path(__file__).resolve().parent.parent
-HERE = Path(__file__).resolve().parent
 STANDINS = TESTS / "standins"
 COMPILER = STANDINS / "neuronx-cc"
 HLO_DIR = TESTS / "fixtures" / "hlo"
-TRAIN_SCRIPT = HERE / "train_like.py"
+TRAIN_SCRIPT = TESTS / "client" / "train_like.py"
 NEFFCACHE = [sys.executable, "-m", "neffcache.client.cli"]
 PYTHON_BIN = Path(sys.executable).parent
 
@@ -503,72 +503,12 @@ def read_run_manifest(path: Path) -> list[dict[str, Any]]:
 # --- servers --------------------------------------------------------------------------
 
 
-class Server:
-    """``neffcache serve`` on a free loopback port, no tokens (anonymous allowed)."""
+class Server(served.Server):
+    """``neffcache serve`` (support/served.py's) on a free loopback port, in the
+    environment the children get (``clean_environ``): no tokens, anonymous allowed."""
 
     def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen[bytes] | None = None
-        # A file, not a pipe: an undrained pipe would eventually block the server.
-        self.log = data_dir.parent / f"server-{self.port}.log"
-
-    def cache_url(self, namespace: str) -> str:
-        return cache_url(self.port, namespace)
-
-    def start(self) -> None:
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                [*NEFFCACHE, "serve", "--port", str(self.port), "--data-dir", str(self.data_dir)],
-                env=clean_environ(),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-            )
-        if not wait_healthy(self.process, self.url):
-            self.kill()
-            raise AssertionError(f"the server did not start: {self.log.read_text()[-3000:]}")
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(timeout=10)
-
-    def get(self, path: str) -> httpx.Response:
-        # No certificates to load for plain http (a tenth of a second per request).
-        return httpx.get(f"{self.url}{path}", timeout=10, trust_env=False, verify=False)
-
-    def entry(self, namespace: str, key: str) -> dict[str, Any] | None:
-        response = self.get(f"/v1/ns/{namespace}/entries/{key}")
-        if response.status_code == 404:
-            return None
-        assert response.status_code == 200, response.text
-        entry: dict[str, Any] = response.json()
-        return entry
-
-    def alias(self, namespace: str, alias: str) -> dict[str, Any] | None:
-        response = self.get(f"/v1/ns/{namespace}/aliases/{alias}")
-        if response.status_code == 404:
-            return None
-        assert response.status_code == 200, response.text
-        entry: dict[str, Any] = response.json()
-        return entry
-
-    def failures(self, namespace: str, key: str) -> list[dict[str, Any]]:
-        response = self.get(f"/v1/ns/{namespace}/failures/{key}")
-        if response.status_code == 404:
-            return []
-        assert response.status_code == 200, response.text
-        records: list[dict[str, Any]] = response.json()["failures"]
-        return records
-
-    def blob_path(self, digest: str) -> Path:
-        """Where the embedded filesystem store keeps a blob: blobs/<d[:2]>/<digest>."""
-        return self.data_dir / "blobs" / digest[:2] / digest
+        super().__init__(data_dir, environ=clean_environ())
 
 
 class SilentServer:

@@ -1,0 +1,34 @@
+"""The ``Records`` role (policies and pins) on every backend: create-only and
+compare-and-set writes."""
+
+from __future__ import annotations
+
+from support.indexes import index, store
+
+from neffcache.server.index import Record, Records
+
+__all__ = ["index", "store"]
+
+
+def test_create_only_and_replacing_never_merge_two_writers(index: Records) -> None:
+    first = Record("policy", "team-a", "", '{"ttl":1}')
+    assert index.put_record(first, create_only=True)
+    assert not index.put_record(Record("policy", "team-a", "", '{"ttl":2}'), create_only=True)
+    second = Record("policy", "team-a", "", '{"ttl":3}')
+    assert not index.put_record(second, replacing='{"ttl":2}')
+    assert index.put_record(second, replacing='{"ttl":1}')
+    assert index.get_record("policy", "team-a", "") == second
+
+
+def test_records_list_by_kind_and_namespace_and_delete(index: Records) -> None:
+    for ns, name in (("b", "x"), ("a", "y"), ("a", "x")):
+        index.put_record(Record("pin", ns, name, "{}"))
+    assert [(r.namespace, r.name) for r in index.records("pin")] == [
+        ("a", "x"),
+        ("a", "y"),
+        ("b", "x"),
+    ]
+    assert [r.name for r in index.records("pin", "a")] == ["x", "y"]
+    assert index.delete_record("pin", "a", "x")
+    assert not index.delete_record("pin", "a", "x")
+    assert index.records("policy") == []
