@@ -29,6 +29,18 @@ the real compiler, and measures:
 4. What the ``.pth`` hook costs every Python start when no neffcache URL is set: the
    time ``site.addsitedir`` takes for a directory holding only ``neffcache_hook.pth``
    minus an empty directory's. Goal: < 2 ms.
+5. What a Python process pays to import what each design needs (the wrapper module
+   today, ``json`` as the least any process-per-graph hit needs, ``_socket`` and
+   ``marshal`` for a daemon's thin client), against the same floor.
+
+Figure 1, the TorchNeuron-shaped hit and the daemon model are taken twice: **as installed**
+(this Python, whose site-packages may run code at every start: a ``.pth`` file with an
+``import`` line, such as a sandbox's that patches ``certifi``, loads modules into the
+floor and into every hit alike), and in a **clean interpreter**: a throwaway venv with
+no pip, whose one ``.pth`` only lists the source roots and this Python's
+site-packages as plain paths, so its start runs no third-party code. The clean figure
+is the one a goal is judged on: it is what a host whose Python starts bare sees, and
+it does not move with whatever some other package put in site-packages.
 
 No assertion: figures and ratios are printed. ``--quick`` runs fewer repetitions and a
 32 MiB large NEFF to check the script works.
@@ -38,9 +50,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
+import site
 import statistics
 import subprocess
 import sys
@@ -115,6 +129,65 @@ def _from_jax(script: str, size: int) -> bytes:
     return done.stdout
 
 
+@dataclasses.dataclass(frozen=True)
+class Interpreter:
+    """A Python to time the client in: its executable, the ``neffcache`` command in
+    it, and how the page names it."""
+
+    python: str
+    neffcache: list[str]
+    label: str
+    # Each interpreter's hits come from a namespace of its own, so that its first run
+    # is a miss that compiles, as in the other's.
+    namespace: str
+
+
+INSTALLED = Interpreter(sys.executable, NEFFCACHE, "as installed", "bench")
+
+
+def startup_code() -> list[str]:
+    """The ``.pth`` files of this Python's site-packages that run code at every start
+    (a line that begins with ``import``), which the clean interpreter leaves out."""
+    found = []
+    for directory in dict.fromkeys(site.getsitepackages()):
+        for pth in sorted(Path(directory).glob("*.pth")):
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                lines = pth.read_text().splitlines()
+                if any(line.startswith(("import ", "import\t")) for line in lines):
+                    found.append(pth.name)
+    return found
+
+
+def clean_interpreter(tmp: Path) -> Interpreter:
+    """A venv (no pip) whose only ``.pth`` names neffcache's source roots and this
+    Python's site-packages as plain paths: the same code and packages, and a start
+    that runs nothing but Python's own. Its ``neffcache`` is the script pip writes."""
+    import venv
+
+    home = tmp / "clean-python"
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(home)
+    python = home / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    roots = [str(ROOT / part) for part in ("client", "keying", "server")]
+    packages = dict.fromkeys([*site.getsitepackages(), sysconfig.get_path("purelib")])
+    Path(purelib, "neffcache-bench.pth").write_text("\n".join([*roots, *packages]) + "\n")
+    script = home / "bin" / "neffcache"
+    script.write_text(
+        f"#!{python}\nimport sys\nfrom neffcache.client.cli import main\nsys.exit(main())\n"
+    )
+    script.chmod(0o755)
+    check = [str(python), "-c", "import neffcache.client, sys; print(neffcache.client.__file__)"]
+    where = subprocess.run(check, capture_output=True, text=True, check=True).stdout
+    if not where.startswith(str(ROOT)):
+        raise RuntimeError(f"the clean interpreter imports neffcache from {where.strip()}")
+    return Interpreter(str(python), [str(script)], "clean interpreter", "bench-clean")
+
+
 def timed(argv: list[str], env: dict[str, str]) -> float:
     start = time.perf_counter()
     done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -139,14 +212,16 @@ def workspace() -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def client_env(server_url: str, local: Path, counter: Path, neff_bytes: int) -> dict[str, str]:
+def client_env(
+    server_url: str, local: Path, counter: Path, neff_bytes: int, namespace: str = "bench"
+) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("NEFFCACHE_", "NEURON_")) or k == "NEFFCACHE_STANDIN_VERSION"
     }
     env.update(
-        NEFFCACHE_URL=f"neffcache+{server_url}/bench",
+        NEFFCACHE_URL=f"neffcache+{server_url}/{namespace}",
         NEFFCACHE_LOCAL_DIR=str(local),
         NEFFCACHE_REAL_COMPILER=str(STANDINS / "neuronx-cc"),
         NEFFCACHE_STANDIN_COUNTER=str(counter),
@@ -176,18 +251,20 @@ def spread(runs: list[float], base: list[float]) -> str:
     return f"median of {len(ratios)} rounds; per-round ratios {low:.2f}-{high:.2f} (q1-q3)"
 
 
-def hit_phase(tmp: Path, server_url: str, repeats: int) -> None:
+def hit_phase(tmp: Path, server_url: str, repeats: int, interp: Interpreter) -> None:
+    tmp = tmp / f"wrap {interp.label}"
+    tmp.mkdir()
     hlo = tmp / "model.MODULE_123456789+3cc9a3cb.hlo_module.pb"
     hlo.write_bytes(hlo_module(MiB // 2))
     local, counter = tmp / "l1-small", tmp / "count-small"
-    env = client_env(server_url, local, counter, 3 * MiB // 2)
+    env = client_env(server_url, local, counter, 3 * MiB // 2, interp.namespace)
     out = tmp / "small.neff"
-    wrap = [*NEFFCACHE, "wrap", "--", "neuronx-cc", "compile", "--framework=XLA", str(hlo)]
+    wrap = [*interp.neffcache, "wrap", "--", "neuronx-cc", "compile", "--framework=XLA", str(hlo)]
     wrap += ["--output", str(out), "--target=trn1", "--model-type=transformer"]
     timed(wrap, env)  # the miss: compiles and publishes
     if compiles(counter) != 1:
         raise RuntimeError(f"expected one compile, counted {compiles(counter)}")
-    floor = [sys.executable, "-c", "import neffcache.client"]
+    floor = [interp.python, "-c", "import neffcache.client"]
     # The stock cache's hit, as a process: the NEFF copied out of the stock layout's
     # entry directory (docs/neuron-sdk.md#entry-layout), which is all a stock hit does
     # with the bytes, with no Python start at all.
@@ -210,18 +287,24 @@ def hit_phase(tmp: Path, server_url: str, repeats: int) -> None:
         raise RuntimeError("a hit compiled: the measurement is void")
     print(
         f"hit through `neffcache wrap` ({hlo.stat().st_size / MiB:.2f} MiB HLO, "
-        f"{out.stat().st_size / MiB:.2f} MiB NEFF), medians of {repeats}:"
+        f"{out.stat().st_size / MiB:.2f} MiB NEFF), {interp.label}, medians of {repeats}:"
     )
     print(f"    python -c 'import neffcache.client'  {median_ms(base):7.1f} ms")
     print(f"    cp from a stock-layout directory     {median_ms(copied):7.1f} ms")
-    for label, runs, goal in (("server hit", server, 1.5), ("L1 hit", l1, None)):
+    judged = interp is not INSTALLED
+    for label, runs, goal in (
+        ("server hit", server, 1.5 if judged else None),
+        ("L1 hit", l1, None),
+    ):
         ratio = statistics.median(runs) / statistics.median(base)
         verdict = f"goal <= {goal}x: {'met' if ratio <= goal else 'NOT met'}" if goal else "no goal"
+        if not judged and label == "server hit":
+            verdict = "the goal is judged in the clean interpreter"
         print(f"    {label:<34} {median_ms(runs):7.1f} ms   RATIO {ratio:.2f}x ({verdict})")
         print(f"        {spread(runs, base)}")
         record(
             "client",
-            f"{label} through `neffcache wrap`, whole process",
+            f"{label} through `neffcache wrap`, whole process, {interp.label}",
             median_ms(runs),
             "python -c 'import neffcache.client'",
             median_ms(base),
@@ -232,7 +315,7 @@ def hit_phase(tmp: Path, server_url: str, repeats: int) -> None:
         )
         record(
             "client",
-            f"{label} through `neffcache wrap`, whole process",
+            f"{label} through `neffcache wrap`, whole process, {interp.label}",
             median_ms(runs),
             "cp of the NEFF from a stock-layout directory",
             median_ms(copied),
@@ -242,13 +325,16 @@ def hit_phase(tmp: Path, server_url: str, repeats: int) -> None:
         )
 
 
-def torchneuron_phase(tmp: Path, server_url: str, repeats: int) -> None:
+def torchneuron_phase(tmp: Path, server_url: str, repeats: int, interp: Interpreter) -> None:
     """A hit through the shim for a call shaped like TorchNeuron's: StableHLO bytecode
     as ``module.mlir`` in a fresh directory, options as separate words, the shim run
     by name from PATH (``neffcache shim-dir``), as TorchNeuron's ``execvp`` does."""
+    tmp = tmp / f"torchneuron {interp.label}"
+    tmp.mkdir()
+    # The shim's first line runs the Python that wrote it.
     shim = Path(
         subprocess.run(
-            [*NEFFCACHE, "shim-dir", "--dir", str(tmp / "shim")],
+            [*interp.neffcache, "shim-dir", "--dir", str(tmp / "shim")],
             capture_output=True,
             text=True,
             check=True,
@@ -256,7 +342,7 @@ def torchneuron_phase(tmp: Path, server_url: str, repeats: int) -> None:
     )
     module = stablehlo_module(MiB // 2)
     local, counter = tmp / "l1-torchneuron", tmp / "count-torchneuron"
-    env = client_env(server_url, local, counter, 3 * MiB // 2)
+    env = client_env(server_url, local, counter, 3 * MiB // 2, interp.namespace)
     env["PATH"] = f"{shim}{os.pathsep}{env.get('PATH', '')}"
 
     def call() -> list[str]:
@@ -272,7 +358,7 @@ def torchneuron_phase(tmp: Path, server_url: str, repeats: int) -> None:
         return timed([*argv, *tail, str(Path(argv[2]).with_suffix(".neff"))], env)
 
     run()  # the miss: compiles and publishes
-    floor = [sys.executable, "-c", "import neffcache.client"]
+    floor = [interp.python, "-c", "import neffcache.client"]
     base: list[float] = []
     server: list[float] = []
     l1: list[float] = []
@@ -285,47 +371,50 @@ def torchneuron_phase(tmp: Path, server_url: str, repeats: int) -> None:
         raise RuntimeError(f"hits compiled ({compiles(counter)} compiles): the measurement is void")
     print(
         f"TorchNeuron-shaped hit through the shim ({len(module) / MiB:.2f} MiB StableHLO "
-        f"bytecode), medians of {repeats}:"
+        f"bytecode), {interp.label}, medians of {repeats}:"
     )
     print(f"    python -c 'import neffcache.client'  {median_ms(base):7.1f} ms")
+    judged = interp is not INSTALLED
     for label, runs in (("server hit", server), ("L1 hit", l1)):
         ratio = statistics.median(runs) / statistics.median(base)
-        verdict = "met" if ratio <= 1.5 else "NOT met"
+        verdict = "goal <= 1.5x: " + ("met" if ratio <= 1.5 else "NOT met")
         print(
             f"    {label:<34} {median_ms(runs):7.1f} ms   "
-            f"RATIO {ratio:.2f}x (goal <= 1.5x: {verdict})"
+            f"RATIO {ratio:.2f}x ({verdict if judged else 'judged in the clean interpreter'})"
         )
         print(f"        {spread(runs, base)}")
         record(
             "client",
-            f"TorchNeuron-shaped {label} through the shim, whole process",
+            f"TorchNeuron-shaped {label} through the shim, whole process, {interp.label}",
             median_ms(runs),
             "python -c 'import neffcache.client'",
             median_ms(base),
             "ms",
             better="lower",
-            goal="<= 1.5x",
+            goal="<= 1.5x" if judged else "",
             note=spread(runs, base),
         )
 
 
-def daemon_phase(tmp: Path, server_url: str, repeats: int) -> None:
+def daemon_phase(tmp: Path, server_url: str, repeats: int, interp: Interpreter) -> None:
     """The same hits through a prototype of the per-host daemon model (daemon_model.py,
     not shipped): the shim a thin client of one long-lived process that has imported
     the wrapper already. Measured for the design decision in docs/architecture.md
     (one process per graph, or a daemon): what a daemon would save per hit."""
+    tmp = tmp / f"daemon {interp.label}"
+    tmp.mkdir()
     hlo = tmp / "daemon" / "model.MODULE_987654321+3cc9a3cb.hlo_module.pb"
     hlo.parent.mkdir()
     hlo.write_bytes(hlo_module(MiB // 2))
     local, counter = tmp / "l1-daemon", tmp / "count-daemon"
-    env = client_env(server_url, local, counter, 3 * MiB // 2)
+    env = client_env(server_url, local, counter, 3 * MiB // 2, interp.namespace)
     out = tmp / "daemon.neff"
     args = ["compile", "--framework=XLA", str(hlo), "--output", str(out), "--target=trn1"]
-    wrap = [*NEFFCACHE, "wrap", "--", "neuronx-cc", *args]
+    wrap = [*interp.neffcache, "wrap", "--", "neuronx-cc", *args]
     timed(wrap, env)  # the miss: compiles and publishes
     socket_path = tmp / "daemon.sock"
     daemon = subprocess.Popen(
-        [sys.executable, str(Path(__file__).parent / "daemon_model.py"), "serve", str(socket_path)],
+        [interp.python, str(Path(__file__).parent / "daemon_model.py"), "serve", str(socket_path)],
         env=env,
         start_new_session=True,
     )
@@ -335,8 +424,8 @@ def daemon_phase(tmp: Path, server_url: str, repeats: int) -> None:
             if daemon.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("the prototype daemon did not start")
             time.sleep(0.05)
-        thin = [sys.executable, "-c", daemon_model.CLIENT, str(socket_path), *args]
-        floor = [sys.executable, "-c", "import neffcache.client"]
+        thin = [interp.python, "-c", daemon_model.CLIENT, str(socket_path), *args]
+        floor = [interp.python, "-c", "import neffcache.client"]
         runs: dict[str, list[float]] = {k: [] for k in ("floor", "server", "l1", "wrap l1")}
         for _ in range(repeats):
             runs["floor"].append(timed(floor, env))
@@ -350,7 +439,10 @@ def daemon_phase(tmp: Path, server_url: str, repeats: int) -> None:
     if compiles(counter) != 1 or not out.exists():
         raise RuntimeError("a hit through the prototype daemon compiled: the measurement is void")
     base = runs["floor"]
-    print(f"hits through a prototype per-host daemon (not shipped), medians of {repeats}:")
+    print(
+        f"hits through a prototype per-host daemon (not shipped), {interp.label}, "
+        f"medians of {repeats}:"
+    )
     print(f"    python -c 'import neffcache.client'  {median_ms(base):7.1f} ms")
     for label, key in (
         ("server hit, daemon model", "server"),
@@ -363,13 +455,54 @@ def daemon_phase(tmp: Path, server_url: str, repeats: int) -> None:
     for label, key in (("server hit", "server"), ("L1 hit", "l1")):
         record(
             "client",
-            f"{label} through a prototype per-host daemon (not shipped), whole thin client",
+            f"{label} through a prototype per-host daemon (not shipped), whole thin client, "
+            f"{interp.label}",
             median_ms(runs[key]),
             "python -c 'import neffcache.client'",
             median_ms(base),
             "ms",
             better="lower",
             note=spread(runs[key], base) + "; for the design decision in docs/architecture.md",
+        )
+
+
+# What a Python process pays before any work, as ``python -c`` statements: the floor,
+# then the imports each kind of shim needs. A process-per-graph hit reads JSON (its
+# manifests and the compiler-version memo), so ``json`` is the least it imports; the
+# wrapper module is what the shim imports today before it looks at argv; a daemon's
+# thin client needs only built-in modules.
+IMPORTS = (
+    ("the shim's imports (neffcache.client.wrapper)", "import neffcache.client.wrapper"),
+    ("json, the least a process-per-graph hit imports", "import neffcache.client, json"),
+    ("_socket and marshal, a daemon's thin client", "import neffcache.client, _socket, marshal"),
+)
+
+
+def imports_phase(repeats: int, interp: Interpreter) -> None:
+    """The import floors of the two designs (docs/architecture.md, one process per
+    graph or a daemon), against the start of ``python -c "import neffcache.client"``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NEFFCACHE_", "NEURON_"))}
+    floor = [interp.python, "-c", "import neffcache.client"]
+    base: list[float] = []
+    runs: dict[str, list[float]] = {label: [] for label, _ in IMPORTS}
+    for _ in range(repeats):
+        base.append(timed(floor, env))
+        for label, code in IMPORTS:
+            runs[label].append(timed([interp.python, "-c", code], env))
+    print(f"what a process imports, {interp.label}, medians of {repeats}:")
+    print(f"    python -c 'import neffcache.client'  {median_ms(base):7.1f} ms")
+    for label, _ in IMPORTS:
+        ratio = statistics.median(runs[label]) / statistics.median(base)
+        print(f"    {label:<50} {median_ms(runs[label]):7.1f} ms   RATIO {ratio:.2f}x")
+        record(
+            "client",
+            f"a Python start importing {label}, {interp.label}",
+            median_ms(runs[label]),
+            "python -c 'import neffcache.client'",
+            median_ms(base),
+            "ms",
+            better="lower",
+            note=spread(runs[label], base) + "; for the design decision in docs/architecture.md",
         )
 
 
@@ -558,9 +691,17 @@ def main() -> None:
         # Every timed process (the wrapper, its floor, cp, curl, the training-like
         # caller) and nginx's peer run on the one client core, one at a time.
         pinning.stay_on(cores.client if cores else None)
-        hit_phase(tmp, server.url, repeats)
-        torchneuron_phase(tmp, server.url, repeats)
-        daemon_phase(tmp, server.url, repeats)
+        clean = clean_interpreter(tmp)
+        loaded = startup_code()
+        print(
+            "as installed, every Python start runs site-packages code from: "
+            + (", ".join(loaded) if loaded else "nothing (no .pth file imports)")
+        )
+        for interp in (clean, INSTALLED):
+            hit_phase(tmp, server.url, repeats, interp)
+            torchneuron_phase(tmp, server.url, repeats, interp)
+            daemon_phase(tmp, server.url, repeats, interp)
+        imports_phase(repeats, clean)
         hook_phase(tmp, server.url, repeats)
         large_phase(tmp, server.url, large, 3 if args.quick else 5, cores and cores.server)
     pth_phase(repeats)

@@ -24,13 +24,15 @@ import socket
 import sys
 
 # The thin client, run as ``python -c CLIENT SOCKET ARG...``: the whole of a shim
-# that delegates. marshal, not json: it is built in, so it costs no import.
+# that delegates. marshal, not json, and ``_socket``, not ``socket``: both are built
+# in, where ``socket`` and ``json`` each import enum (and json re), which costs about
+# as much as the rest of a Python start.
 CLIENT = """\
-import marshal, os, socket, sys
-s = socket.socket(socket.AF_UNIX)
+import _socket, marshal, os, sys
+s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
 s.connect(sys.argv[1])
 s.sendall(marshal.dumps((["neuronx-cc", *sys.argv[2:]], os.getcwd(), dict(os.environ))))
-s.shutdown(socket.SHUT_WR)
+s.shutdown(1)  # SHUT_WR
 answer = s.recv(16)
 os._exit(int(answer) if answer else 1)
 """

@@ -31,7 +31,7 @@ import os
 import stat
 from pathlib import Path
 
-from neffcache.keying import CacheKey, CompileContext, KeyingError
+from neffcache.keying import CacheKey, CompileContext, KeyingError, hash_threads
 
 # A folder with more files than this is not a traced model; reading it would only cost.
 MAX_DIRECTORY_FILES = 100_000
@@ -222,15 +222,15 @@ def _raise(error: OSError) -> None:
 def _digest_bytes(data: bytes) -> str:
     import blake3
 
-    digest: str = blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest()
+    digest: str = blake3.blake3(data, max_threads=hash_threads(len(data))).hexdigest()
     return digest
 
 
 def _digest_file(path: Path) -> str:
     import blake3
 
-    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
     with open(path, "rb") as f:
+        hasher = blake3.blake3(max_threads=hash_threads(os.fstat(f.fileno()).st_size))
         while chunk := f.read(8 << 20):
             hasher.update(chunk)
     digest: str = hasher.hexdigest()

@@ -35,6 +35,7 @@ from ._flags import (
     option_arity,
     option_name,
 )
+from ._hasher import PARALLEL_HASH_FROM, hash_threads
 from ._inputs import TARGETS, CompileContext, KeyInputs
 from ._key import CacheKey, compute_key, digest_key, direct_key
 from ._layout import (
@@ -91,6 +92,7 @@ __all__ = [
     "FRAMEWORK_ALLOWLIST",
     "KEY_VERSION",
     "OUTPUT_NEUTRAL_FLAGS",
+    "PARALLEL_HASH_FROM",
     "STOCK_DONE",
     "STOCK_FLAGS",
     "STOCK_FLAGS_NAMES",
@@ -122,6 +124,7 @@ __all__ = [
     "fingerprint_mlir",
     "flags_target",
     "graph_summary",
+    "hash_threads",
     "is_mlir_bytecode",
     "is_mlir_text",
     "is_stock_artifact",

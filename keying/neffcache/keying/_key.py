@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import blake3
 
 from ._errors import KeyingError
-from ._hasher import ComponentValue, TaggedHasher
+from ._hasher import ComponentValue, TaggedHasher, hash_threads
 from ._inputs import CompileContext, Frozen, KeyInputs
 from ._version import KEY_VERSION
 
@@ -75,7 +75,9 @@ def direct_key(module_bytes: bytes, context: CompileContext) -> CacheKey:
     if not isinstance(context, CompileContext):
         raise KeyingError("direct_key takes a CompileContext")
     digest = blake3.blake3(
-        module_bytes, derive_key_context=_MODULE_DIGEST_DOMAIN, max_threads=blake3.blake3.AUTO
+        module_bytes,
+        derive_key_context=_MODULE_DIGEST_DOMAIN,
+        max_threads=hash_threads(len(module_bytes)),
     ).hexdigest()
     return _key(_DIRECT_DOMAIN, ("module_digest", digest), context)
 
