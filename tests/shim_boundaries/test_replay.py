@@ -86,12 +86,10 @@ def test_a_failure_outside_the_key_is_replayed_to_other_ranks(
     """Rank 1's compile fails for a reason that is not the graph's: its own
     ``--output`` or ``--logfile`` directory is missing (the stand-in: usage error,
     exit 2), or it exits 0 without writing ``--output`` (an argparse compiler given
-    ``--out``). Rank 2 (same host: it waited on L1's lock; other host: on the
-    server's lease), with a command the compiler would run fine, is handed rank 1's
-    outcome instead of compiling: exit 2 and no NEFF, or, on the same host, exit 0
-    and no NEFF (a replayed "failure" whose exit code is 0: the same-host record is
-    replayed without asking replayable()). Neither ``--output`` nor ``--logfile`` is in the key, so one
-    rank's bad path fails every rank waiting for the graph."""
+    ``--out``). Neither ``--output`` nor ``--logfile`` is in the key, so rank 2 (same
+    host: it waited on L1's lock; other host: on the server's lease), with a command
+    the compiler runs fine, must not be handed rank 1's outcome (exit 2 and no NEFF,
+    or exit 0 and no NEFF): it ends as the same command run alone does."""
     _two_ranks(server, sandbox, tmp_path, where, *CASES[case])
 
 
