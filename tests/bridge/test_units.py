@@ -15,6 +15,7 @@ import httpx
 import pytest
 from bridge.layout import StockCache, standard_cache
 from bridge.scripted import scripted
+from support import http_stubs
 
 from neffcache.client.bridge.exporter import Filters, parse_since
 from neffcache.client.bridge.importer import Outcome, import_cache, key_entry, publish
@@ -173,6 +174,31 @@ def test_a_downloaded_blob_is_verified(tmp_path: Path) -> None:
     body["bytes"] = good[:5]
     with pytest.raises(Refused, match="received 5 bytes"):
         remote.fetch_blob(digest, len(good), tmp_path / "short")
+
+
+def test_a_blob_sent_from_a_presigned_url_is_followed_without_the_token(
+    tmp_path: Path,
+) -> None:
+    # A server with blob_redirect_seconds answers a blob GET with a 307 to S3.
+    good = b"the NEFF from S3"
+    digest = blake3.blake3(good).hexdigest()
+    with http_stubs.scripted(lambda method, path: (200, good)) as store:
+        location = f"{store.url}/bucket/{digest}?X-Amz-Signature=secret"
+        remote = scripted(lambda request: httpx.Response(307, headers={"Location": location}))
+        remote.fetch_blob(digest, len(good), tmp_path / "ok")
+        assert (tmp_path / "ok").read_bytes() == good
+        assert store.paths == [f"/bucket/{digest}?X-Amz-Signature=secret"]
+        assert store.auth == [""]  # the server's token stays with the server
+
+
+def test_a_redirect_that_leads_nowhere_skips_the_entry(tmp_path: Path) -> None:
+    digest = "b" * 64
+    looping = scripted(lambda request: httpx.Response(307, headers={"Location": "/again"}))
+    with pytest.raises(Refused, match="redirect"):
+        looping.fetch_blob(digest, 10, tmp_path / "x")
+    elsewhere = scripted(lambda request: httpx.Response(302, headers={"Location": "ftp://x/y"}))
+    with pytest.raises(Refused, match="its redirect failed"):
+        elsewhere.fetch_blob(digest, 10, tmp_path / "y")
 
 
 def test_a_server_without_listing_is_unusable_for_export() -> None:

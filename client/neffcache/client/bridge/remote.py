@@ -24,7 +24,15 @@ from typing import Any, BinaryIO
 import blake3
 
 from neffcache.client.api import Api
-from neffcache.client.http import ConnectFailed, Connection, HttpError, Response, SinkError
+from neffcache.client.http import (
+    REDIRECTS,
+    ConnectFailed,
+    Connection,
+    HttpError,
+    Response,
+    SinkError,
+    redirect_target,
+)
 from neffcache.protocol import is_hex64, routes
 
 # The server's own limit on one POST /v1/blobs/missing.
@@ -34,6 +42,7 @@ _MISSING_MAX = 10_000
 _CONNECT_TIMEOUT = 10.0
 _TIMEOUT = 120.0
 _MIN_RATE = 1 << 20  # bytes per second
+_MAX_REDIRECTS = 3
 # A page of the entry listing (up to 1000 manifests) is far below this.
 _PAGE_LIMIT = 64 << 20
 
@@ -216,15 +225,43 @@ class Remote:
                 out.write(chunk)
                 received += len(chunk)
 
-            response = self._send(
-                "GET", routes.blob_path(digest), sink=sink, timeout=_TIMEOUT + size / _MIN_RATE
-            )
+            path = routes.blob_path(digest)
+            timeout = _TIMEOUT + size / _MIN_RATE
+            response = self._send("GET", path, sink=sink, timeout=timeout)
+            if response.status in REDIRECTS:
+                response = self._follow(response, self.server + path, sink, timeout, digest)
         self._ok(response, f"blob {digest}")
         if received != size or hasher.hexdigest() != digest:
             raise Refused(
                 f"blob {digest}: received {received} bytes hashing to {hasher.hexdigest()}, "
                 f"expected {size} bytes"
             )
+
+    def _follow(
+        self, response: Response, url: str, sink: Any, timeout: float, digest: str
+    ) -> Response:
+        """Follow a blob download's redirects (a server that sends large blobs from
+        presigned S3 URLs, ``blob_redirect_seconds``), as the runtime does: no token to
+        the redirect's host (S3 refuses a presigned request that carries one), at most
+        ``_MAX_REDIRECTS``; Refused on trouble, which skips this entry."""
+        for _ in range(_MAX_REDIRECTS):
+            try:
+                origin, target = redirect_target(url, response.headers.get("location", ""))
+                url = origin + target
+                conn = Connection(origin, _CONNECT_TIMEOUT, _TIMEOUT)
+                try:
+                    response = conn.request("GET", target, sink=sink, timeout=timeout)
+                finally:
+                    conn.close()
+            except SinkError as exc:  # as _send: a full disk, or more bytes than expected
+                if isinstance(exc.__cause__, (Refused, OSError)):
+                    raise exc.__cause__ from None
+                raise
+            except HttpError as exc:
+                raise Refused(f"blob {digest}: its redirect failed: {exc}") from None
+            if response.status not in REDIRECTS:
+                return response
+        raise Refused(f"blob {digest}: more than {_MAX_REDIRECTS} redirects")
 
     # --- plumbing ---------------------------------------------------------------------
 
