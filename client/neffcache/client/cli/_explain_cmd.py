@@ -21,12 +21,16 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neffcache.client.config import ClientConfig
 
 from . import _server
 from ._common import CommandError, ServerUnavailable, help_text
+
+if TYPE_CHECKING:
+    from neffcache.client.api import Api
+    from neffcache.client.http import Response
 from ._key_cmd import add_compile_options, module_key, read_module
 
 # Explanations read the index and may parse a stored module: more than a lookup.
@@ -110,31 +114,23 @@ def _request(
 def _ask(config: ClientConfig, key: str | None, body: bytes | None) -> dict[str, Any]:
     """The server's explanation of ``key`` (``GET``), or of the graph ``body`` describes
     (``POST``)."""
-    from neffcache.client.api import Api
-    from neffcache.client.http import HttpError, error_detail
     from neffcache.protocol import routes
 
-    try:
-        api = Api.open(
-            config.server,
-            config.namespace,
-            config.token,
-            connect_timeout=config.connect_timeout,
-            timeout=max(config.timeout, _TIMEOUT),
-        )
-        try:
-            if key is not None:
-                response = api.get(api.explain_key_path(key))
-            else:
-                path = routes.explain_path(config.namespace)
-                headers = {"Content-Type": "application/json"}
-                response = api.request("POST", path, headers=headers, body=body)
-        finally:
-            api.close()
-    except HttpError as exc:
-        raise ServerUnavailable(f"cannot reach {config.server}: {exc}") from None
-    if response.status != 200:
-        raise _server.answer_error(config.server, response.status, error_detail(response.body))
+    def send(api: Api) -> Response:
+        if key is not None:
+            return api.get(api.explain_key_path(key))
+        path = routes.explain_path(config.namespace)
+        headers = {"Content-Type": "application/json"}
+        return api.request("POST", path, headers=headers, body=body)
+
+    response = _server.ask(
+        config.server,
+        config.namespace,
+        config.token,
+        send,
+        connect_timeout=config.connect_timeout,
+        timeout=max(config.timeout, _TIMEOUT),
+    )
     try:
         answer = json.loads(response.body)
     except ValueError:

@@ -20,7 +20,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from neffcache.client.http import error_detail
 from neffcache.protocol import is_namespace
 
 from . import _server
@@ -191,20 +190,16 @@ def _when(text: str, option: str) -> str:
 
 
 def _get(server: str, report: str, query: dict[str, Any], token: str | None) -> bytes:
-    from neffcache.client.api import Api, report_path
-    from neffcache.client.http import HttpError
+    from neffcache.client.api import report_path
 
-    try:
-        api = Api.open(server, "", token, connect_timeout=CONNECT_TIMEOUT, timeout=REPORT_TIMEOUT)
-        try:
-            answer = api.get(report_path(report, query), limit=REPORT_LIMIT)
-        finally:
-            api.close()
-    except HttpError as exc:
-        raise ServerUnavailable(f"cannot reach {server}: {exc}") from None
-    if answer.status == 200:
-        return answer.body
-    raise _server.answer_error(server, answer.status, error_detail(answer.body))
+    return _server.ask(
+        server,
+        "",
+        token,
+        lambda api: api.get(report_path(report, query), limit=REPORT_LIMIT),
+        connect_timeout=CONNECT_TIMEOUT,
+        timeout=REPORT_TIMEOUT,
+    ).body
 
 
 def _json(body: bytes, server: str) -> Any:

@@ -27,8 +27,8 @@ import argparse
 import os
 import re
 import sys
-from collections.abc import Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Container, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlsplit
 
 from neffcache.client.config import (
@@ -42,6 +42,10 @@ from neffcache.protocol import is_namespace
 
 from ._common import CommandError, MissingExtra, ServerUnavailable, one_line
 
+if TYPE_CHECKING:
+    from neffcache.client.api import Api
+    from neffcache.client.http import Response
+
 __all__ = [
     "DEFAULT_SERVER",
     "CommandError",
@@ -50,10 +54,12 @@ __all__ = [
     "Target",
     "add_options",
     "answer_error",
+    "ask",
     "client_config",
     "configured",
     "one_line",
     "parse",
+    "request",
     "resolve",
 ]
 
@@ -188,30 +194,55 @@ def client_config(
 _ANSWER_LIMIT = 256 << 20
 
 
-def request(
-    args: argparse.Namespace, method: str, path: str, body: Any = None, timeout: float = 10.0
-) -> Any:
-    """One request to the server ``args`` name, through the client's API client
-    (``api.Api``), for a command: its JSON answer (None for an empty one). A refusal is
-    a CommandError (exit 2); no answer, or one that is not JSON, ServerUnavailable
-    (exit 1). The server's remote ``admin`` commands ask through this (``clihost``)."""
-    import json
-
+def ask(
+    server: str,
+    namespace: str,
+    token: str | None,
+    send: Callable[[Api], Response],
+    *,
+    connect_timeout: float,
+    timeout: float,
+    statuses: Container[int] = (200,),
+) -> Response:
+    """A command's one request: ``send`` on a new ``api.Api`` to ``server``, and its
+    answer when its status is one of ``statuses``. ServerUnavailable (exit 1) when no
+    answer came; for another status, ``answer_error``'s exception."""
     from neffcache.client.api import Api
     from neffcache.client.http import HttpError, error_detail
 
-    target = resolve(args, namespace=False)
     try:
-        api = Api.open(target.server, "", target.token, connect_timeout=timeout, timeout=timeout)
+        api = Api.open(server, namespace, token, connect_timeout=connect_timeout, timeout=timeout)
         try:
-            # A listing (tokens, audit) may be long: more than the runtime's cap.
-            answer = api.request(method, path, json_body=body, limit=_ANSWER_LIMIT)
+            answer = send(api)
         finally:
             api.close()
     except HttpError as exc:
-        raise ServerUnavailable(f"cannot reach {target.server}: {exc}") from None
-    if not 200 <= answer.status < 300:
-        raise answer_error(target.server, answer.status, error_detail(answer.body))
+        raise ServerUnavailable(f"cannot reach {server}: {exc}") from None
+    if answer.status not in statuses:
+        raise answer_error(server, answer.status, error_detail(answer.body))
+    return answer
+
+
+def request(
+    args: argparse.Namespace, method: str, path: str, body: Any = None, timeout: float = 10.0
+) -> Any:
+    """One request to the server ``args`` name (``ask``), for a command: its JSON
+    answer (None for an empty one). A refusal is a CommandError (exit 2); no answer,
+    or one that is not JSON, ServerUnavailable (exit 1). The server's remote ``admin``
+    commands ask through this (``clihost``)."""
+    import json
+
+    target = resolve(args, namespace=False)
+    answer = ask(
+        target.server,
+        "",
+        target.token,
+        # A listing (tokens, audit) may be long: more than the runtime's cap.
+        lambda api: api.request(method, path, json_body=body, limit=_ANSWER_LIMIT),
+        connect_timeout=timeout,
+        timeout=timeout,
+        statuses=range(200, 300),
+    )
     try:
         return json.loads(answer.body) if answer.body else None
     except ValueError:

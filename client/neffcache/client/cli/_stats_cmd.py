@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 # ``_size``: the size setting's own parser (ClientConfig reads it only with a URL set).
 from neffcache.client.config import DEFAULT_LOCAL_DIR, ClientConfig, ConfigError, _size
-from neffcache.client.http import error_detail
 
 from . import _server
 from ._common import CommandError, ServerUnavailable, help_text, one_line
@@ -236,37 +235,25 @@ def _l1(local_dir: str, max_size: int | None, writable: bool) -> dict[str, Any]:
 def _server_view(config: ClientConfig, window: float) -> tuple[dict[str, Any], Exception | None]:
     """The server's ``GET /v1/status`` for the configured namespace, or why not, with
     the error the command ends with when it could not be had."""
-    from neffcache.client.api import Api
-    from neffcache.client.http import HttpError
-
     shown: dict[str, Any] = {"url": config.url, "status": None, "error": None}
     failure: Exception
     try:
-        api = Api.open(
+        answer = _server.ask(
             config.server,
             config.namespace,
             config.token,
+            lambda api: api.get(api.status_path(window=window), limit=STATUS_LIMIT),
             connect_timeout=config.connect_timeout,
             timeout=max(config.timeout, 30.0),
         )
-        try:
-            answer = api.get(api.status_path(window=window), limit=STATUS_LIMIT)
-        finally:
-            api.close()
-    except HttpError as exc:
-        failure = ServerUnavailable(f"cannot reach {config.server}: {exc}")
+    except (ServerUnavailable, CommandError) as exc:
+        failure = exc
     else:
-        status = _status(answer.body) if answer.status == 200 else None
+        status = _status(answer.body)
         if status is not None:
             shown["status"] = status
             return shown, None
-        if answer.status == 200:
-            failure = ServerUnavailable(
-                f"{config.server} answered with something other than a status"
-            )
-        else:
-            detail = error_detail(answer.body)
-            failure = _server.answer_error(config.server, answer.status, detail)
+        failure = ServerUnavailable(f"{config.server} answered with something other than a status")
     shown["error"] = str(failure)
     return shown, failure
 
