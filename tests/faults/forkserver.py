@@ -36,7 +36,9 @@ on stdin, one answer a line on stdout:
   itself ``before`` or ``after`` (``WHEN``) the ``NTH`` time it puts a file under its
   final name in ``PREFIX`` (an ``os.link`` or ``os.replace`` whose destination starts
   with that path: a blob's commit, a document's write) while the file ``ARMED`` exists;
-  answers ``trap set``. Just before the kill it logs ``trap: SIGKILL ...``.
+  answers ``trap set``. Just before the kill it logs ``trap: SIGKILL ...``. A link
+  that places nothing is not counted: a blob uploaded again is linked again, and the
+  link fails on the stored one (before: its name exists; after: the call raised).
 
 The launcher answers ``ready`` once its imports are done. When its stdin closes it
 kills and reaps any child still running, then exits.
@@ -101,17 +103,20 @@ class Trap:
         count = 0
 
         def wrap(name: str, real: Callable[..., None]) -> Callable[..., None]:
-            def placing(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+            def counts() -> bool:
                 nonlocal count
-                hit = False
-                if os.fsdecode(dst).startswith(self.prefix) and os.path.exists(self.armed):
-                    with lock:
-                        count += 1
-                        hit = count == self.nth
-                if hit and self.when == "before":
+                with lock:
+                    count += 1
+                    return count == self.nth
+
+            def placing(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+                aimed = os.fsdecode(dst).startswith(self.prefix) and os.path.exists(self.armed)
+                # A link onto an existing name raises and places nothing: not counted.
+                placed = not (name == "link" and os.path.lexists(dst))
+                if aimed and self.when == "before" and placed and counts():
                     self._die(name, dst)
-                real(src, dst, *args, **kwargs)
-                if hit and self.when == "after":
+                real(src, dst, *args, **kwargs)  # a failed call raises: never counted after
+                if aimed and self.when == "after" and counts():
                     self._die(name, dst)
 
             return placing

@@ -381,7 +381,7 @@ def make_plan(
     elif kind == "trap":
         where, when = TRAPS[i % len(TRAPS)]
         plan.trap = TrapAt(where, when, 1 + i // len(TRAPS) % 2)
-        # Two new blobs at least (a reused one is not linked again): a second link.
+        # Two new blobs at least (a stored one's link places nothing): a second link.
         for publishes in clients[:2]:
             name = next(iter(publishes[0].files))
             publishes[0].files[name] = contents.new(random_size(rng))
