@@ -4,7 +4,6 @@ a scripted in-test HTTP server."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
@@ -12,8 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -21,6 +19,7 @@ from urllib.parse import unquote
 import pytest
 from loopback import free_port
 from support.client_units import ADDRESS, VERSION, FakeStock, delta, digest
+from support.http_stubs import Answer, Route, ScriptedServer, scripted
 
 from neffcache.client import remote as remote_module
 from neffcache.client.config import ClientConfig
@@ -31,55 +30,23 @@ from neffcache.client.stats import STATS
 HLO_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "hlo" / "block_a.pb"
 
 
-Route = Callable[[str, str, bytes], tuple[int, bytes]]
+def asked(server: ScriptedServer) -> list[str]:
+    """The paths the server was asked for, percent-decoding undone."""
+    return [unquote(path) for path in server.paths]
 
 
-class FakeServer:
-    """Answers with ``route(method, path, body)``; keeps every request."""
+def publishing_route(entries: list[bytes]) -> Route:
+    """A server that takes every upload (all blobs missing) and keeps each entry's
+    manifest in ``entries``."""
 
-    def __init__(self, route: Route) -> None:
-        self.route = route
-        self.requests: list[tuple[str, str, bytes]] = []
-        outer = self
+    def route(method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        if path == "/v1/blobs/missing":
+            return 200, json.dumps({"missing": json.loads(body)["digests"]}).encode()
+        if method == "PUT" and "/entries/" in path:
+            entries.append(body)
+        return 201, b"{}"
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def _answer(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else b""
-                path = unquote(self.path)
-                outer.requests.append((self.command, path, body))
-                status, answer = outer.route(self.command, path, body)
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            do_GET = do_PUT = do_POST = _answer  # noqa: N815
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
-        ).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@contextlib.contextmanager
-def fake_server(route: Route) -> Iterator[FakeServer]:
-    server = FakeServer(route)
-    try:
-        yield server
-    finally:
-        server.close()
+    return route
 
 
 _CORES: list[Core] = []
@@ -144,7 +111,7 @@ def test_stock_failures_replays_it(tmp_path: Path, value: str) -> None:
 
 
 def test_done_in_l1_is_a_hit_without_the_server(tmp_path: Path) -> None:
-    with fake_server(lambda m, p, b: (500, b"")) as server:
+    with scripted(lambda m, p: (500, b"")) as server:
         core, _, entry = make_core(tmp_path, server.url)
         (entry / "model.done").write_text("")
         (entry / "model.neff").write_bytes(b"x" * 10)
@@ -156,7 +123,7 @@ def test_done_in_l1_is_a_hit_without_the_server(tmp_path: Path) -> None:
 
 
 def test_other_files_are_not_looked_up(tmp_path: Path) -> None:
-    with fake_server(lambda m, p, b: (404, b"{}")) as server:
+    with scripted(lambda m, p: (404, b"{}")) as server:
         core, _, entry = make_core(tmp_path, server.url)
         assert not core.exists(str(entry / "compile_flags.json"))
         assert not core.exists(str(entry / "model.hlo_module.pb"))
@@ -183,7 +150,7 @@ def test_done_with_the_server_refusing_is_false_and_quick(tmp_path: Path) -> Non
 
 
 def test_done_with_the_server_down_does_not_ask_again(tmp_path: Path) -> None:
-    with fake_server(lambda m, p, b: (503, b"")) as server:
+    with scripted(lambda m, p: (503, b"")) as server:
         core, _, entry = make_core(tmp_path, server.url)
         assert core.exists(str(entry / "model.done")) is False
         assert len(server.requests) == 1
@@ -205,9 +172,11 @@ def test_done_with_a_silent_server_ends_within_the_timeout(tmp_path: Path) -> No
         listener.close()
 
 
-def _entry_route(
+def _entry_answer(
     files: dict[str, bytes], *, alias: str = ADDRESS, serve: dict[str, bytes] | None = None
-) -> tuple[Route, dict[str, Any]]:
+) -> Answer:
+    """A server with one entry of ``files`` under the alias ``alias``, its blobs (and
+    ``serve``'s bytes for their digests) under /v1/blobs/."""
     manifest = {
         "key": "c" * 64,
         "direct_key": "d" * 64,
@@ -219,23 +188,24 @@ def _entry_route(
     blobs = {digest(data): data for data in files.values()}
     blobs.update(serve or {})
 
-    def route(method: str, path: str, body: bytes) -> tuple[int, bytes]:
+    def answer(method: str, path: str) -> tuple[int, bytes]:
+        path = unquote(path)
         if path == f"/v1/ns/team-a/aliases/{alias}":
             return 200, json.dumps(manifest).encode()
         if path.startswith("/v1/blobs/") and path[len("/v1/blobs/") :] in blobs:
             return 200, blobs[path[len("/v1/blobs/") :]]
         return 404, b'{"detail": "absent"}'
 
-    return route, manifest
+    return answer
 
 
 def test_a_server_hit_is_written_into_l1_done_last(tmp_path: Path) -> None:
     neff = os.urandom(20_000)
     theirs = b"the publisher's HLO"
     files = {"model.neff": neff, "model.hlo_module.pb": theirs, "wrapped_neff.hlo": b"w" * 99}
-    route, _ = _entry_route(files)
+    answer = _entry_answer(files)
     before = STATS.snapshot()
-    with fake_server(route) as server:
+    with scripted(answer) as server:
         core, stock, entry = make_core(tmp_path, server.url)
         ours = b"the SDK's own HLO"
         (entry / "model.hlo_module.pb").write_bytes(ours)
@@ -258,8 +228,8 @@ def test_a_server_hit_is_written_into_l1_done_last(tmp_path: Path) -> None:
 
 def test_a_blob_with_other_bytes_is_not_a_hit(tmp_path: Path) -> None:
     neff = os.urandom(5000)
-    route, _ = _entry_route({"model.neff": neff}, serve={digest(neff): os.urandom(5000)})
-    with fake_server(route) as server:
+    answer = _entry_answer({"model.neff": neff}, serve={digest(neff): os.urandom(5000)})
+    with scripted(answer) as server:
         core, stock, entry = make_core(tmp_path, server.url)
         assert core.exists(str(entry / "model.done")) is False
     assert stock.uploads == []
@@ -268,8 +238,8 @@ def test_a_blob_with_other_bytes_is_not_a_hit(tmp_path: Path) -> None:
 
 
 def test_a_manifest_without_a_neff_is_not_a_hit(tmp_path: Path) -> None:
-    route, _ = _entry_route({"model.hlo_module.pb": b"hlo"})
-    with fake_server(route) as server:
+    answer = _entry_answer({"model.hlo_module.pb": b"hlo"})
+    with scripted(answer) as server:
         core, stock, entry = make_core(tmp_path, server.url)
         assert core.exists(str(entry / "model.done")) is False
     assert stock.uploads == []
@@ -280,14 +250,13 @@ def test_the_direct_key_is_asked_when_the_address_misses(tmp_path: Path) -> None
     flags = ["--target=trn1", "--model-type=transformer"]
     direct = direct_key(module, context(VERSION, "trn1", flags, os.environ)).key
     neff = os.urandom(3000)
-    route, _ = _entry_route({"model.neff": neff}, alias=direct)
-    with fake_server(route) as server:
+    answer = _entry_answer({"model.neff": neff}, alias=direct)
+    with scripted(answer) as server:
         core, _, entry = make_core(tmp_path, server.url)
         (entry / "model.hlo_module.pb").write_bytes(module)
         (entry / "compile_flags.json").write_text(json.dumps(flags))
         assert core.exists(str(entry / "model.done")) is True
-    asked = [path for method, path, _ in server.requests if "/v1/ns/" in path]
-    assert asked == [
+    assert [path for path in asked(server) if "/v1/ns/" in path] == [
         f"/v1/ns/team-a/aliases/{ADDRESS}",
         f"/v1/ns/team-a/aliases/{direct}",
     ]
@@ -298,13 +267,9 @@ def test_the_direct_key_is_asked_when_the_address_misses(tmp_path: Path) -> None
 
 
 def test_done_uploaded_by_the_sdk_is_published(tmp_path: Path) -> None:
-    def route(method: str, path: str, body: bytes) -> tuple[int, bytes]:
-        if path == "/v1/blobs/missing":
-            return 200, json.dumps({"missing": json.loads(body)["digests"]}).encode()
-        return 201, b"{}"
-
+    entries: list[bytes] = []
     module = HLO_FIXTURE.read_bytes()
-    with fake_server(route) as server:
+    with scripted(route=publishing_route(entries)) as server:
         core, _, entry = make_core(tmp_path, server.url)
         (entry / "model.hlo_module.pb").write_bytes(module)
         core.uploaded(str(entry / "model.hlo_module.pb"))
@@ -314,9 +279,8 @@ def test_done_uploaded_by_the_sdk_is_published(tmp_path: Path) -> None:
         (entry / "model.done").write_text("")
         core.uploaded(str(entry / "model.done"))
         assert _publisher(core.config).flush(timeout=10)
-    puts = [(p, b) for m, p, b in server.requests if m == "PUT" and "/entries/" in p]
-    assert len(puts) == 1
-    manifest = json.loads(puts[0][1])
+    assert len(entries) == 1
+    manifest = json.loads(entries[0])
     assert manifest["neuron_address"] == ADDRESS
     assert set(manifest["files"]) == {"model.neff", "model.hlo_module.pb", "compile_flags.json"}
     assert manifest["files"]["model.neff"]["digest"] == digest(b"NEFF" * 50)
@@ -497,8 +461,8 @@ def test_an_in_place_write_elsewhere_does_not_change_a_served_entry(tmp_path: Pa
     from neffcache.client.local import copy_atomic
 
     neff = os.urandom(4096)
-    route, _ = _entry_route({"model.neff": neff})
-    with fake_server(route) as server:
+    answer = _entry_answer({"model.neff": neff})
+    with scripted(answer) as server:
         core, _, entry = make_core(tmp_path, server.url)
         assert core.exists(str(entry / "model.done"))
     # What session.Session._materialize does for a later hit of the same NEFF (the
@@ -540,15 +504,15 @@ def test_a_manifest_cannot_plant_a_lock_or_marker_in_an_l1_entry(name: str, tmp_
 def _asked_direct_key(tmp_path: Path, flags_file: str, content: str) -> str | None:
     """The direct key the hook asks for when the address misses, for an entry whose
     flags file is ``flags_file`` holding ``content``; None when it asks for none."""
-    route, _ = _entry_route({"model.neff": b"NEFF"}, alias="0" * 64)
-    with fake_server(route) as server:
+    answer = _entry_answer({"model.neff": b"NEFF"}, alias="0" * 64)
+    with scripted(answer) as server:
         core, _, entry = make_core(tmp_path, server.url)
         (entry / "model.hlo_module.pb").write_bytes(HLO_FIXTURE.read_bytes())
         (entry / flags_file).write_text(content)
         assert core.exists(str(entry / "model.done")) is False
-    asked = [path for method, path, _ in server.requests if "/aliases/" in path]
-    assert asked[0] == f"/v1/ns/team-a/aliases/{ADDRESS}"
-    return asked[1].rsplit("/", 1)[1] if len(asked) > 1 else None
+    aliases = [path for path in asked(server) if "/aliases/" in path]
+    assert aliases[0] == f"/v1/ns/team-a/aliases/{ADDRESS}"
+    return aliases[1].rsplit("/", 1)[1] if len(aliases) > 1 else None
 
 
 def test_an_nxdi_two_word_target_keys_as_the_one_word_form(tmp_path: Path) -> None:
@@ -591,13 +555,9 @@ def test_an_entry_without_a_target_anywhere_is_not_keyed(
 def test_a_published_entry_records_its_era(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags_file: str, content: str, era: str
 ) -> None:
-    def route(method: str, path: str, body: bytes) -> tuple[int, bytes]:
-        if path == "/v1/blobs/missing":
-            return 200, json.dumps({"missing": json.loads(body)["digests"]}).encode()
-        return 201, b"{}"
-
+    entries: list[bytes] = []
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
-    with fake_server(route) as server:
+    with scripted(route=publishing_route(entries)) as server:
         core, _, entry = make_core(tmp_path, server.url)
         (entry / "model.hlo_module.pb").write_bytes(HLO_FIXTURE.read_bytes())
         (entry / flags_file).write_text(content)
@@ -606,8 +566,7 @@ def test_a_published_entry_records_its_era(
         (entry / "model.done").write_text("")
         core.uploaded(str(entry / "model.done"))
         assert _publisher(core.config).flush(timeout=10)
-    puts = [b for m, p, b in server.requests if m == "PUT" and "/entries/" in p]
-    manifest = json.loads(puts[0])
+    manifest = json.loads(entries[0])
     assert manifest["stock_era"] == era
     assert set(manifest["files"]) == {"model.neff", "model.hlo_module.pb", flags_file}
 
@@ -703,8 +662,8 @@ def test_reads_of_a_whole_entry_are_served_from_the_server(tmp_path: Path, read:
     download_file and exists() on the folder; transformers-neuronx with
     download_artifacts. With L1 empty, each must find the server's entry."""
     neff = os.urandom(3000)
-    route, _ = _entry_route({"model.neff": neff})
-    with fake_server(route) as server:
+    answer = _entry_answer({"model.neff": neff})
+    with scripted(answer) as server:
         core, _, entry = make_core(tmp_path, server.url)
         stock = ReadingStock(Path(core.stock.cache_path))
         proxy = make_proxy_class(SdkBase)(stock, core.config, "neffcache+http://x/team-a")
@@ -726,13 +685,7 @@ def test_reads_of_a_whole_entry_are_served_from_the_server(tmp_path: Path, read:
 
 
 def test_reads_outside_an_entry_ask_nothing(tmp_path: Path) -> None:
-    asked: list[str] = []
-
-    def route(method: str, path: str, body: bytes) -> tuple[int, bytes]:
-        asked.append(path)
-        return 404, b"{}"
-
-    with fake_server(route) as server:
+    with scripted(lambda m, p: (404, b"{}")) as server:
         core, _, entry = make_core(tmp_path, server.url)
         registry = Path(core.stock.cache_path) / "neuronxcc-2.20.9961.0+0acef03a" / "0_REGISTRY"
         registry.mkdir(parents=True)
@@ -740,4 +693,4 @@ def test_reads_outside_an_entry_ask_nothing(tmp_path: Path) -> None:
         core.before_read(str(registry / "x.json"))
         core.before_read(str(tmp_path / "elsewhere"))
         assert core.exists(str(entry / "model.hlo_module.pb")) is False
-    assert asked == []
+    assert server.requests == []

@@ -1,19 +1,21 @@
-"""A real server for the dashboard tests: ``create_app`` under uvicorn on a free
-127.0.0.1 port, in a thread of the test process (so a test can shift the clock the
-server was built with, which the events endpoint stamps with), and the artifacts
-folder."""
+"""A real server for the dashboard tests, and the artifacts folder.
+
+The server is ``create_app`` under uvicorn in a thread of the test process
+(``loopback.InThread``), not the ``neffcache serve`` process the other suites start
+(``support.served.Server``): the tests stamp events on several days by shifting the
+clock the app was built with (``create_app(clock=...)``, which the events endpoint
+stamps with), and only an app in this process can be handed a clock."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
-from loopback import free_port
+from loopback import InThread
 
 from neffcache.server.app import create_app
 from neffcache.server.settings import ServerSettings
@@ -27,32 +29,22 @@ class LiveServer:
 
     def __init__(self, data_dir: Path, clock: Clock | None = None, **settings: Any) -> None:
         self.clock = clock or Clock()
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         # No maintenance passes: nothing may change between the page's reading and the
         # test's.
-        self.app = app = create_app(
+        app = create_app(
             ServerSettings(data_dir=data_dir, eviction_interval_seconds=0, **settings),
             clock=self.clock,
         )
-        config = uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name="dashboard-test-server")
+        self._serving = InThread(app)
+        self._running = contextlib.ExitStack()
+        self.url = self._serving.url
 
     def start(self) -> LiveServer:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise AssertionError("the server did not start")
-            time.sleep(0.02)
+        self._running.enter_context(self._serving)
         return self
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=20)
+        self._running.close()
 
     def client(self, token: str | None = None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}

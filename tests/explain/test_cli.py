@@ -8,19 +8,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from explain.graphs import NEW, Graph, digest, hlo
 from hlo_edit import RawModule, field, varint
-from loopback import free_port, terminate, wait_healthy
+from loopback import free_port
+from support import served
+from support.served import NEFFCACHE, until
 
-NEFFCACHE = [sys.executable, "-m", "neffcache.client.cli"]
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("NEFFCACHE_TEST_ARTIFACTS") or ROOT / "build" / "test-artifacts")
 BLOCK = Graph(hlo("block_a"))
@@ -39,26 +38,14 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-class Server:
-    def __init__(self, data_dir: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = data_dir / "server.log"
-        argv = [*NEFFCACHE, "serve", "--port", str(self.port), "--data-dir", str(data_dir)]
-        env = clean_env(NEFFCACHE_EVICTION_INTERVAL_SECONDS="0", NEFFCACHE_BLOB_GRACE_SECONDS="0")
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
-            )
-        self.http = httpx.Client(base_url=self.url, timeout=30, trust_env=False)
-        if wait_healthy(self.process, self.url):
-            return
-        self.stop()
-        raise AssertionError(f"the server did not start: {self.log.read_text()[-3000:]}")
+class Server(served.Server):
+    """``neffcache serve`` (support/served.py's) in ``clean_env()``, with no
+    maintenance passes and no grace for unreferenced blobs; it publishes graphs and
+    asks what the server explains."""
 
-    def stop(self) -> None:
-        self.http.close()
-        terminate(self.process)
+    def __init__(self, data_dir: Path) -> None:
+        settings = {"NEFFCACHE_EVICTION_INTERVAL_SECONDS": "0", "NEFFCACHE_BLOB_GRACE_SECONDS": "0"}
+        super().__init__(data_dir, settings, environ=clean_env())
 
     def publish(self, namespace: str, graph: Graph, neff: bytes = b"neff") -> None:
         for data in graph.files(neff):
@@ -75,15 +62,13 @@ class Server:
     def noted(self, namespace: str, graph: Graph, reason: str) -> None:
         """Wait until the server explains ``graph`` with ``reason``: the program map is
         written after a publish is answered."""
-        deadline = time.monotonic() + 10
-        while self.reason(namespace, graph) != reason:
-            assert time.monotonic() < deadline, f"never {reason}"
-            time.sleep(0.05)
+        until(lambda: self.reason(namespace, graph) == reason, 10, f"never {reason}")
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    started = Server(tmp_path_factory.mktemp("serve"))
+    started = Server(tmp_path_factory.mktemp("serve") / "data")
+    started.start()
     yield started
     started.stop()
 

@@ -132,7 +132,7 @@ def test_one_replica_evicts_at_a_time_and_the_other_takes_over(pair: Pair, index
         assert collected_by(follower) == 2.0
 
     # Restarted, the old leader follows; SIGTERM on the new leader hands the lease over.
-    leader.restart()
+    leader.start()  # again, on its port
     time.sleep(2.5)  # a few ticks of both loops
     assert holder_pid(index) == follower.pid
     # uvicorn re-raises the SIGTERM once it has shut down: -15 is a clean exit too.

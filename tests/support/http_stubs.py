@@ -1,6 +1,8 @@
 """Small HTTP servers in a thread of the test process, answering as a test scripts
 them: ``send_json`` writes one JSON answer from a handler, and ``ScriptedServer``
-answers every request with what ``answer(method, path)`` returns and records each."""
+answers every request with what ``answer(method, path)`` returns (or
+``route(method, path, body)``, when the answer depends on what was sent) and records
+each."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 Answer = Callable[[str, str], tuple[int, bytes]]  # (method, path) -> (status, body)
+Route = Callable[[str, str, bytes], tuple[int, bytes]]  # (method, path, request body) -> ...
 
 
 def send_json(handler: BaseHTTPRequestHandler, status: int, body: object) -> None:
@@ -25,9 +28,12 @@ def send_json(handler: BaseHTTPRequestHandler, status: int, body: object) -> Non
 
 class ScriptedServer:
     """Answers GET, PUT and POST with ``answer(method, path)`` (a request's body is read
-    and dropped); records ``(method, path)`` and the Authorization header of each."""
+    and dropped), or with ``route(method, path, body)`` if that is given instead;
+    records ``(method, path)`` and the Authorization header of each. Paths are as sent
+    (still percent-encoded)."""
 
-    def __init__(self, answer: Answer) -> None:
+    def __init__(self, answer: Answer | None = None, *, route: Route | None = None) -> None:
+        respond = _either(answer, route)
         self.requests: list[tuple[str, str]] = []
         self.auth: list[str] = []
         outer = self
@@ -37,11 +43,10 @@ class ScriptedServer:
 
             def _answer(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
-                if length:
-                    self.rfile.read(length)
+                sent = self.rfile.read(length) if length else b""
                 outer.requests.append((self.command, self.path))
                 outer.auth.append(self.headers.get("Authorization", ""))
-                status, body = answer(self.command, self.path)
+                status, body = respond(self.command, self.path, sent)
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -72,9 +77,19 @@ class ScriptedServer:
         self.httpd.server_close()
 
 
+def _either(answer: Answer | None, route: Route | None) -> Route:
+    if answer is not None and route is None:
+        return lambda method, path, _body: answer(method, path)
+    if route is not None and answer is None:
+        return route
+    raise TypeError("a ScriptedServer answers by either answer or route")
+
+
 @contextlib.contextmanager
-def scripted(answer: Answer) -> Iterator[ScriptedServer]:
-    server = ScriptedServer(answer)
+def scripted(
+    answer: Answer | None = None, *, route: Route | None = None
+) -> Iterator[ScriptedServer]:
+    server = ScriptedServer(answer, route=route)
     try:
         yield server
     finally:

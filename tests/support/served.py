@@ -1,10 +1,11 @@
 """The one ``neffcache serve`` process the tests start (the process suites through
-support/e2e.py, the serve, connection, fault, eviction, lease and herd tests), and
-requests on one over HTTP: entries to publish, the evictions its audit log records,
-and a wait for what a background pass does."""
+support/e2e.py, the serve, connection, fault, eviction, lease, herd, explain and
+scale-out tests), and requests on one over HTTP: entries to publish, the evictions its
+audit log records, and a wait for what a background pass does."""
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import os
@@ -39,7 +40,12 @@ class Server:
     ``DATA``), a file rather than a pipe, which nothing would drain: the start-up error
     shows its end. ``start`` returns once ``/healthz`` answers; ``stop`` shuts it down
     cleanly (SIGTERM), ``kill`` as a crash would (SIGKILL). It can be started again
-    on the same port and data."""
+    on the same port and data. Several start at once with ``spawn`` on each, then
+    ``wait_started`` on each (replicas over one index and blob store, given in ``env``).
+
+    ``die_with_parent``: the kernel kills it when the thread that started it ends
+    (``PR_SET_PDEATHSIG``), so that a killed test or benchmark run (the scale-out
+    replicas, which bench_load.py starts too) leaves no server behind."""
 
     def __init__(
         self,
@@ -48,6 +54,7 @@ class Server:
         *,
         environ: Mapping[str, str] | None = None,
         log: Path | None = None,
+        die_with_parent: bool = False,
     ) -> None:
         self.data_dir = data_dir
         self.port = free_port()
@@ -55,20 +62,35 @@ class Server:
         base = without_settings(os.environ) if environ is None else dict(environ)
         self.env = {**base, **(env or {})}
         self.log = log or data_dir.parent / f"server-{self.port}.log"
+        self.die_with_parent = die_with_parent
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Server:
+        self.spawn()
+        self.wait_started()
+        return self
+
+    def spawn(self) -> None:
+        """Start the process; ``wait_started`` waits until it answers."""
         argv = [*NEFFCACHE, "serve", "--port", str(self.port), "--data-dir", str(self.data_dir)]
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
-                argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
+                argv,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                preexec_fn=_die_with_parent if self.die_with_parent else None,
             )
+
+    def wait_started(self) -> None:
+        """Until ``/healthz`` answers; AssertionError with the log's end if it does not."""
+        assert self.process is not None, "not spawned"
         # The wait is bounded only so that a server that hangs fails the test; a loaded
         # machine (64 clients starting on two cores) may take long to answer.
         if not wait_healthy(self.process, self.url, 60):
             self.kill()
-            raise AssertionError(f"the server did not start: {self.log.read_text()[-3000:]}")
-        return self
+            raise AssertionError(f"the server did not start: {self.tail()}")
 
     @property
     def pid(self) -> int:
@@ -78,18 +100,32 @@ class Server:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def stop(self) -> None:
-        """SIGTERM, a clean shutdown (SIGKILL if it outlasts 10 s); waits for it."""
+    def stop(self) -> int | None:
+        """SIGTERM, a clean shutdown (SIGKILL if it outlasts 10 s); waits for it. Its
+        exit status (negative: the signal that ended it), None if never started."""
         self._close_http()
-        if self.process is not None:
-            terminate(self.process)
+        if self.process is None:
+            return None
+        terminate(self.process)
+        return self.process.returncode
 
-    def kill(self) -> None:
-        """SIGKILL, as a crash or an OOM kill would end it; waits for it."""
+    def kill(self) -> int | None:
+        """SIGKILL, as a crash or an OOM kill would end it; waits for it. Its exit
+        status, as ``stop``'s."""
         self._close_http()
-        if self.process is not None and self.process.poll() is None:
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait(timeout=10)
+        return self.process.returncode
+
+    def tail(self, chars: int = 3000) -> str:
+        """The end of its log."""
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return "(no log)"
 
     def __enter__(self) -> Server:
         return self.start()
@@ -99,12 +135,12 @@ class Server:
 
     # --- requests on it -------------------------------------------------------------
 
-    def client(self, token: str | None = None) -> httpx.Client:
+    def client(self, token: str | None = None, timeout: float = 30) -> httpx.Client:
         """A new client on it (the caller closes it), with ``token`` as its bearer."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         # No certificates to load for plain http (a tenth of a second per client).
         return httpx.Client(
-            base_url=self.url, headers=headers, timeout=30, trust_env=False, verify=False
+            base_url=self.url, headers=headers, timeout=timeout, trust_env=False, verify=False
         )
 
     @functools.cached_property
@@ -163,6 +199,10 @@ class Server:
         while (left := self.staged()) and time.monotonic() < deadline:
             time.sleep(0.02)
         return left
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def digest(data: bytes) -> str:
