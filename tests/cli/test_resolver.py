@@ -39,7 +39,6 @@ def test_either_form_names_a_server(url: str, expected: tuple[str, str | None]) 
         "neffcache+http://h:1",  # the client's form without its namespace
         "neffcache+http://h:1/Team A",
         "neffcache+ftp://h/team-a",
-        "http://h:1/team-a",  # a path in the plain form
         "http://h:port",
         "http://",
         "cache.internal:8787",
@@ -52,6 +51,26 @@ def test_other_forms_are_one_line_naming_both(url: str) -> None:
     message = str(raised.value)
     assert message.startswith(f"NEFFCACHE_URL {url!r}: use http://HOST:PORT or ")
     assert "neffcache+http://HOST:PORT/NAMESPACE" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("url", "prefix"),
+    [
+        ("http://h:1/team-a", "/team-a"),  # any path in the plain form
+        ("https://h/neffcache/", "/neffcache"),
+        ("neffcache+http://h:1/neffcache/team-a", "/neffcache"),
+        ("neffcache+https://h/a/b/team-a/", "/a/b"),
+    ],
+)
+def test_a_path_prefix_is_one_line_naming_it(url: str, prefix: str) -> None:
+    with pytest.raises(CommandError) as raised:
+        _server.parse(url, "NEFFCACHE_URL")
+    message = str(raised.value)
+    assert message.startswith(f"NEFFCACHE_URL {url!r}: a path after HOST:PORT ({prefix!r}) ")
+    assert message.endswith(
+        "use http://HOST:PORT or neffcache+http://HOST:PORT/NAMESPACE (https too)"
+    )
     assert "\n" not in message
 
 

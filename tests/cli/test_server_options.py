@@ -203,3 +203,42 @@ def test_the_old_spellings_still_work_with_one_line_each(
         "neffcache report: warning: NEFFCACHE_ADMIN_TOKEN is deprecated: use NEFFCACHE_TOKEN",
     ]
     assert {r.authorization for r in server.take()} == {f"Bearer {TOKEN}"}
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=IDS)
+def test_a_path_prefix_is_refused_with_one_line_by_every_command(
+    command: Command,
+    neffcache: Run,
+    server: Server,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A server behind a reverse proxy at http://host/neffcache: refused, as the runtime
+    # refuses it (test_the_runtime_refuses_a_path_prefix_too), never asked elsewhere.
+    words = _fill(command, tmp_path, server)
+    server.take()
+    for url in (f"{server.url}/neffcache", f"neffcache+{server.url}/neffcache/team-a"):
+        done = neffcache(*words, "--server", url, "--token", TOKEN)
+        assert (done.code, done.out) == (2, ""), done.err
+        assert done.err == (
+            f"neffcache {command.words[0]}: error: --server {url!r}: a path after HOST:PORT "
+            "('/neffcache') is not supported: neffcache asks the server at the root of its "
+            "host and port, as jobs do (no path prefix: behind a reverse proxy, give it a "
+            "host or port of its own); use http://HOST:PORT or "
+            "neffcache+http://HOST:PORT/NAMESPACE (https too)\n"
+        )
+    if command.words[0] != "doctor":  # the doctor checks NEFFCACHE_URL as a job's
+        monkeypatch.setenv("NEFFCACHE_URL", f"neffcache+{server.url}/proxy/team-a")
+        done = neffcache(*words, "--token", TOKEN)
+        assert done.code == 2, done.err
+        assert done.err.startswith(f"neffcache {command.words[0]}: error: NEFFCACHE_URL ")
+        assert "a path after HOST:PORT ('/proxy') is not supported" in done.err
+        assert done.err.count("\n") == 1, done.err
+    assert server.take() == []
+
+
+def test_the_runtime_refuses_a_path_prefix_too() -> None:
+    from neffcache.client.config import ClientConfig, ConfigError
+
+    with pytest.raises(ConfigError, match="must end with one namespace name"):
+        ClientConfig.from_env({"NEFFCACHE_URL": "neffcache+http://cache.internal/neffcache/team-a"})

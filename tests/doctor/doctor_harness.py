@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,19 @@ def installed(where: Path, **versions: str) -> str:
             f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n"
         )
     return os.pathsep.join([str(STANDINS), str(where)])
+
+
+def standin_libneuronxla_version() -> str:
+    """The stand-in libneuronxla's version, as ``importlib.metadata`` finds it on a
+    ``sys.path`` holding tests/standins (its ``.dist-info`` there)."""
+    found = [
+        d.version
+        for d in metadata.distributions(path=[str(STANDINS)])
+        if d.metadata["Name"] == "libneuronxla"
+    ]
+    assert len(found) == 1, found
+    assert found[0].endswith("+standin"), found
+    return found[0]
 
 
 @dataclass

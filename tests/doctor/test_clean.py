@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from doctor.doctor_harness import doctor_env, run_doctor
+from doctor.doctor_harness import doctor_env, run_doctor, standin_libneuronxla_version
 from support.e2e import Server
 
 from neffcache.client.cli._doctor_cmd import _GROUPS
@@ -38,7 +38,13 @@ def test_a_correct_set_up_passes_with_exit_0(server: Server, tmp_path: Path) -> 
     assert surface["status"] == "PASS", surface
     assert surface["data"]["unserved"] == []
     assert surface["data"]["setup_args"] == "tuple(NeuronCCArgs, list, str)"
-    assert results["stacks.libneuronxla"]["status"] == "PASS"
+    # libneuronxla's version, as the probe reads it: importlib.metadata, in the
+    # training Python, from the stand-in's dist-info.
+    stack = results["stacks.libneuronxla"]
+    assert stack["status"] == "PASS"
+    version = standin_libneuronxla_version()
+    assert stack["evidence"].startswith(f"libneuronxla {version}: "), stack
+    assert stack["data"]["libneuronxla"] == version
 
 
 @pytest.mark.e2e

@@ -18,12 +18,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from doctor.doctor_harness import doctor_env, installed, results, run_doctor, said
+from doctor.doctor_harness import (
+    doctor_env,
+    installed,
+    results,
+    run_doctor,
+    said,
+    standin_libneuronxla_version,
+)
 from support.e2e import STANDINS, Server, search_path
+
+from neffcache.client.doctor.live_drivers import graph_of
 
 pytestmark = pytest.mark.e2e
 
 DRIVERS = Path(__file__).resolve().parent / "live_standins.py"
+# PyTorch, TorchNeuron, torch-xla and vLLM Neuron as the real drivers call them.
+FRAMEWORKS = STANDINS / "frameworks"
 TORCHNEURON = {"torch": "2.10.0", "torch_neuronx": "2.10.0.2.34.0"}
 EVERY_STACK = {**TORCHNEURON, "vllm_neuron": "0.3.0"}
 # The point that must serve each stack's second run, as its run-manifest line says it.
@@ -172,6 +183,47 @@ def test_the_real_drivers_skip_where_their_stack_does_not_import(
     assert code == 0
 
 
+def test_the_real_drivers_compile_through_each_stacks_public_api(
+    server: Server, tmp_path: Path
+) -> None:
+    # No NEFFCACHE_DOCTOR_LIVE_DRIVERS: live_drivers.py, the code a trn host runs,
+    # drives the stand-in frameworks, which compile as each stack does.
+    pythonpath = installed(tmp_path / "d", **EVERY_STACK)
+    env = doctor_env(
+        tmp_path,
+        server.cache_url(namespace()),
+        PYTHONPATH=os.pathsep.join([str(FRAMEWORKS), pythonpath]),
+    )
+    code, checks = results(env, "--only", "live")
+    calls = {
+        "torchneuron": 'torch.compile(backend="neuron")',
+        "vllm-neuron": 'torch.compile(backend="vllm_neuron")',
+        "trace": "torch_neuronx.trace",
+        "libneuronxla": "torch-xla (xm.mark_step)",
+    }
+    for stack, call in calls.items():
+        live = checks[f"live.{stack}"]
+        assert live["status"] == "PASS", live
+        assert live["data"]["drivers"] == "neffcache", live["data"]
+        assert "by the test drivers" not in said(live)
+        length, scale = graph_of(live["data"]["seed"])
+        assert f"driven: {call} of x * {scale!r} + 1 over {length} floats" in live["details"]
+        first, second = live["data"]["runs"]
+        assert any(g["source"] == "compiler" for g in first["graphs"]), first
+        assert [(g["via"], g["source"]) for g in second["graphs"]] == [(VIA[stack], "server")], (
+            second
+        )
+    # Each stack's compiler call, as the stand-in frameworks made it from the driver's.
+    runs = {stack: checks[f"live.{stack}"]["data"]["runs"][0] for stack in calls}
+    torchneuron = compiles(runs["torchneuron"])[0]
+    assert torchneuron[3:10] == ["--framework", "XLA", "--target", "trn2", "--lnc", "2", "-O2"]
+    assert "--logfile" in compiles(runs["vllm-neuron"])[0]
+    # trace's compiler_workdir: the driver's "trace" folder in the run's directory.
+    assert compiles(runs["trace"])[0][2].endswith("/work/trace/model")
+    assert "exists(model.done)=False" in runs["libneuronxla"]["cache_calls"]
+    assert code == 0
+
+
 def test_an_unreachable_server_fails_at_once(tmp_path: Path, unused_port: int) -> None:
     url = f"neffcache+http://127.0.0.1:{unused_port}/team-a"
     env = live_env(tmp_path, url, PYTHONPATH=installed(tmp_path / "d", **TORCHNEURON))
@@ -191,6 +243,9 @@ def test_the_deadline_read_only_and_bad_input(server: Server, tmp_path: Path) ->
     code, checks = results(env, "--only", "live", "--live-deadline", "0.5")
     live = checks["live.libneuronxla"]
     assert live["status"] == "WARN", live
+    # What it is, with its version as the probe read it (the stand-in's dist-info).
+    version = standin_libneuronxla_version()
+    assert live["evidence"].startswith(f"libneuronxla {version}: not run: "), live
     assert "not run: the --live deadline (0.5 s) had passed" in live["evidence"]
     assert "--live-deadline" in live["fix"]
     assert code == 0

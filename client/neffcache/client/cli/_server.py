@@ -8,6 +8,11 @@
     --namespace NS  where a command needs one; else the URL's
     --token TOKEN   else NEFFCACHE_TOKEN
 
+A path between HOST:PORT and the namespace (a reverse proxy's prefix, as in
+http://host/neffcache) is refused with one line naming it, by every command alike: the
+runtime client refuses it too (``config.parse_url``), and a server the commands could
+reach there would be one no job could.
+
 The old spellings still work, each with one line on stderr naming the new one, so that
 scripts do not break silently: ``--url`` (for ``--server``), ``NEFFCACHE_SERVER`` (for
 ``NEFFCACHE_URL``) and ``NEFFCACHE_ADMIN_TOKEN`` (for ``NEFFCACHE_TOKEN``). Where both
@@ -157,7 +162,14 @@ def configured(
 
 def parse(url: str, origin: str) -> tuple[str, str | None]:
     """(``http(s)://host:port``, the namespace or None) of a server URL in either form;
-    CommandError naming the accepted forms otherwise."""
+    CommandError naming the accepted forms otherwise, and a path prefix by name."""
+    prefix = _path_prefix(url)
+    if prefix is not None:
+        raise CommandError(
+            f"{origin} {url!r}: a path after HOST:PORT ({prefix!r}) is not supported: "
+            "neffcache asks the server at the root of its host and port, as jobs do (no "
+            f"path prefix: behind a reverse proxy, give it a host or port of its own); use {FORMS}"
+        )
     if url.startswith(SCHEME_PREFIX):
         try:
             return parse_url(url)  # the client's own parser: one definition of the form
@@ -325,6 +337,21 @@ _SERVER_INSTEAD = "--server URL, or NEFFCACHE_URL=neffcache+http://HOST:PORT/NAM
 def _deprecated(command: str, old: str, new: str, *, ignored: bool = False) -> None:
     state = f"deprecated and ignored ({new} is given)" if ignored else "deprecated"
     print(f"neffcache {command}: warning: {old} is {state}: use {new}", file=sys.stderr)
+
+
+def _path_prefix(url: str) -> str | None:
+    """The path between HOST:PORT and the namespace (``/neffcache`` in
+    ``neffcache+http://host/neffcache/team-a``, or any path of a plain ``http://``
+    URL), or None. Refused rather than followed: the runtime client takes none
+    (``config.parse_url``), so a prefix the commands accepted would reach a server that
+    no job of the same URL can."""
+    plain = not url.startswith(SCHEME_PREFIX)
+    scheme, sep, rest = url.removeprefix(SCHEME_PREFIX).partition("://")
+    if not sep or scheme not in ("http", "https") or any(c in rest for c in "?#"):
+        return None  # not a URL of either form: parse's own message says so
+    parts = [part for part in rest.split("/")[1:] if part]
+    kept = parts if plain else parts[:-1]
+    return "/" + "/".join(kept) if kept else None
 
 
 def _has_host_and_port(url: str) -> bool:

@@ -2,8 +2,8 @@
 (``live_child``), each through a stack's own public API as a job calls it:
 
 * ``torchneuron``: ``torch.compile(f, backend="neuron", fullgraph=True)`` on the
-  ``neuron`` device (TorchNeuron, PyTorch >= 2.10), which lowers ``f`` to StableHLO
-  and runs ``neuronx-cc`` by name: the shim;
+  ``neuron`` device, after ``import torch_neuronx`` (TorchNeuron, PyTorch >= 2.10),
+  which lowers ``f`` to StableHLO and runs ``neuronx-cc`` by name: the shim;
 * ``vllm-neuron``: the same ``f`` under ``torch.compile(backend="vllm_neuron")``, the
   backend vLLM Neuron compiles its models with (``libtorch-neuronx-lite``), which
   lowers to HLO and runs ``neuronx-cc`` by name. [GUESS] That the backend compiles a
@@ -25,7 +25,9 @@ A stack that cannot be driven here (it does not import, there is no Neuron devic
 raises ``Unavailable``; anything else it raises is the compile's failure. A driver
 returns facts about what it compiled, ``graph`` (one line) among them. The test
 suite's drivers (``NEFFCACHE_DOCTOR_LIVE_DRIVERS``, see ``live_child``) have the same
-form: ``drive(stack, seed, work)``.
+form: ``drive(stack, seed, work)``. These are tested too, against stand-ins for the
+frameworks (tests/standins/frameworks/) that take each call with the real signature:
+a change here must keep to the stacks' public API, or that test fails.
 """
 
 from __future__ import annotations
@@ -72,6 +74,10 @@ def _what(call: str, length: int, scale: float) -> dict[str, Any]:
 
 def torchneuron(seed: int, work: str) -> dict[str, Any]:
     torch = _import("torch")
+    # The neuron device and backend are TorchNeuron's: registered by its import, which
+    # PyTorch's autoload of device extensions may have done already. [GUESS] Whether
+    # it does is not documented: imported here either way.
+    _import("torch_neuronx")
     length, scale = graph_of(seed)
     x = _neuron_input(torch, length)
     compiled = torch.compile(lambda t: t * scale + 1.0, backend="neuron", fullgraph=True)

@@ -1,0 +1,2 @@
+"""STAND-IN for ``torch-xla``; NOT its code. See ../_standin_lowering.py and
+core/xla_model.py."""
