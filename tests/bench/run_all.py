@@ -107,7 +107,8 @@ HOW = (
     "and in the output. The client's whole-process figures are medians of 21 "
     "alternating runs (the floor, `cp`, the server hit, the L1 hit). The load "
     "benchmark runs 60 s per configuration, once.",
-    "- **Two interpreters (client).** The shim's hits and the daemon model are timed "
+    "- **Two interpreters (client).** The shim's hits (with its hit daemon, as "
+    "shipped, and with `NEFFCACHE_DAEMON=0`) and `neffcache wrap`'s are timed "
     "in Python as installed and in a clean interpreter: a throwaway venv whose start "
     "runs no third-party code, where this machine's site-packages runs a `.pth` file "
     "that imports certifi (and with it pathlib, zipfile and more) at every start. "

@@ -372,6 +372,9 @@ class Sandbox:
             dirs.append(STANDINS)
         env["PATH"] = search_path(*dirs)
         env["NEFFCACHE_LOCAL_DIR"] = str(l1)
+        # No hit daemon (a process that outlives the test) unless a test asks for one
+        # (daemon_env): its own directory, and stopped when the test ends.
+        env["NEFFCACHE_DAEMON"] = "0"
         env["NEFFCACHE_STANDIN_COUNTER"] = str(self.counter)
         # A stock entry lock left behind must fail a test, never hang it.
         env["NEFFCACHE_STANDIN_LOCK_TIMEOUT"] = "20"

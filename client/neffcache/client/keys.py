@@ -44,6 +44,13 @@ def framework_versions() -> dict[str, str]:
     return dict(_frameworks)
 
 
+def forget_frameworks() -> None:
+    """Read the installed frameworks again at the next ``framework_versions`` (the hit
+    daemon, before each request: a package upgraded meanwhile changes the keys)."""
+    global _frameworks
+    _frameworks = None
+
+
 def installed_version(name: str, path: Sequence[str] | None = None) -> str | None:
     """The version of distribution ``name`` whose package ``name`` is importable from
     ``path`` (``sys.path``), or None when it is not installed."""

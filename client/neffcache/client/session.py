@@ -107,16 +107,52 @@ class Session:
         return self.resolver.leases if self._holds else None
 
     def run(self) -> int:
+        keyed = self._direct()
+        if isinstance(keyed, str):
+            return self._uncached(keyed)
+        graph, ctx, direct = keyed
+        if self._hit(direct.key, alias=True):
+            return self._done(0)
+        canonical = self._canonical(graph, ctx)
+        del graph  # a large module is not held while it compiles: read again after
+        if isinstance(canonical, str):
+            return self._uncached(canonical)
+        alias: CacheKey | None = direct
+        if canonical is None:  # no canonical form: the raw-bytes key is the entry's key
+            canonical, alias = direct, None
+        self.report["key"] = canonical.key
+        return self._resolve(canonical, alias, ctx, direct)
+
+    def serve_hit(self) -> bool:
+        """``run``'s lookups alone, for the hit daemon: True when a hit wrote --output
+        (and its line); False for anything else, having compiled, leased, waited and
+        recorded nothing. Without the per-key lock: a hit only reads L1, or fetches
+        into it under the blob's own lock."""
+        keyed = self._direct()
+        if isinstance(keyed, str):
+            return False
+        graph, ctx, direct = keyed
+        if self._hit(direct.key, alias=True):
+            return True
+        canonical = self._canonical(graph, ctx)
+        del graph
+        if isinstance(canonical, str) or canonical is None:
+            return False  # None: the direct key was the entry's, and it missed
+        self.report["key"] = canonical.key
+        return self._hit(canonical.key, alias=False, also=direct.key)
+
+    def _direct(self) -> tuple[GraphInput, CompileContext, CacheKey] | str:
+        """The input, its context and its direct key; else why it cannot be keyed."""
         from neffcache.client.compiler import compiler_version
         from neffcache.client.inputs import Unkeyable, read_input
         from neffcache.client.keys import context
 
         missing = self._missing_directory()
         if missing is not None:  # the compiler fails on it: nothing to serve or record
-            return self._uncached(f"{missing} is not a directory")
+            return f"{missing} is not a directory"
         version = compiler_version(self.real, self.local.root)
         if version is None:
-            return self._uncached("no compiler version")
+            return "no compiler version"
         self.report["compiler_version"] = version
         sdk = os.environ.get(SDK_VERSION_VARIABLE) or version
         if sdk != version:
@@ -126,25 +162,23 @@ class Session:
             ctx = context(version, self.call.target, self.call.flags, os.environ)
             direct = graph.direct(ctx)
         except (OSError, ValueError, Unkeyable) as exc:
-            return self._uncached(f"cannot key: {exc}")
+            return f"cannot key: {exc}"
         self.report["neuron_address"] = self._address(sdk, graph)
         self.report["direct_key"] = direct.key
-        if self._hit(direct.key, alias=True):
-            return self._done(0)
+        return graph, ctx, direct
+
+    @staticmethod
+    def _canonical(graph: GraphInput, ctx: CompileContext) -> CacheKey | str | None:
+        """The metadata-insensitive key (None: the input has no canonical form), or why
+        keying cannot read it."""
+        from neffcache.client.inputs import Unkeyable
+
         unkeyable = None
         try:
-            canonical = graph.canonical(ctx)
+            return graph.canonical(ctx)
         except (ValueError, Unkeyable) as exc:  # not a graph keying can read
             unkeyable = f"cannot key: {exc}"
-        if unkeyable is not None:  # outside the handler: its traceback holds the bytes
-            del graph
-            return self._uncached(unkeyable)
-        alias: CacheKey | None = direct
-        if canonical is None:  # no canonical form: the raw-bytes key is the entry's key
-            canonical, alias = direct, None
-        self.report["key"] = canonical.key
-        del graph  # a large module is not held while it compiles: read again after
-        return self._resolve(canonical, alias, ctx, direct)
+        return unkeyable  # outside the handler: its traceback holds the bytes
 
     def _missing_directory(self) -> Path | None:
         """The directory of --output or --logfile when it does not exist: the compiler

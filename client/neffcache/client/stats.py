@@ -30,6 +30,11 @@ class Stats:
         with self._lock:
             return dict(sorted(self._counts.items()))
 
+    def reset(self) -> None:
+        """Back to none, as in a new process (the hit daemon, before each request)."""
+        with self._lock:
+            self._counts.clear()
+
 
 STATS = Stats()
 

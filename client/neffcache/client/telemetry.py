@@ -511,6 +511,18 @@ def send(config: ClientConfig, event: dict[str, Any]) -> None:
         sender().enqueue(config, event)
 
 
+def forget_sender() -> None:
+    """Drop this process's sender and what it queued, as if the process were new (the
+    hit daemon, before each request: a declined request's events are the shim's to
+    send, and a served one's go with ``finish(detach=True)``)."""
+    with _sender_lock:
+        for made in _sender:
+            atexit.unregister(made.at_exit)
+            for remote in made._remotes.values():
+                remote.close()
+        _sender.clear()
+
+
 def finish(timeout: float | None = None, *, detach: bool = False) -> None:
     """Flush this process's sender now, boundedly (``EXIT_WAIT``). ``detach``: from a
     forked child, so that this process can exit at once (the compiler wrapper, whose

@@ -227,6 +227,33 @@ def main(argv: Sequence[str]) -> int:
         return run_plain(real, call.compiler_argv)
 
 
+def serve_hit(argv: Sequence[str]) -> int | None:
+    """The hit daemon's request (daemon.py): ``main``'s hit alone, in the caller's
+    environment; 0 when a hit wrote --output, None for anything ``main`` would do
+    otherwise (the shim then does it, in its own process)."""
+    if os.environ.get("NEFFCACHE_IN_WRAPPER") or not argv:
+        return None
+    try:
+        config = ClientConfig.from_env()
+    except ConfigError:
+        return None  # the shim says why
+    from neffcache.client.compiler import find_real_compiler
+
+    real = find_real_compiler(
+        argv[0], os.environ.get("NEFFCACHE_REAL_COMPILER") or None, os.environ.get("PATH")
+    )
+    call = parse(argv[1:])
+    if config is None or real is None or call is None:
+        return None
+    from neffcache.client.session import Session
+
+    if config.telemetry:
+        from neffcache.client import telemetry
+
+        telemetry.sender(threaded=False)  # its events go from a child after the answer
+    return 0 if Session(config, real, call).serve_hit() else None
+
+
 def exit_fast(code: int) -> NoReturn:
     """End the process now, skipping the interpreter's teardown (about 5 ms, a fifth of
     a wrapper hit): flush what is buffered, then ``os._exit``. Only for the wrapper's

@@ -20,16 +20,19 @@ from neffcache.client.config import DEFAULT_LOCAL_DIR
 
 from ._common import CommandError
 
-SHIM = f"""#!{{python}}
-# {SHIM_MARK}; made by `neffcache shim-dir`.
-import sys
+# The shim: its first line names the interpreter, its second carries the mark
+# (compiler.is_shim reads the first 512 bytes), then shimclient.py's source (the hit
+# daemon's thin client, built-in modules only), then this.
+SHIM_REST = f"""
 
+# -- the shim -------------------------------------------------------------------------
+_served, _start = ask(["neuronx-cc", *sys.argv[1:]])
+if _served is not None:  # the daemon wrote --output, and what it had to say
+    os._exit(_served)
 try:
     from neffcache.client.wrapper import exit_fast, main
 except Exception as exc:  # neffcache cannot load here: the compile must still run
-    import os
-
-    sys.stderr.write(f"neffcache: cannot load ({{{{exc!r}}}}); compiling without the cache\\n")
+    sys.stderr.write(f"neffcache: cannot load ({{exc!r}}); compiling without the cache\\n")
     os.environ["NEFFCACHE_IN_WRAPPER"] = "1"
     mark = {SHIM_MARK.encode()!r}
     found = [os.environ.get("NEFFCACHE_REAL_COMPILER", "")]
@@ -43,8 +46,23 @@ except Exception as exc:  # neffcache cannot load here: the compile must still r
             continue
         os.execv(real, [real, *sys.argv[1:]])
     sys.exit(127)
+if _start is not None:  # none answered: one for the next graph (daemon.py)
+    try:
+        from neffcache.client.daemon import start_for
+
+        start_for(_start, sys.path)
+    except Exception:  # the daemon is an optimisation: never this compile's trouble
+        pass
 exit_fast(main(["neuronx-cc", *sys.argv[1:]]))
 """
+
+
+def shim_text(python: str) -> str:
+    """The ``neuronx-cc`` script for interpreter ``python``."""
+    from neffcache.client import shimclient
+
+    client = Path(shimclient.__file__).read_text(encoding="utf-8")
+    return f"#!{python}\n# {SHIM_MARK}; made by `neffcache shim-dir`.\n{client}{SHIM_REST}"
 
 
 def register(sub: Any) -> None:
@@ -91,8 +109,8 @@ def run_shim_dir(args: argparse.Namespace, extra: list[str]) -> int:
 def make_shim_dir(directory: Path) -> Path:
     directory = directory.absolute()
     script = directory / "neuronx-cc"
-    text = SHIM.format(python=sys.executable)
     try:
+        text = shim_text(sys.executable)
         if not script.is_file() or script.read_text() != text:
             directory.mkdir(parents=True, exist_ok=True)
             tmp = directory / f".neuronx-cc.{os.getpid()}"

@@ -1,0 +1,361 @@
+"""The host's hit daemon: a process that has imported the wrapper once and serves the
+shim's hits, so that a hit costs a Python start and one round trip on a Unix socket
+instead of the wrapper's imports (docs/architecture.md#the-hit-daemon).
+
+It serves hits only. For each request (shimclient.py) a worker takes the caller's
+environment, working directory, umask and standard output and error, and runs the
+wrapper's lookup (``wrapper.serve_hit``: L1, then the server, by the direct key then
+the canonical one). A hit writes ``--output`` and the graph's run-manifest line and
+event as the shim would, and is answered with its exit code; anything else (a miss,
+a command the wrapper does not serve, any trouble) is declined, having counted and
+recorded nothing, and the shim does the whole call in its own process: the lease,
+the compile and the publish never run here.
+
+One daemon per user, interpreter and search path (``shimclient.socket_path``). It is
+started, detached, by a shim that found none (``start``), holds a lock for its life
+so that only one starts, and leaves after ``NEFFCACHE_DAEMON_IDLE`` seconds without a
+request (600), or at the first request after its own code changed on disk (an
+upgrade). Its workers are forked once, after the imports: a request needs no fork.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from neffcache.client import shimclient
+from neffcache.client._log import log
+
+IDLE = 600.0
+WORKERS = 4
+# A daemon started this recently and not answering is still starting, or failed to
+# (its log says why): not started again before then, or a daemon that cannot start
+# would cost every compile a Python start.
+_RESTART_AFTER = 30.0
+_MAX_REQUEST = 4 << 20  # an environment and an argv; more is not a shim's request
+_READ_TIMEOUT = 10.0  # the shim sends its request at once
+_STALE = 3  # a worker's exit status: the code changed, the daemon must go
+_PEER = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid
+# The daemon's own start: the shim's search path first, so that it imports what the
+# shim would have imported (shimclient.socket_path names it after that path).
+_BOOT = (
+    "import json, sys; sys.path[:] = json.loads(sys.argv[3]); "
+    "from neffcache.client.daemon import main; main(sys.argv[1], int(sys.argv[2]))"
+)
+
+
+# -- starting one -----------------------------------------------------------------------
+
+
+def start_for(path: str, search_path: list[str]) -> bool:
+    """Start a daemon on socket ``path`` for a shim that found none there, detached,
+    unless neffcache is not configured (nothing to serve) or one holds the socket's
+    lock (it runs or is starting); True when one was started. The lock is taken here
+    and handed to the daemon, so that of many ranks finding none at once one starts
+    one."""
+    from neffcache.client.config import wants_neffcache
+
+    if not wants_neffcache(os.environ) or not hasattr(socket, "SO_PEERCRED"):
+        return False  # SO_PEERCRED: Linux's; elsewhere no daemon can check its callers
+    directory = os.path.dirname(path)
+    with contextlib.suppress(FileExistsError, OSError):
+        os.mkdir(directory, 0o700)
+    if not shimclient.private(directory, os.getuid()):
+        return False  # not ours, or not there: a socket in it could be anyone's
+    try:
+        fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False  # held: a daemon runs, or another rank is starting one
+        if 0 <= time.time() - _started_at(fd) < _RESTART_AFTER:
+            return False
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, repr(time.time()).encode(), 0)
+        import subprocess
+
+        env = {k: v for k, v in os.environ.items() if k != "NEFFCACHE_IN_WRAPPER"}
+        with open(f"{path}.log", "ab") as out:  # why a daemon did not start, or left
+            subprocess.Popen(
+                [sys.executable, "-c", _BOOT, path, str(fd), json.dumps(search_path)],
+                env=env,
+                cwd="/",
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                pass_fds=(fd,),
+                start_new_session=True,  # not in the job's process group: its signals are not ours
+            )
+        return True
+    except OSError as exc:
+        log.info("neffcache: cannot start the hit daemon: %s", exc)
+        return False
+    finally:
+        os.close(fd)  # the daemon's copy keeps the lock
+
+
+def _started_at(lock_fd: int) -> float:
+    """When a daemon was last started on this socket (the lock file holds it); 0 when
+    never, or unreadable."""
+    try:
+        return float(os.pread(lock_fd, 32, 0) or 0)
+    except (OSError, ValueError):
+        return 0.0
+
+
+# -- the daemon -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    argv: list[str]
+    cwd: str
+    environ: dict[str, str]
+    umask: int
+    search_path: list[str]
+    pid: int
+
+
+def parse_request(data: bytes) -> Request | None:
+    """The shim's request, or None for anything else (another protocol's, bad types)."""
+    import marshal
+
+    try:
+        fields = marshal.loads(data)
+    except (ValueError, EOFError, TypeError):
+        return None
+    if not isinstance(fields, tuple) or len(fields) != 7 or fields[0] != shimclient.PROTOCOL:
+        return None
+    _, argv, cwd, environ, umask, search_path, pid = fields
+    strings = isinstance(argv, list) and isinstance(search_path, list)
+    strings = strings and all(isinstance(s, str) for s in [*argv, *search_path])
+    mapping = isinstance(environ, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in environ.items()
+    )
+    numbers = type(umask) is int and 0 <= umask <= 0o777 and type(pid) is int
+    if not (strings and mapping and numbers and isinstance(cwd, str) and argv):
+        return None
+    return Request(argv, cwd, environ, umask, search_path, pid)
+
+
+class CodeStamp:
+    """The daemon's own code as it was when it started: every loaded module of
+    neffcache and the interpreter. A changed file (an upgrade, an editable install's
+    edit) means the daemon would key or serve as the old code did: it must go."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self._seen = {path: _stamp(path) for path in paths}
+
+    @classmethod
+    def of_loaded(cls) -> CodeStamp:
+        paths = [sys.executable]
+        for name, module in list(sys.modules.items()):
+            where = getattr(module, "__file__", None)
+            if (name == "neffcache" or name.startswith("neffcache.")) and isinstance(where, str):
+                paths.append(where)
+        return cls(paths)
+
+    def changed(self) -> bool:
+        return any(_stamp(path) != seen for path, seen in self._seen.items())
+
+
+def _stamp(path: str) -> tuple[int, int, int, int] | None:
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns
+
+
+def main(path: str, lock_fd: int) -> None:
+    """The daemon: bind ``path`` (holding the lock on ``lock_fd``), fork the workers,
+    and leave once they all have."""
+    os.set_inheritable(lock_fd, False)
+    idle = _setting("NEFFCACHE_DAEMON_IDLE", IDLE)
+    count = int(_setting("NEFFCACHE_DAEMON_WORKERS", WORKERS))
+    serve_hit = _warm()
+    stamp = CodeStamp.of_loaded()
+    # Bound and listening under another name, then renamed over a dead daemon's
+    # socket (the lock says none runs): a caller never meets a socket that refuses.
+    building = f"{path}.{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(building)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(building)
+    os.chmod(building, 0o600)
+    listener.listen(128)
+    bound = os.stat(building).st_ino
+    os.replace(building, path)
+    workers = set()
+    for _ in range(max(1, min(count, 64))):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(_work(listener, serve_hit, stamp, idle))
+        workers.add(pid)
+    while workers:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            break
+        workers.discard(pid)
+        if os.waitstatus_to_exitcode(status) == _STALE:
+            _stop_listening(path, bound)  # new callers start a daemon of the new code
+            for other in workers:
+                with contextlib.suppress(OSError):
+                    os.kill(other, signal.SIGTERM)
+    _stop_listening(path, bound)
+    listener.close()  # callers still queued read an end of file: they serve themselves
+
+
+def _stop_listening(path: str, bound: int) -> None:
+    with contextlib.suppress(OSError):
+        if os.stat(path).st_ino == bound:
+            os.unlink(path)
+
+
+def _setting(name: str, default: float) -> float:
+    try:
+        value = float(os.environ.get(name) or default)
+    except ValueError:
+        return default
+    return value if 0 < value < 86400 else default
+
+
+def _warm() -> Callable[[list[str]], int | None]:
+    """Import what a hit uses, once, before the workers fork."""
+    import neffcache.client.inputs
+    import neffcache.client.local
+    import neffcache.client.remote
+    import neffcache.client.resolver
+    import neffcache.client.runlog
+    import neffcache.client.session
+    import neffcache.client.telemetry
+    import neffcache.keying  # noqa: F401
+    from neffcache.client.wrapper import serve_hit
+
+    return serve_hit
+
+
+def _work(
+    listener: socket.socket,
+    serve_hit: Callable[[list[str]], int | None],
+    stamp: CodeStamp,
+    idle: float,
+) -> int:
+    """A worker: one request at a time until ``idle`` seconds pass without one; its
+    exit status."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    listener.settimeout(idle)
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            return 0
+        except OSError:
+            return 1
+        with conn:
+            if stamp.changed():
+                return _STALE  # unanswered: the caller serves itself
+            _answer(conn, serve_hit)
+
+
+def _answer(conn: socket.socket, serve_hit: Callable[[list[str]], int | None]) -> None:
+    fds: list[int] = []
+    served = None
+    try:
+        _, uid, _ = _PEER.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER.size))
+        if uid != os.getuid():
+            return  # another user's process: closed unanswered
+        conn.settimeout(_READ_TIMEOUT)
+        data, fds = _receive(conn)
+        request = None if data is None or len(fds) != 2 else parse_request(data)
+        if request is not None and request.search_path == sys.path:
+            served = _serve(request, fds, serve_hit)
+        conn.sendall(shimclient.DECLINED if served is None else b"=%03d" % served)
+    except OSError:
+        return  # the caller went, or timed out: it serves itself
+    finally:
+        for fd in fds:
+            os.close(fd)
+    if served is not None:
+        _after_hit()
+
+
+def _receive(conn: socket.socket) -> tuple[bytes | None, list[int]]:
+    """The request's bytes (None past the bound) and the descriptors sent with them."""
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 2)
+    parts = [data]
+    size = len(data)
+    while data:
+        data = conn.recv(1 << 16)
+        parts.append(data)
+        size += len(data)
+        if size > _MAX_REQUEST:
+            return None, list(fds)
+    return b"".join(parts), list(fds)
+
+
+def _serve(
+    request: Request, fds: list[int], serve_hit: Callable[[list[str]], int | None]
+) -> int | None:
+    """Run the wrapper's lookup as the caller: its environment, directory, umask and
+    streams; the exit code of a hit, else None."""
+    _fresh()
+    saved = os.dup(1), os.dup(2)
+    umask = os.umask(request.umask)
+    try:
+        os.chdir(request.cwd)
+        os.environ.clear()
+        os.environ.update(request.environ)
+        os.dup2(fds[0], 1)
+        os.dup2(fds[1], 2)
+        return serve_hit(request.argv)
+    except Exception:  # the daemon's bug: the caller serves itself
+        log.exception("neffcache: the hit daemon failed a request")
+        return None
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+        os.umask(umask)
+        with contextlib.suppress(OSError):
+            os.chdir("/")
+
+
+def _fresh() -> None:
+    """Each request starts as a new shim process would: no counters, no queued events,
+    the installed frameworks read again. What was learnt of the server (down, or
+    refusing a route) is kept, as a hook's process keeps it across graphs."""
+    from neffcache.client import keys, telemetry
+    from neffcache.client.stats import STATS
+
+    STATS.reset()
+    telemetry.forget_sender()
+    keys.forget_frameworks()
+
+
+def _after_hit() -> None:
+    """The hit's events, sent from a forked child as the shim sends them at its exit:
+    the next request does not wait for the server."""
+    from neffcache.client import telemetry
+
+    try:
+        telemetry.finish(detach=True)
+    except Exception:
+        log.exception("neffcache: could not send telemetry")
