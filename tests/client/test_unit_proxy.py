@@ -154,9 +154,12 @@ def test_done_with_the_server_down_does_not_ask_again(tmp_path: Path) -> None:
         core, _, entry = make_core(tmp_path, server.url)
         assert core.exists(str(entry / "model.done")) is False
         assert len(server.requests) == 1
+        before = STATS.snapshot()
         assert core.exists(str(entry / "model.done")) is False
         assert core.exists(str(entry / "model.neff")) is False
         assert len(server.requests) == 1
+        # Each probe skipped while the server is down is counted, as the shim's are.
+        assert delta(before, "server_skipped") == 2
 
 
 def test_done_with_a_silent_server_ends_within_the_timeout(tmp_path: Path) -> None:

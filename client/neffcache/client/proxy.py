@@ -589,7 +589,7 @@ class Core:
     def _fetch(self, entry: Path) -> bool:
         """Find the entry on the server and write it into L1; True when it is there."""
         address = self._address(entry)
-        if address is None or not self.remote.available():
+        if address is None or self.remote.skips():
             return False
         if _spelled(entry) in self._holding:
             # This process holds the lease: it compiles. (The SDK probes again after

@@ -113,6 +113,15 @@ class Remote:
             return False
         return scope is None or self._up(f"{self.config.server} {scope}")
 
+    def skips(self) -> bool:
+        """True while the server is marked down (``available``), counted as a call
+        skipped (``server_skipped``): for a caller that skips before building a
+        request, as the shim's lookups count theirs in ``_call``."""
+        if self.available():
+            return False
+        STATS.count(ClientCounter.SERVER_SKIPPED)
+        return True
+
     def writable(self) -> bool:
         """False while writes are skipped after the server refused one (a read-only
         token), by this process or by another on this host."""
