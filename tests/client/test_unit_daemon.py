@@ -32,7 +32,10 @@ def test_the_socket_is_named_after_the_interpreter_and_its_search_path(
     assert first.startswith("/run/x/hits-")
     assert shimclient.socket_path(env, 1000)[1] == first  # type: ignore[arg-type]
     monkeypatch.setattr(sys, "path", [*sys.path, "/another/venv/site-packages"])
-    assert shimclient.socket_path(env, 1000)[1] != first  # type: ignore[arg-type]
+    second = shimclient.socket_path(env, 1000)[1]  # type: ignore[arg-type]
+    assert second != first
+    monkeypatch.setattr(shimclient, "namespaces", lambda: ["mnt:[9]", "net:[9]"])
+    assert shimclient.socket_path(env, 1000)[1] not in (first, second)  # type: ignore[arg-type]
 
 
 def test_the_socket_directory_is_per_user_under_the_runtime_directory() -> None:
@@ -115,6 +118,8 @@ def test_a_served_call_returns_the_daemons_exit_code(sockets: Path) -> None:
     assert request.cwd == os.getcwd()
     assert request.search_path == sys.path
     assert request.environ["NEFFCACHE_DAEMON_DIR"] == str(sockets)
+    assert request.namespaces == shimclient.namespaces()
+    assert all(n.startswith(("mnt:[", "net:[")) for n in request.namespaces)
     assert request.pid == os.getpid()
 
 
@@ -177,6 +182,7 @@ def good_request(**change: object) -> tuple[object, ...]:
         "environ": {"A": "b"},
         "umask": 0o022,
         "path": ["/x"],
+        "namespaces": ["mnt:[1]", "net:[2]"],
         "pid": 7,
     }
     fields.update(change)
@@ -187,7 +193,9 @@ def test_a_request_parses() -> None:
     import marshal
 
     request = daemon.parse_request(marshal.dumps(good_request()))
-    assert request == daemon.Request(["neuronx-cc"], "/", {"A": "b"}, 0o022, ["/x"], 7)
+    assert request == daemon.Request(
+        ["neuronx-cc"], "/", {"A": "b"}, 0o022, ["/x"], ["mnt:[1]", "net:[2]"], 7
+    )
 
 
 @pytest.mark.parametrize(
@@ -201,7 +209,8 @@ def test_a_request_parses() -> None:
         good_request(umask=True),
         good_request(path="/x"),
         good_request(cwd=None),
-        good_request()[:6],
+        good_request(namespaces="mnt"),
+        good_request()[:7],
     ],
     ids=[
         "protocol",
@@ -212,6 +221,7 @@ def test_a_request_parses() -> None:
         "umask-bool",
         "path-type",
         "cwd-type",
+        "namespaces-type",
         "short",
     ],
 )
@@ -270,7 +280,7 @@ def test_a_served_request_writes_to_the_callers_streams_and_restores_its_own(
         os.write(2, f"said in {os.getcwd()} with {os.environ['ONLY']}\n".encode())
         return 0
 
-    request = daemon.Request(["neuronx-cc"], str(tmp_path), {"ONLY": "this"}, 0o027, [], 1)
+    request = daemon.Request(["neuronx-cc"], str(tmp_path), {"ONLY": "this"}, 0o027, [], [], 1)
     saved = dict(os.environ)
     try:
         assert daemon._serve(request, [out_w, err_w], serve_hit) == 0
@@ -290,7 +300,7 @@ def test_a_failing_request_is_declined() -> None:
     def broken(argv: list[str]) -> int | None:
         raise RuntimeError("the daemon's bug")
 
-    request = daemon.Request(["neuronx-cc"], "/", dict(os.environ), 0o022, [], 1)
+    request = daemon.Request(["neuronx-cc"], "/", dict(os.environ), 0o022, [], [], 1)
     saved, cwd = dict(os.environ), os.getcwd()
     r, w = os.pipe()
     try:

@@ -31,6 +31,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from neffcache.client import shimclient
 from neffcache.client._log import log
@@ -125,6 +126,7 @@ class Request:
     environ: dict[str, str]
     umask: int
     search_path: list[str]
+    namespaces: list[str]
     pid: int
 
 
@@ -136,18 +138,19 @@ def parse_request(data: bytes) -> Request | None:
         fields = marshal.loads(data)
     except (ValueError, EOFError, TypeError):
         return None
-    if not isinstance(fields, tuple) or len(fields) != 7 or fields[0] != shimclient.PROTOCOL:
+    if not isinstance(fields, tuple) or len(fields) != 8 or fields[0] != shimclient.PROTOCOL:
         return None
-    _, argv, cwd, environ, umask, search_path, pid = fields
-    strings = isinstance(argv, list) and isinstance(search_path, list)
-    strings = strings and all(isinstance(s, str) for s in [*argv, *search_path])
+    _, argv, cwd, environ, umask, search_path, spaces, pid = fields
+    lists = [argv, search_path, spaces]
+    strings = all(isinstance(s, list) for s in lists)
+    strings = strings and all(isinstance(s, str) for s in [*argv, *search_path, *spaces])
     mapping = isinstance(environ, dict) and all(
         isinstance(k, str) and isinstance(v, str) for k, v in environ.items()
     )
     numbers = type(umask) is int and 0 <= umask <= 0o777 and type(pid) is int
     if not (strings and mapping and numbers and isinstance(cwd, str) and argv):
         return None
-    return Request(argv, cwd, environ, umask, search_path, pid)
+    return Request(argv, cwd, environ, umask, search_path, spaces, pid)
 
 
 class CodeStamp:
@@ -233,7 +236,15 @@ def _setting(name: str, default: float) -> float:
     return value if 0 < value < 86400 else default
 
 
-def _warm() -> Callable[[list[str]], int | None]:
+def _reap() -> None:
+    """Collect the children that sent a hit's events and ended (``_after_hit``), between
+    requests: none of a request's own subprocesses is waited for then."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+
+
+def _warm() -> Callable[..., int | None]:
     """Import what a hit uses, once, before the workers fork."""
     import neffcache.client.inputs
     import neffcache.client.local
@@ -250,7 +261,7 @@ def _warm() -> Callable[[list[str]], int | None]:
 
 def _work(
     listener: socket.socket,
-    serve_hit: Callable[[list[str]], int | None],
+    serve_hit: Callable[..., int | None],
     stamp: CodeStamp,
     idle: float,
 ) -> int:
@@ -258,7 +269,13 @@ def _work(
     exit status."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     listener.settimeout(idle)
+    remotes: dict[Any, Any] = {}  # the server clients, kept with their connections
+
+    def hit(argv: list[str]) -> int | None:
+        return serve_hit(argv, remotes)
+
     while True:
+        _reap()
         try:
             conn, _ = listener.accept()
         except TimeoutError:
@@ -268,7 +285,7 @@ def _work(
         with conn:
             if stamp.changed():
                 return _STALE  # unanswered: the caller serves itself
-            _answer(conn, serve_hit)
+            _answer(conn, hit)
 
 
 def _answer(conn: socket.socket, serve_hit: Callable[[list[str]], int | None]) -> None:
@@ -281,7 +298,10 @@ def _answer(conn: socket.socket, serve_hit: Callable[[list[str]], int | None]) -
         conn.settimeout(_READ_TIMEOUT)
         data, fds = _receive(conn)
         request = None if data is None or len(fds) != 2 else parse_request(data)
-        if request is not None and request.search_path == sys.path:
+        # Another search path imports other code; another namespace sees other files
+        # and another network (shimclient.socket_path names the socket after both).
+        same = request is not None and request.search_path == sys.path
+        if request is not None and same and request.namespaces == shimclient.namespaces():
             served = _serve(request, fds, serve_hit)
         conn.sendall(shimclient.DECLINED if served is None else b"=%03d" % served)
     except OSError:

@@ -52,9 +52,13 @@ if TYPE_CHECKING:
 
 
 class Session:
-    def __init__(self, config: ClientConfig, real: str, call: CompileCall) -> None:
+    def __init__(
+        self, config: ClientConfig, real: str, call: CompileCall, remote: Remote | None = None
+    ) -> None:
         from neffcache.client.local import SDK_CACHE_VARIABLE, LocalStore
 
+        if remote is not None:  # the hit daemon's, kept across calls with its connection
+            self.__dict__["remote"] = remote  # what the cached property below would hold
         self.config = config
         self.real = real
         self.call = call

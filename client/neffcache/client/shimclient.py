@@ -36,16 +36,32 @@ def socket_path(environ: dict[str, str] | os._Environ[str], uid: int) -> tuple[s
     One per user (the directory is theirs, mode 0700), per interpreter and per
     ``sys.path``: the daemon imports what this process would import, so a caller
     under another virtual environment or ``PYTHONPATH`` never meets a daemon that
-    keys with other packages (NKI's version is part of a key)."""
+    keys with other packages (NKI's version is part of a key). And per mount and
+    network namespace: a container that shares the directory with the host (or
+    another container) would otherwise have its ``--output`` written in the daemon's
+    filesystem, and its server asked at the daemon's ``127.0.0.1``."""
     base = environ.get("NEFFCACHE_DAEMON_DIR") or os.path.join(
         environ.get("XDG_RUNTIME_DIR") or "/tmp", f"neffcache-{uid}"
     )
     # FNV-1a, 64 bits: hashlib is not built in, and a name needs no strength (the
-    # daemon compares the search path itself).
+    # daemon compares the search path and the namespaces itself).
     h = 0xCBF29CE484222325
-    for byte in "\0".join([sys.executable, sys.version, *sys.path]).encode("utf-8", "replace"):
+    named = [sys.executable, sys.version, *namespaces(), *sys.path]
+    for byte in "\0".join(named).encode("utf-8", "replace"):
         h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
     return base, os.path.join(base, f"hits-{h:016x}.sock")
+
+
+def namespaces() -> list[str]:
+    """This process's mount and network namespaces (``mnt:[4026531841]``), as Linux
+    names them; ``?`` where it cannot tell."""
+    found = []
+    for kind in ("mnt", "net"):
+        try:
+            found.append(os.readlink(f"/proc/self/ns/{kind}"))
+        except OSError:
+            found.append("?")
+    return found
 
 
 def private(directory: str, uid: int) -> bool | None:
@@ -86,7 +102,7 @@ def ask(argv: list[str]) -> tuple[int | None, str | None]:
         umask = os.umask(0o022)
         os.umask(umask)
         payload = marshal.dumps(
-            (PROTOCOL, argv, os.getcwd(), dict(environ), umask, sys.path, os.getpid())
+            (PROTOCOL, argv, os.getcwd(), dict(environ), umask, sys.path, namespaces(), os.getpid())
         )
         fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (1, 2))
         sent = s.sendmsg([payload], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])

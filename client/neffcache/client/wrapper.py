@@ -26,12 +26,15 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from neffcache.client._log import log, warn_typos_once
 from neffcache.client.compile_call import CompileCall, run_plain
 from neffcache.client.config import ClientConfig, ConfigError
 from neffcache.client.stats import STATS
+
+if TYPE_CHECKING:
+    from neffcache.client.remote import Remote
 
 FLAGS = "compile_flags.json"
 # Options that may repeat with other values without changing the NEFF: log verbosity
@@ -39,6 +42,7 @@ FLAGS = "compile_flags.json"
 # docs/neuron-sdk.md#nxd-modelbuilder).
 _REPEATABLE = frozenset({"--verbose"})
 _HELP = frozenset({"-h", "--help", "--version", "-V"})
+_KEPT_REMOTES = 8  # the hit daemon's server clients, one per cache configuration
 
 
 def parse(
@@ -227,10 +231,11 @@ def main(argv: Sequence[str]) -> int:
         return run_plain(real, call.compiler_argv)
 
 
-def serve_hit(argv: Sequence[str]) -> int | None:
+def serve_hit(argv: Sequence[str], remotes: dict[ClientConfig, Remote] | None = None) -> int | None:
     """The hit daemon's request (daemon.py): ``main``'s hit alone, in the caller's
     environment; 0 when a hit wrote --output, None for anything ``main`` would do
-    otherwise (the shim then does it, in its own process)."""
+    otherwise (the shim then does it, in its own process). ``remotes``: the server
+    clients the daemon keeps, by configuration, so that a hit reuses a connection."""
     if os.environ.get("NEFFCACHE_IN_WRAPPER") or not argv:
         return None
     try:
@@ -251,7 +256,16 @@ def serve_hit(argv: Sequence[str]) -> int | None:
         from neffcache.client import telemetry
 
         telemetry.sender(threaded=False)  # its events go from a child after the answer
-    return 0 if Session(config, real, call).serve_hit() else None
+    remote = None
+    if remotes is not None:
+        from neffcache.client.remote import Remote
+
+        remote = remotes.get(config)
+        if remote is None:
+            if len(remotes) >= _KEPT_REMOTES:  # the oldest goes: one job's settings at a time
+                remotes.pop(next(iter(remotes))).close()
+            remote = remotes[config] = Remote(config)
+    return 0 if Session(config, real, call, remote).serve_hit() else None
 
 
 def exit_fast(code: int) -> NoReturn:
