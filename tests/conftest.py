@@ -7,15 +7,44 @@ when the Redis suites ran against fakeredis rather than a real ``redis-server``
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from loopback import uses_fakeredis
 from support import backends
 from support.backends import any_index, s3_client, stores
+from support.daemons import stop_daemons
 from support.services import redis_server, s3_bucket, s3_endpoint, unused_port
 
 TESTS = Path(__file__).resolve().parent
+
+# The shim starts a hit daemon (client/daemon.py) wherever it finds none, and it outlives
+# the call. None starts unless a test asks for one (with a directory of its own:
+# NEFFCACHE_DAEMON_DIR); and one that an environment built without NEFFCACHE_ variables
+# starts anyway has its socket in this process's runtime directory, and is stopped when
+# its test ends.
+RUNTIME_DIR = Path(tempfile.mkdtemp(prefix="nd-", dir="/tmp"))  # short: a socket's name
+os.environ["XDG_RUNTIME_DIR"] = str(RUNTIME_DIR)
+os.environ["NEFFCACHE_DAEMON"] = "0"
+
+
+@pytest.fixture(autouse=True)
+def _no_daemon_outlives_its_test() -> Iterator[None]:
+    yield
+    if any(RUNTIME_DIR.iterdir()):  # a listing: a /proc walk only when one may run
+        stop_daemons(RUNTIME_DIR)
+        for path in RUNTIME_DIR.iterdir():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    stop_daemons(RUNTIME_DIR)
+    shutil.rmtree(RUNTIME_DIR, ignore_errors=True)
+
 
 __all__ = [
     "any_index",

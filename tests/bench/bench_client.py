@@ -70,10 +70,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # support.daemons
 import bench_server as peers  # the same server and nginx harness
 import pinning
 from needs import INSTALL
 from results import record
+from support.daemons import stop_daemons
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDINS = ROOT / "tests" / "standins"
@@ -406,11 +408,7 @@ def hit_daemon(env: dict[str, str]) -> Iterator[Path]:
     try:
         yield directory
     finally:
-        for entry in Path("/proc").iterdir():
-            with contextlib.suppress(OSError, ValueError):
-                argv = (entry / "cmdline").read_bytes()
-                if b"neffcache.client.daemon" in argv and str(directory).encode() in argv:
-                    os.kill(int(entry.name), 9)
+        stop_daemons(directory)
         shutil.rmtree(directory, ignore_errors=True)
 
 

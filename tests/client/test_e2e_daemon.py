@@ -9,16 +9,14 @@ and stops its daemons at the end.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
-import signal
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.daemons import daemons, stop_daemons
 from support.e2e import (
     BLOCK_A,
     BLOCK_B,
@@ -43,31 +41,8 @@ def sockets() -> Iterator[Path]:
     daemon under it is killed at the end."""
     directory = Path(tempfile.mkdtemp(prefix="nd-", dir="/tmp"))
     yield directory
-    for pid in daemons(directory):
-        kill(pid)
+    stop_daemons(directory)
     shutil.rmtree(directory, ignore_errors=True)
-
-
-def daemons(directory: Path) -> list[int]:
-    """The pids of the daemon processes (parent and workers) serving under ``directory``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(b"neffcache.client.daemon" in a for a in argv) and any(
-            a.startswith(str(directory).encode()) for a in argv
-        ):
-            found.append(int(entry.name))
-    return found
-
-
-def kill(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
 
 
 def socket_in(directory: Path) -> Path | None:
@@ -236,9 +211,7 @@ def test_a_directory_others_can_write_is_never_used(
 def test_a_dead_daemons_socket_is_replaced(server: Server, sandbox: Sandbox, sockets: Path) -> None:
     l1 = sandbox.new_dir("l1")
     started(sandbox, server, sockets, l1)
-    for pid in daemons(sockets):
-        kill(pid)
-    until("the daemon did not die", lambda: not daemons(sockets))
+    stop_daemons(sockets)
     dead = socket_in(sockets)
     assert dead is not None, "SIGKILL removed the socket"
     old = dead.stat().st_ino

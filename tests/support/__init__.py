@@ -10,6 +10,7 @@ another test module or a conftest (docs/development.md lists the modules).
   ``served.Server`` is the one ``neffcache serve`` process every suite starts.
 * ``e2e``: the black-box harness of the suites that drive the client as processes.
 * ``http_stubs``: small HTTP servers in a thread that answer as a test scripts them.
+* ``daemons``: the shim's hit daemons a test (or benchmark) started, found and stopped.
 * ``client_units``, ``lease_hosts``, ``e2e_fixtures``, ``recovery``, ``browser``,
   ``cli_server``, ``bridge_server``: what one suite's modules share.
 """
