@@ -324,21 +324,25 @@ def hit_phase(tmp: Path, server_url: str, repeats: int, interp: Interpreter) -> 
         )
 
 
+def shim_dir(interp: Interpreter, where: Path) -> Path:
+    """``neffcache shim-dir`` of ``interp``: the shim's first line runs the Python that
+    wrote it."""
+    made = subprocess.run(
+        [*interp.neffcache, "shim-dir", "--dir", str(where)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return Path(made.stdout.strip())
+
+
 def torchneuron_phase(tmp: Path, server_url: str, repeats: int, interp: Interpreter) -> None:
     """A hit through the shim for a call shaped like TorchNeuron's: StableHLO bytecode
     as ``module.mlir`` in a fresh directory, options as separate words, the shim run
     by name from PATH (``neffcache shim-dir``), as TorchNeuron's ``execvp`` does."""
     tmp = tmp / f"torchneuron {interp.label}"
     tmp.mkdir()
-    # The shim's first line runs the Python that wrote it.
-    shim = Path(
-        subprocess.run(
-            [*interp.neffcache, "shim-dir", "--dir", str(tmp / "shim")],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    )
+    shim = shim_dir(interp, tmp / "shim")
     module = stablehlo_module(MiB // 2)
     local, counter = tmp / "l1-torchneuron", tmp / "count-torchneuron"
     env = client_env(server_url, local, counter, 3 * MiB // 2, interp.namespace)
@@ -428,14 +432,7 @@ def daemon_phase(tmp: Path, server_url: str, repeats: int, interp: Interpreter) 
     a process per graph."""
     tmp = tmp / f"daemon {interp.label}"
     tmp.mkdir()
-    shim = Path(
-        subprocess.run(
-            [*interp.neffcache, "shim-dir", "--dir", str(tmp / "shim")],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    )
+    shim = shim_dir(interp, tmp / "shim")
     hlo = tmp / "daemon" / "model.MODULE_987654321+3cc9a3cb.hlo_module.pb"
     hlo.parent.mkdir()
     hlo.write_bytes(hlo_module(MiB // 2))
