@@ -48,7 +48,7 @@ def test_make_shim_dir(tmp_path: Path) -> None:
     assert make_shim_dir(tmp_path / "shim") == directory  # the same script: not rewritten
     after = script.stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
-    assert sorted(os.listdir(directory)) == ["neuronx-cc"]
+    assert sorted(os.listdir(directory)) == ["neuronx-cc", "neuronx-cc.client"]
 
 
 def test_the_shim_is_skipped_when_looking_for_the_real_compiler(tmp_path: Path) -> None:
