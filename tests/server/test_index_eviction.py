@@ -710,8 +710,12 @@ def test_redis_namespaces_of_a_database_from_before_are_listed(
 
 def test_redis_token_from_before_trust_is_untrusted(redis_pair: RedisPair) -> None:
     index, client = redis_pair
-    index.put_token(dataclasses.replace(token("old"), trusted=True))
-    client.hdel("neffcache:token:old", "trusted")
+    # As a server from before trust stored it: a hash without "trusted".
+    stored = {"secret_hash": "hash-of-old", "scope": "write", "namespaces": '["*"]'}
+    stored |= {"name": "ci", "created_at": "1.5", "revoked": "0"}
+    client.hset("neffcache:token:old", mapping=stored)
+    client.set("neffcache:token-hash:hash-of-old", "old")
+    client.zadd("neffcache:tokens", {"old": 1.5})
     found = index.token_by_hash("hash-of-old")
     assert found is not None
     assert found.trusted is False

@@ -447,7 +447,7 @@ def test_sqlite_file_from_schema_4_gains_the_events_log(tmp_path: Path) -> None:
     assert numbers(index.events_for_key("team-a", KEY, 5)) == [3, 2]
     index.close()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (7,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (8,)
         made = {row[1] for row in conn.execute("PRAGMA index_list(events)")}
         assert {"events_by_time", "events_by_namespace", "events_by_key"} <= made
         assert conn.execute("SELECT n FROM events_count").fetchone() == (2,)

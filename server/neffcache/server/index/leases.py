@@ -14,7 +14,7 @@ from collections.abc import Callable
 from neffcache.server.errors import StoreError
 
 from .base import Lease
-from .primitives import ANY_TIME, Cell, Cells
+from .primitives import Cell, Cells
 
 # Rounds of put-if-absent, compare-and-set before acquire_lease gives up: each
 # lost round means another caller changed the cell in between, which under any real
@@ -77,32 +77,32 @@ class CellLeases:
                 return lease
         raise StoreError(f"lease {key}: still contended after {ACQUIRE_ROUNDS} rounds")
 
+    # Renewals and releases are one swap_head each, one round trip: the head names
+    # the holder, ``"<lease_id> 0 "``, so a failure notice or another holder's lease
+    # is never changed, and the rest of the value is kept as it is.
+
     def renew_lease(self, namespace: str, name: str, lease_id: str, expires_at: float) -> bool:
-        key = lease_key(namespace, name)
-        held = self._held(key, lease_id)
-        return held is not None and self._cells.swap(key, held, held, self._clock(), expires_at)
+        head = _holding(lease_id)
+        return self._cells.swap_head(
+            lease_key(namespace, name), head, head, self._clock(), expires_at
+        )
 
     def release_lease(
         self, namespace: str, name: str, lease_id: str, failed_until: float | None
     ) -> bool:
         key = lease_key(namespace, name)
-        held = self._held(key, lease_id)
-        if held is None:
-            return False
         if failed_until is None:
-            return self._cells.delete_if(key, held)
-        notice = f"{lease_id} 1 {held.split(' ', 2)[2]}"
-        return self._cells.swap(key, held, notice, self._clock(), failed_until)
+            return self._cells.swap_head(key, _holding(lease_id), None, self._clock(), 0.0)
+        notice = f"{lease_id} 1 "
+        return self._cells.swap_head(key, _holding(lease_id), notice, self._clock(), failed_until)
 
     def get_lease(self, namespace: str, name: str, now: float) -> Lease | None:
         cell = self._cells.get(lease_key(namespace, name), now)
         return None if cell is None else lease_from(namespace, name, cell)
 
-    def _held(self, key: str, lease_id: str) -> str | None:
-        """The cell's value if ``lease_id`` holds it (a failure notice holds nothing);
-        a lease that expired but was not reclaimed still counts, as the protocol
-        allows."""
-        cell = self._cells.get(key, ANY_TIME)
-        if cell is None or not cell.value.startswith(f"{lease_id} 0 "):
-            return None
-        return cell.value
+
+def _holding(lease_id: str) -> str:
+    """The head of the value of a lease ``lease_id`` holds (a failure notice holds
+    nothing); a lease that expired but was not reclaimed still counts, as the protocol
+    allows."""
+    return f"{lease_id} 0 "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import heapq
 import itertools
 import threading
@@ -15,42 +14,32 @@ from .base import (
     EntryFacts,
     EntryStats,
     Event,
-    Failure,
-    Lease,
     PutResult,
-    Record,
-    Token,
     Touch,
     entry_facts,
     event_cursor,
     event_size,
     events_start,
 )
-from .failures import LogFailures
-from .leases import CellLeases
-from .primitives import MemoryCells, MemoryLogs
+from .primitive_roles import PrimitiveRoles
+from .primitives import MemoryCells, MemoryLogs, MemoryMaps
 
 # An event's place in the log: its time, then its sequence (order of appending).
 _Place = tuple[float, int]
 
 
-class MemoryIndex:
+class MemoryIndex(PrimitiveRoles):
     # Answers come from this machine: the server may call it on its event loop.
     local = True
 
     def __init__(self) -> None:
         self._entries: dict[tuple[str, str], Entry] = {}
         self._aliases: dict[tuple[str, str], str] = {}
-        self._tokens: dict[str, Token] = {}
-        # The primitives of the roles written once over every backend (primitives.py).
-        self.cells = MemoryCells()
-        self._leases = CellLeases(self.cells)
-        self.logs = MemoryLogs()
-        self._failures = LogFailures(self.logs)
+        # Leases, failures, tokens and records: written once over the primitives.
+        super().__init__(MemoryCells(), MemoryLogs(), MemoryMaps())
         # Each entry's facts, and its use: [last_access, hits].
         self._facts: dict[tuple[str, str], EntryFacts] = {}
         self._use: dict[tuple[str, str], list[float]] = {}
-        self._records: dict[tuple[str, str, str], Record] = {}
         self._audit: list[AuditRecord] = []  # oldest first
         # The events log, sorted by place (oldest first), and each (namespace, key)'s
         # events in the same order, so events_for_key reads no other key's; each
@@ -109,52 +98,6 @@ class MemoryIndex:
                 return PutResult.CREATED
             return PutResult.CONFLICT
 
-    # --- failures: written once over logs (failures.py) --------------------------------
-
-    def put_failure(self, failure: Failure, keep: int) -> None:
-        self._failures.put_failure(failure, keep)
-
-    def failures(self, namespace: str, key: str, now: float) -> list[Failure]:
-        return self._failures.failures(namespace, key, now)
-
-    # --- leases: written once over cells (leases.py) -----------------------------------
-
-    def acquire_lease(self, lease: Lease, replacing: str | None = None) -> Lease:
-        return self._leases.acquire_lease(lease, replacing)
-
-    def renew_lease(self, namespace: str, name: str, lease_id: str, expires_at: float) -> bool:
-        return self._leases.renew_lease(namespace, name, lease_id, expires_at)
-
-    def release_lease(
-        self, namespace: str, name: str, lease_id: str, failed_until: float | None
-    ) -> bool:
-        return self._leases.release_lease(namespace, name, lease_id, failed_until)
-
-    def get_lease(self, namespace: str, name: str, now: float) -> Lease | None:
-        return self._leases.get_lease(namespace, name, now)
-
-    # --- tokens -----------------------------------------------------------------------
-
-    def put_token(self, token: Token) -> None:
-        with self._lock:
-            self._tokens[token.token_id] = token
-
-    def token_by_hash(self, secret_hash: str) -> Token | None:
-        with self._lock:
-            return next((t for t in self._tokens.values() if t.secret_hash == secret_hash), None)
-
-    def tokens(self) -> list[Token]:
-        with self._lock:
-            return sorted(self._tokens.values(), key=lambda t: (t.created_at, t.token_id))
-
-    def revoke_token(self, token_id: str) -> bool:
-        with self._lock:
-            token = self._tokens.get(token_id)
-            if token is None:
-                return False
-            self._tokens[token_id] = dataclasses.replace(token, revoked=True)
-            return True
-
     def check(self) -> None:
         return None
 
@@ -212,38 +155,6 @@ class MemoryIndex:
     def namespaces(self) -> list[str]:
         with self._lock:
             return sorted({namespace for namespace, _ in self._entries})
-
-    # --- records
-
-    def put_record(
-        self, record: Record, *, create_only: bool = False, replacing: str | None = None
-    ) -> bool:
-        where = (record.kind, record.namespace, record.name)
-        with self._lock:
-            if create_only and where in self._records:
-                return False
-            current = self._records.get(where)
-            if replacing is not None and (current is None or current.value != replacing):
-                return False
-            self._records[where] = record
-            return True
-
-    def get_record(self, kind: str, namespace: str, name: str) -> Record | None:
-        with self._lock:
-            return self._records.get((kind, namespace, name))
-
-    def delete_record(self, kind: str, namespace: str, name: str) -> bool:
-        with self._lock:
-            return self._records.pop((kind, namespace, name), None) is not None
-
-    def records(self, kind: str, namespace: str | None = None) -> list[Record]:
-        with self._lock:
-            found = [
-                r
-                for (k, ns, _), r in self._records.items()
-                if k == kind and (namespace is None or ns == namespace)
-            ]
-        return sorted(found, key=lambda r: (r.namespace, r.name))
 
     # --- audit
 

@@ -1,8 +1,12 @@
 """The primitives the roles written once over every backend use, each small enough
 that a backend provides it in a few dozen lines: ``Cells`` (one key that must change
-atomically across replicas: get, put-if-absent with expiry, compare-and-set,
-conditional delete), used by leases (leases.py); and ``Logs`` (many short bounded
-logs, one per key: append-and-trim, read), used by failure records (failures.py).
+atomically across replicas: get, put-if-absent with expiry, compare-and-set of the
+whole value or of its head), used by leases (leases.py); ``Logs`` (many short bounded
+logs, one per key: append-and-trim, read), used by failure records (failures.py); and
+``Maps`` (durable named maps of fields, each listed whole: get, put-if-absent,
+compare-and-set, conditional delete, items), used by tokens (tokens.py) and records
+(records.py). Cells cannot stand in for maps: a listing of cells would be a scan of
+every key a backend holds (Redis has no cheaper one), where a map is one hash.
 
 Expiry is given as ``expires_at`` together with the caller's ``now``: a backend with a
 clock of its own (Redis) keeps a cell ``expires_at - now`` seconds by that clock, so
@@ -45,8 +49,13 @@ class Cells(Protocol):
         """Compare-and-set: replace the cell, value and expiry, if it holds exactly
         ``expected`` (live or expired but not reclaimed); True when replaced."""
 
-    def delete_if(self, key: str, expected: str) -> bool:
-        """Remove the cell if it holds exactly ``expected``; True when removed."""
+    def swap_head(
+        self, key: str, head: str, new_head: str | None, now: float, expires_at: float
+    ) -> bool:
+        """Compare-and-set on the head of a value: if the cell (live or expired but not
+        reclaimed) holds a value starting with ``head``, make it ``new_head`` followed
+        by the rest, expiring at ``expires_at``; with ``new_head`` None, remove the
+        cell. True when changed. One call where a read, then a ``swap``, are two."""
 
 
 class Logs(Protocol):
@@ -63,6 +72,27 @@ class Logs(Protocol):
     def read(self, log: str, now: float) -> list[tuple[str, float]]:
         """The items scored ``> now``, with their scores, in no particular order;
         ``[]`` for none."""
+
+
+class Maps(Protocol):
+    """Durable maps from field to value, one per name; nothing expires. Each call is
+    atomic against every other on any handle to the same store; misses return None or
+    False. A map is read whole by ``items``: keep each map to what its role lists."""
+
+    def get(self, name: str, field: str) -> str | None:
+        """The field's value, or None."""
+
+    def put_new(self, name: str, field: str, value: str) -> bool:
+        """Store the field if the map has none of that name; True when stored."""
+
+    def swap(self, name: str, field: str, expected: str, value: str) -> bool:
+        """Compare-and-set: replace the field's value if it is exactly ``expected``."""
+
+    def delete_if(self, name: str, field: str, expected: str) -> bool:
+        """Remove the field if its value is exactly ``expected``; True when removed."""
+
+    def items(self, name: str) -> dict[str, str]:
+        """Every field of the map with its value; ``{}`` for none."""
 
 
 class MemoryCells:
@@ -98,12 +128,17 @@ class MemoryCells:
             self._cells[key] = Cell(value, expires_at)
             return True
 
-    def delete_if(self, key: str, expected: str) -> bool:
+    def swap_head(
+        self, key: str, head: str, new_head: str | None, now: float, expires_at: float
+    ) -> bool:
         with self._lock:
             current = self._cells.get(key)
-            if current is None or current.value != expected:
+            if current is None or not current.value.startswith(head):
                 return False
-            del self._cells[key]
+            if new_head is None:
+                del self._cells[key]
+            else:
+                self._cells[key] = Cell(new_head + current.value[len(head) :], expires_at)
             return True
 
 
@@ -148,3 +183,43 @@ class MemoryLogs:
     def read(self, log: str, now: float) -> list[tuple[str, float]]:
         with self._lock:
             return [(i, s) for i, s in self._logs.get(log, {}).items() if s > now]
+
+
+class MemoryMaps:
+    """Maps in a dict of dicts, for the in-memory index."""
+
+    def __init__(self) -> None:
+        self._maps: dict[str, dict[str, str]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, name: str, field: str) -> str | None:
+        with self._lock:
+            return self._maps.get(name, {}).get(field)
+
+    def put_new(self, name: str, field: str, value: str) -> bool:
+        with self._lock:
+            fields = self._maps.setdefault(name, {})
+            if field in fields:
+                return False
+            fields[field] = value
+            return True
+
+    def swap(self, name: str, field: str, expected: str, value: str) -> bool:
+        with self._lock:
+            fields = self._maps.get(name, {})
+            if fields.get(field) != expected:
+                return False
+            fields[field] = value
+            return True
+
+    def delete_if(self, name: str, field: str, expected: str) -> bool:
+        with self._lock:
+            fields = self._maps.get(name, {})
+            if fields.get(field) != expected:
+                return False
+            del fields[field]
+            return True
+
+    def items(self, name: str) -> dict[str, str]:
+        with self._lock:
+            return dict(self._maps.get(name, {}))

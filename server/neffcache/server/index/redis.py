@@ -6,9 +6,11 @@ Every key starts with ``neffcache:``::
     neffcache:alias:{ns}:{alias}        the key the alias names
     neffcache:keys:{ns}                 sorted set of the namespace's entry keys, every
                                         score 0, so ZRANGEBYLEX lists them in key order
-    neffcache:token:{token_id}          a hash of the Token's fields
-    neffcache:token-hash:{secret_hash}  token_id
-    neffcache:tokens                    sorted set of token_ids, scored by created_at
+    neffcache:token-records             hash: secret_hash -> JSON of the Token's
+                                        other fields
+    neffcache:tokens                    "moved to neffcache:token-records": where the
+                                        sorted set of earlier servers' tokens went
+                                        (redis_upgrade.py)
     neffcache:failures:{ns}:{key}       sorted set of failure records, scored by
                                         created_at; each member is
                                         "<expires_at> <nonce> <record JSON>"
@@ -45,11 +47,12 @@ the script (the aliases an entry loses, the entry an alias names, the lists and
 namespace sets of the events an append drops), which a standalone Redis (or one
 primary) allows and Redis Cluster does not. The scripts are in redis_scripts.py.
 
-Leases and failure records are written once over the primitives (leases.py and
-failures.py over redis_primitives.py): a lease is one cell, a key with Redis's own
-expiry, so its life is measured on one clock however many replicas ask; a key's
+Leases, failure records, tokens and records are written once over the primitives
+(primitive_roles.py over redis_primitives.py): a lease is one cell, a key with Redis's
+own expiry, so its life is measured on one clock however many replicas ask; a key's
 failure records are one log, a sorted set that expires with its longest-lived record,
-so Redis itself reclaims keys nobody writes again.
+so Redis itself reclaims keys nobody writes again; tokens are one map (a hash), and
+the records of a kind another, as earlier servers kept them.
 
 The entry key is the truth: an entry is there when its key is. Its stats, access time
 and hits live beside it, written and deleted with it; an entry written before they
@@ -72,7 +75,7 @@ from urllib.parse import unquote, urlsplit
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
-from redis.typing import EncodableT, FieldT
+from redis.typing import EncodableT
 
 from neffcache.server.config_errors import ConfigError
 from neffcache.server.errors import StoreError
@@ -83,28 +86,24 @@ from .base import (
     EntryFacts,
     EntryStats,
     Event,
-    Failure,
-    Lease,
     PutResult,
-    Record,
-    Token,
     Touch,
     entry_facts,
 )
-from .failures import LogFailures
-from .leases import CellLeases
+from .primitive_roles import PrimitiveRoles
 from .redis_events import EVENTS_PER_KEY as EVENTS_PER_KEY  # documented bounds, named here
 from .redis_events import TRIM_BATCH as TRIM_BATCH
 from .redis_events import RedisEvents
-from .redis_primitives import PREFIX, RedisCells, RedisLogs, as_str, escaped
+from .redis_primitives import PREFIX, RedisCells, RedisLogs, RedisMaps, as_str, escaped
 from .redis_scripts import (
     ADD_ALIAS,
     APPEND_AUDIT,
     DELETE_ENTRY,
     PUT_ENTRY,
-    REPLACE_RECORD,
     TOUCH_ENTRIES,
 )
+from .redis_upgrade import move_old_tokens
+from .tokens import MapTokens
 
 log = logging.getLogger("neffcache.server.index")
 
@@ -119,7 +118,6 @@ TIMEOUT_S = 2.0
 # which eviction (an estimate of use), readers of the log and reports tolerate.
 RETRIES = 1
 
-TOKENS_BY_AGE = PREFIX + "tokens"
 NAMESPACES = PREFIX + "namespaces"
 # When this database first held eviction data (set once): an entry written before has no
 # access time, and counts as last served then, not when it was created, so an upgrade
@@ -162,24 +160,7 @@ def _entry_aliases_key(namespace: str, key: str) -> str:
     return f"{PREFIX}entry-aliases:{escaped(namespace)}:{key}"
 
 
-def _records_key(kind: str) -> str:
-    return f"{PREFIX}records:{kind}"
-
-
-def _record_field(namespace: str, name: str) -> str:
-    # JSON: no separator a namespace or name could contain makes two records meet.
-    return json.dumps([namespace, name])
-
-
-def _token_key(token_id: str) -> str:
-    return f"{PREFIX}token:{token_id}"
-
-
-def _token_hash_key(secret_hash: str) -> str:
-    return f"{PREFIX}token-hash:{secret_hash}"
-
-
-class RedisIndex:
+class RedisIndex(PrimitiveRoles):
     """An index in a Redis database.
 
     >>> index = RedisIndex.from_url("redis://redis.internal:6379/0")
@@ -197,12 +178,13 @@ class RedisIndex:
         self._touch_entries = client.register_script(TOUCH_ENTRIES)
         self._append_audit = client.register_script(APPEND_AUDIT)
         self._events = RedisEvents(client, self._mapped)
-        # The primitives of the roles written once over every backend (primitives.py).
-        self.cells = RedisCells(client, self._mapped)
-        self._leases = CellLeases(self.cells)
-        self.logs = RedisLogs(client, self._mapped)
-        self._failures = LogFailures(self.logs)
-        self._replace_record = client.register_script(REPLACE_RECORD)
+        # Leases, failures, tokens and records: written once over the primitives.
+        super().__init__(
+            RedisCells(client, self._mapped),
+            RedisLogs(client, self._mapped),
+            RedisMaps(client, self._mapped),
+        )
+        self._tokens_moved = False
 
     @classmethod
     def from_url(cls, url: str) -> RedisIndex:
@@ -313,80 +295,13 @@ class RedisIndex:
             result = as_str(self._add_alias(keys=keys, args=args))
         return None if result == "absent" else PutResult(result)
 
-    # --- failures ---------------------------------------------------------------------
-
-    # --- failures: written once over logs (failures.py) --------------------------------
-
-    def put_failure(self, failure: Failure, keep: int) -> None:
-        self._failures.put_failure(failure, keep)
-
-    def failures(self, namespace: str, key: str, now: float) -> list[Failure]:
-        return self._failures.failures(namespace, key, now)
-
-    # --- leases: written once over cells (leases.py) -----------------------------------
-
-    def acquire_lease(self, lease: Lease, replacing: str | None = None) -> Lease:
-        return self._leases.acquire_lease(lease, replacing)
-
-    def renew_lease(self, namespace: str, name: str, lease_id: str, expires_at: float) -> bool:
-        return self._leases.renew_lease(namespace, name, lease_id, expires_at)
-
-    def release_lease(
-        self, namespace: str, name: str, lease_id: str, failed_until: float | None
-    ) -> bool:
-        return self._leases.release_lease(namespace, name, lease_id, failed_until)
-
-    def get_lease(self, namespace: str, name: str, now: float) -> Lease | None:
-        return self._leases.get_lease(namespace, name, now)
-
-    # --- tokens -----------------------------------------------------------------------
-
-    def put_token(self, token: Token) -> None:
-        fields: dict[FieldT, EncodableT] = {
-            "secret_hash": token.secret_hash,
-            "scope": token.scope,
-            "namespaces": json.dumps(list(token.namespaces)),
-            "name": token.name,
-            "created_at": repr(token.created_at),
-            "revoked": "1" if token.revoked else "0",
-            "trusted": "1" if token.trusted else "0",
-        }
-        # MULTI/EXEC: a reader never sees the hash lookup without the token it names.
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.hset(_token_key(token.token_id), mapping=fields)
-        pipe.set(_token_hash_key(token.secret_hash), token.token_id)
-        pipe.zadd(TOKENS_BY_AGE, {token.token_id: token.created_at})
-        with self._mapped():
-            pipe.execute()
-
-    def token_by_hash(self, secret_hash: str) -> Token | None:
-        with self._mapped():
-            token_id = _opt_str(self._redis.get(_token_hash_key(secret_hash)))
-            if token_id is None:
-                return None
-            token = _token(token_id, self._redis.hgetall(_token_key(token_id)))
-        # The lookup key could outlive a token rewritten under the same id: trust only
-        # a record whose own hash is the one asked for.
-        return token if token is not None and token.secret_hash == secret_hash else None
-
-    def tokens(self) -> list[Token]:
-        with self._mapped():
-            # Equal scores come back ordered by member, i.e. by token_id.
-            token_ids = [as_str(t) for t in self._redis.zrange(TOKENS_BY_AGE, 0, -1)]
-            pipe = self._redis.pipeline(transaction=False)
-            for token_id in token_ids:
-                pipe.hgetall(_token_key(token_id))
-            found = pipe.execute()
-        return [_token(token_id, fields) for token_id, fields in zip(token_ids, found, strict=True)]
-
-    def revoke_token(self, token_id: str) -> bool:
-        key = _token_key(token_id)
-        with self._mapped():
-            # Tokens are never deleted, so one that exists now still exists for the HSET.
-            if not self._redis.exists(key):
-                return False
-            self._redis.hset(key, "revoked", "1")
-            return True
+    def _tokens_ready(self) -> MapTokens:
+        # Once per process: tokens an earlier server stored move into the map first.
+        if not self._tokens_moved:
+            with self._mapped():
+                move_old_tokens(self._redis)
+            self._tokens_moved = True
+        return self._tokens
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -503,43 +418,6 @@ class RedisIndex:
         self._upgraded()
         with self._mapped():
             return sorted(as_str(ns) for ns in self._redis.smembers(NAMESPACES))
-
-    # --- records
-
-    def put_record(
-        self, record: Record, *, create_only: bool = False, replacing: str | None = None
-    ) -> bool:
-        where = _records_key(record.kind)
-        field = _record_field(record.namespace, record.name)
-        with self._mapped():
-            if replacing is not None and not create_only:
-                args = [field, record.value, replacing]
-                return bool(self._replace_record(keys=[where], args=args))
-            if create_only:
-                return bool(self._redis.hsetnx(where, field, record.value))
-            self._redis.hset(where, field, record.value)
-            return True
-
-    def get_record(self, kind: str, namespace: str, name: str) -> Record | None:
-        with self._mapped():
-            value = _opt_str(self._redis.hget(_records_key(kind), _record_field(namespace, name)))
-        return None if value is None else Record(kind, namespace, name, value)
-
-    def delete_record(self, kind: str, namespace: str, name: str) -> bool:
-        with self._mapped():
-            return bool(self._redis.hdel(_records_key(kind), _record_field(namespace, name)))
-
-    def records(self, kind: str, namespace: str | None = None) -> list[Record]:
-        # One hash per kind: policies and pins are few (a handful per namespace).
-        with self._mapped():
-            found = self._redis.hgetall(_records_key(kind))
-        assert isinstance(found, dict), type(found)
-        records = []
-        for field, value in found.items():
-            ns, name = json.loads(as_str(field))
-            if namespace is None or ns == namespace:
-                records.append(Record(kind, ns, name, as_str(value)))
-        return sorted(records, key=lambda r: (r.namespace, r.name))
 
     # --- audit log
 
@@ -702,18 +580,3 @@ def _redacted(url: str) -> str:
 
 def _opt_str(value: object) -> str | None:
     return None if value is None else as_str(value)
-
-
-def _token(token_id: str, fields: object) -> Token:
-    assert isinstance(fields, dict), type(fields)
-    return Token(
-        token_id=token_id,
-        secret_hash=fields["secret_hash"],
-        scope=fields["scope"],
-        namespaces=tuple(json.loads(fields["namespaces"])),
-        name=fields["name"],
-        created_at=float(fields["created_at"]),
-        revoked=fields["revoked"] == "1",
-        # Absent from tokens stored before trust existed: they are not trusted.
-        trusted=fields.get("trusted") == "1",
-    )

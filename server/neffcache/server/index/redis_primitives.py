@@ -1,7 +1,7 @@
-"""The primitives (primitives.py) in Redis: ``RedisCells`` and ``RedisLogs``, under
-the index's key prefix. Expiry is Redis's own (PX, PEXPIRE): a lifetime is measured on
-one clock however many replicas ask, and a time read back is what is left of it
-added to the caller's ``now``.
+"""The primitives (primitives.py) in Redis: ``RedisCells``, ``RedisLogs`` and
+``RedisMaps``, under the index's key prefix. Expiry is Redis's own (PX, PEXPIRE): a
+lifetime is measured on one clock however many replicas ask, and a time read back is
+what is left of it added to the caller's ``now``.
 """
 
 from __future__ import annotations
@@ -48,10 +48,29 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1
 """
-# KEYS[1] the cell; ARGV[1] the value it must hold. Returns 1 when deleted.
-_DELETE_CELL = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-return redis.call('DEL', KEYS[1])
+# KEYS[1] the cell; ARGV[1] the head its value must start with, ARGV[2] its lifetime
+# in ms, ARGV[3] the new head (none: delete the cell). Returns 1 when changed. Lua's
+# strings are bytes, and so are the lengths compared.
+_SWAP_HEAD = """
+local held = redis.call('GET', KEYS[1])
+if not held or string.sub(held, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
+if ARGV[3] then
+  redis.call('SET', KEYS[1], ARGV[3] .. string.sub(held, #ARGV[1] + 1), 'PX', ARGV[2])
+else
+  redis.call('DEL', KEYS[1])
+end
+return 1
+"""
+# KEYS[1] the map, a hash; ARGV[1] the field, ARGV[2] the value it must hold, ARGV[3]
+# its new value (none: delete it). Returns 1 when changed.
+_SWAP_FIELD = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+if ARGV[3] then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+else
+  redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 1
 """
 
 
@@ -74,8 +93,8 @@ def as_str(value: object) -> str:
 class RedisCells:
     """``Cells`` as Redis strings under ``neffcache:{key}``, expiring by Redis's own
         clock (PX): a cell's life is measured on one clock however many replicas ask, and
-        ``get`` adds what is left of it to the caller's ``now``. The compare-and-set and
-        conditional delete are one script each, and so is put_new (SET NX PX, and on
+        ``get`` adds what is left of it to the caller's ``now``. The two compare-and-sets
+        are one script each, and so is put_new (SET NX PX, and on
     failure what is there)."""
 
     def __init__(
@@ -85,10 +104,10 @@ class RedisCells:
         self._mapped = mapped
         self._put_new = client.register_script(_PUT_NEW_CELL)
         self._swap = client.register_script(_SWAP_CELL)
-        self._delete = client.register_script(_DELETE_CELL)
+        self._swap_head = client.register_script(_SWAP_HEAD)
 
     def get(self, key: str, now: float) -> Cell | None:
-        if now == ANY_TIME:  # the value alone (a renewal or release): no life to read
+        if now == ANY_TIME:  # the value alone: no life to read
             with self._mapped():
                 value = self._redis.get(PREFIX + key)
             return None if value is None else Cell(as_str(value), ANY_TIME)
@@ -114,9 +133,14 @@ class RedisCells:
         with self._mapped():
             return bool(self._swap(keys=[PREFIX + key], args=args))
 
-    def delete_if(self, key: str, expected: str) -> bool:
+    def swap_head(
+        self, key: str, head: str, new_head: str | None, now: float, expires_at: float
+    ) -> bool:
+        args: list[EncodableT] = [head, lifetime_ms(expires_at - now)]
+        if new_head is not None:
+            args.append(new_head)
         with self._mapped():
-            return bool(self._delete(keys=[PREFIX + key], args=[expected]))
+            return bool(self._swap_head(keys=[PREFIX + key], args=args))
 
 
 class RedisLogs:
@@ -146,6 +170,41 @@ class RedisLogs:
             assert isinstance(pair, tuple), type(pair)  # withscores: (member, score)
             items.append((as_str(pair[0]), float(pair[1])))
         return items
+
+
+class RedisMaps:
+    """``Maps`` as hashes under ``neffcache:{name}``: HGET, HSETNX and HGETALL, and
+    one script for the compare-and-set and the conditional delete."""
+
+    def __init__(
+        self, client: redis.Redis, mapped: Callable[[], contextlib.AbstractContextManager[None]]
+    ) -> None:
+        self._redis = client
+        self._mapped = mapped
+        self._swap = client.register_script(_SWAP_FIELD)
+
+    def get(self, name: str, field: str) -> str | None:
+        with self._mapped():
+            value = self._redis.hget(PREFIX + name, field)
+        return None if value is None else as_str(value)
+
+    def put_new(self, name: str, field: str, value: str) -> bool:
+        with self._mapped():
+            return bool(self._redis.hsetnx(PREFIX + name, field, value))
+
+    def swap(self, name: str, field: str, expected: str, value: str) -> bool:
+        with self._mapped():
+            return bool(self._swap(keys=[PREFIX + name], args=[field, expected, value]))
+
+    def delete_if(self, name: str, field: str, expected: str) -> bool:
+        with self._mapped():
+            return bool(self._swap(keys=[PREFIX + name], args=[field, expected]))
+
+    def items(self, name: str) -> dict[str, str]:
+        with self._mapped():
+            found = self._redis.hgetall(PREFIX + name)
+        assert isinstance(found, dict), type(found)
+        return {as_str(field): as_str(value) for field, value in found.items()}
 
 
 def _cell(value: object, ttl_ms: object, now: float) -> Cell:

@@ -287,11 +287,3 @@ while true do
 end
 return redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], ARGV[3], 'LIMIT', skip, ARGV[4])
 """
-
-# KEYS[1] the kind's records; ARGV[1] the field, ARGV[2] the new value, ARGV[3] the value
-# it must hold now. Returns 1 when replaced.
-REPLACE_RECORD = """
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[3] then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-return 1
-"""

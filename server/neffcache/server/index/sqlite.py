@@ -4,8 +4,9 @@ Several server processes on one host may share the file: WAL lets readers run be
 the one writer, and the busy timeout makes a second writer wait instead of failing.
 Each thread gets its own connection so that reads run concurrently; ``put_entry``
 relies on the database, not on a Python lock, so it stays atomic across processes.
-The schema and its migrations are in sqlite_schema.py; leases and failure records are
-written once over the primitives (leases.py and failures.py over sqlite_primitives.py).
+The schema and its migrations are in sqlite_schema.py; leases, failure records, tokens
+and records are written once over the primitives (primitive_roles.py over
+sqlite_primitives.py).
 """
 
 from __future__ import annotations
@@ -26,24 +27,18 @@ from .base import (
     EntryFacts,
     EntryStats,
     Event,
-    Failure,
-    Lease,
     PutResult,
-    Record,
-    Token,
     Touch,
     entry_facts,
 )
-from .failures import LogFailures
-from .leases import CellLeases
+from .primitive_roles import PrimitiveRoles
 from .sqlite_events import SqliteEvents
-from .sqlite_primitives import SqliteCells, SqliteLogs
+from .sqlite_primitives import SqliteCells, SqliteLogs, SqliteMaps
 from .sqlite_schema import FACT_COLUMNS, SCHEMA_VERSION, fact_values, migrate, real
 
 # How long a writer waits for another process's write transaction to finish.
 BUSY_TIMEOUT_S = 5.0
 
-_TOKEN_COLUMNS = "token_id, secret_hash, scope, namespaces, name, created_at, revoked, trusted"
 _STATS_COLUMNS = f"key, created_at, writer, {FACT_COLUMNS}, last_access, hits"
 _AUDIT_COLUMNS = "at, actor, action, namespace, target, detail"
 # An alias that names a key with no entry (deleted) is free: it takes the new key.
@@ -79,7 +74,7 @@ def _is_full(exc: sqlite3.Error) -> bool:
     return "database or disk is full" in str(exc)
 
 
-class SqliteIndex:
+class SqliteIndex(PrimitiveRoles):
     """An index in one SQLite file.
 
     >>> index = SqliteIndex.from_url("sqlite:///var/lib/neffcache/index.db")
@@ -96,11 +91,12 @@ class SqliteIndex:
         # Every connection handed out, so close() can close them all; guarded by _lock.
         self._connections: dict[threading.Thread, sqlite3.Connection] = {}
         self._lock = threading.Lock()
-        # The primitives of the roles written once over every backend (primitives.py).
-        self.cells = SqliteCells(self._read, self._write)
-        self._leases = CellLeases(self.cells)
-        self.logs = SqliteLogs(self._read, self._write)
-        self._failures = LogFailures(self.logs)
+        # Leases, failures, tokens and records: written once over the primitives.
+        super().__init__(
+            SqliteCells(self._read, self._write),
+            SqliteLogs(self._read, self._write),
+            SqliteMaps(self._read, self._write),
+        )
         self._events = SqliteEvents(self._read, self._write)
         try:
             with _mapped(path):
@@ -257,63 +253,6 @@ class SqliteIndex:
             ).fetchone()
             return PutResult.SAME if named == key else PutResult.CONFLICT
 
-    # --- failures: written once over logs (failures.py) --------------------------------
-
-    def put_failure(self, failure: Failure, keep: int) -> None:
-        self._failures.put_failure(failure, keep)
-
-    def failures(self, namespace: str, key: str, now: float) -> list[Failure]:
-        return self._failures.failures(namespace, key, now)
-
-    # --- leases: written once over cells (leases.py) -----------------------------------
-
-    def acquire_lease(self, lease: Lease, replacing: str | None = None) -> Lease:
-        return self._leases.acquire_lease(lease, replacing)
-
-    def renew_lease(self, namespace: str, name: str, lease_id: str, expires_at: float) -> bool:
-        return self._leases.renew_lease(namespace, name, lease_id, expires_at)
-
-    def release_lease(
-        self, namespace: str, name: str, lease_id: str, failed_until: float | None
-    ) -> bool:
-        return self._leases.release_lease(namespace, name, lease_id, failed_until)
-
-    def get_lease(self, namespace: str, name: str, now: float) -> Lease | None:
-        return self._leases.get_lease(namespace, name, now)
-
-    # --- tokens -----------------------------------------------------------------------
-
-    def put_token(self, token: Token) -> None:
-        with self._write() as conn:
-            conn.execute(
-                f"INSERT INTO tokens ({_TOKEN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    token.token_id,
-                    token.secret_hash,
-                    token.scope,
-                    json.dumps(list(token.namespaces)),
-                    token.name,
-                    token.created_at,
-                    int(token.revoked),
-                    int(token.trusted),
-                ),
-            )
-
-    def token_by_hash(self, secret_hash: str) -> Token | None:
-        rows = self._read(
-            f"SELECT {_TOKEN_COLUMNS} FROM tokens WHERE secret_hash = ?", (secret_hash,)
-        )
-        return _token(rows[0]) if rows else None
-
-    def tokens(self) -> list[Token]:
-        rows = self._read(f"SELECT {_TOKEN_COLUMNS} FROM tokens ORDER BY created_at, token_id", ())
-        return [_token(row) for row in rows]
-
-    def revoke_token(self, token_id: str) -> bool:
-        with self._write() as conn:
-            cursor = conn.execute("UPDATE tokens SET revoked = 1 WHERE token_id = ?", (token_id,))
-            return cursor.rowcount == 1
-
     # --- lifecycle --------------------------------------------------------------------
 
     def check(self) -> None:
@@ -378,60 +317,6 @@ class SqliteIndex:
         # DISTINCT over the primary key's leading column: an index scan, no sort.
         rows = self._read("SELECT DISTINCT namespace FROM entries ORDER BY namespace", ())
         return [str(namespace) for (namespace,) in rows]
-
-    # --- records
-
-    def put_record(
-        self, record: Record, *, create_only: bool = False, replacing: str | None = None
-    ) -> bool:
-        on_conflict = "DO NOTHING" if create_only else "DO UPDATE SET value = excluded.value"
-        with self._write() as conn:
-            if replacing is not None and not create_only:
-                return (
-                    conn.execute(
-                        "UPDATE records SET value = ?"
-                        " WHERE kind = ? AND namespace = ? AND name = ? AND value = ?",
-                        (record.value, record.kind, record.namespace, record.name, replacing),
-                    ).rowcount
-                    == 1
-                )
-            stored = conn.execute(
-                "INSERT INTO records (kind, namespace, name, value) VALUES (?, ?, ?, ?)"
-                f" ON CONFLICT (kind, namespace, name) {on_conflict}",
-                (record.kind, record.namespace, record.name, record.value),
-            ).rowcount
-            return stored == 1
-
-    def get_record(self, kind: str, namespace: str, name: str) -> Record | None:
-        rows = self._read(
-            "SELECT value FROM records WHERE kind = ? AND namespace = ? AND name = ?",
-            (kind, namespace, name),
-        )
-        return Record(kind, namespace, name, str(rows[0][0])) if rows else None
-
-    def delete_record(self, kind: str, namespace: str, name: str) -> bool:
-        with self._write() as conn:
-            deleted = conn.execute(
-                "DELETE FROM records WHERE kind = ? AND namespace = ? AND name = ?",
-                (kind, namespace, name),
-            ).rowcount
-            return deleted == 1
-
-    def records(self, kind: str, namespace: str | None = None) -> list[Record]:
-        # The primary key (kind, namespace, name) serves the filter and the order.
-        if namespace is None:
-            rows = self._read(
-                "SELECT namespace, name, value FROM records WHERE kind = ?"
-                " ORDER BY namespace, name",
-                (kind,),
-            )
-        else:
-            rows = self._read(
-                "SELECT namespace, name, value FROM records WHERE kind = ? AND namespace = ?"
-                " ORDER BY name",
-                (kind, namespace),
-            )
-        return [Record(kind, str(ns), str(name), str(value)) for ns, name, value in rows]
 
     # --- audit log
 
@@ -533,18 +418,4 @@ def _audit_record(row: tuple[object, ...]) -> AuditRecord:
         namespace=str(namespace),
         target=str(target),
         detail=str(detail),
-    )
-
-
-def _token(row: tuple[object, ...]) -> Token:
-    token_id, secret_hash, scope, namespaces, name, created_at, revoked, trusted = row
-    return Token(
-        token_id=str(token_id),
-        secret_hash=str(secret_hash),
-        scope=str(scope),
-        namespaces=tuple(json.loads(str(namespaces))),
-        name=str(name),
-        created_at=real(created_at),
-        revoked=bool(revoked),
-        trusted=bool(trusted),
     )

@@ -1,5 +1,6 @@
 """The primitives (primitives.py) in the SQLite index's file: ``SqliteCells`` in the
-``cells`` table and ``SqliteLogs`` in ``log_items`` (sqlite_schema.py, version 7).
+``cells`` table and ``SqliteLogs`` in ``log_items`` (sqlite_schema.py, version 7),
+``SqliteMaps`` in ``map_fields`` (version 8).
 Each write is one transaction of the index's (``Write``: BEGIN IMMEDIATE, so atomic
 across the processes sharing the file)."""
 
@@ -63,9 +64,22 @@ class SqliteCells:
             )
             return cursor.rowcount == 1
 
-    def delete_if(self, key: str, expected: str) -> bool:
+    def swap_head(
+        self, key: str, head: str, new_head: str | None, now: float, expires_at: float
+    ) -> bool:
+        # substr counts characters, as len does: the head is compared whole.
         with self._write() as conn:
-            cursor = conn.execute("DELETE FROM cells WHERE key = ? AND value = ?", (key, expected))
+            if new_head is None:
+                cursor = conn.execute(
+                    "DELETE FROM cells WHERE key = ? AND substr(value, 1, ?) = ?",
+                    (key, len(head), head),
+                )
+            else:
+                cursor = conn.execute(
+                    "UPDATE cells SET value = ? || substr(value, ?), expires_at = ?"
+                    " WHERE key = ? AND substr(value, 1, ?) = ?",
+                    (new_head, len(head) + 1, expires_at, key, len(head), head),
+                )
             return cursor.rowcount == 1
 
 
@@ -101,3 +115,42 @@ class SqliteLogs:
             "SELECT item, score FROM log_items WHERE log = ? AND score > ?", (log, now)
         )
         return [(str(item), real(score)) for item, score in rows]
+
+
+class SqliteMaps:
+    """``Maps`` in the index file's ``map_fields`` table, whose primary key (map,
+    field) serves every call; each write is one statement."""
+
+    def __init__(self, read: Read, write: Write) -> None:
+        self._read = read
+        self._write = write
+
+    def get(self, name: str, field: str) -> str | None:
+        rows = self._read("SELECT value FROM map_fields WHERE map = ? AND field = ?", (name, field))
+        return str(rows[0][0]) if rows else None
+
+    def put_new(self, name: str, field: str, value: str) -> bool:
+        return self._changed(
+            "INSERT INTO map_fields (map, field, value) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+            (name, field, value),
+        )
+
+    def swap(self, name: str, field: str, expected: str, value: str) -> bool:
+        return self._changed(
+            "UPDATE map_fields SET value = ? WHERE map = ? AND field = ? AND value = ?",
+            (value, name, field, expected),
+        )
+
+    def delete_if(self, name: str, field: str, expected: str) -> bool:
+        return self._changed(
+            "DELETE FROM map_fields WHERE map = ? AND field = ? AND value = ?",
+            (name, field, expected),
+        )
+
+    def items(self, name: str) -> dict[str, str]:
+        rows = self._read("SELECT field, value FROM map_fields WHERE map = ?", (name,))
+        return {str(field): str(value) for field, value in rows}
+
+    def _changed(self, sql: str, params: tuple[object, ...]) -> bool:
+        with self._write() as conn:
+            return conn.execute(sql, params).rowcount == 1

@@ -9,13 +9,15 @@ import sqlite3
 import time
 from collections.abc import Callable
 
-from .base import EntryFacts, Failure, Lease, entry_facts
+from .base import EntryFacts, Failure, Lease, Token, entry_facts
 from .failures import failure_item, failures_log
 from .leases import lease_key, lease_value
+from .records import record_field, records_map
+from .tokens import TOKENS, token_value
 
 # Stored in PRAGMA user_version. Bump it when a table changes, and add the step from
 # the previous version to STEPS; a file newer than this code is refused at start-up.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 # Version 1: entries, aliases, tokens.
@@ -222,8 +224,39 @@ def _to_primitives_v7(conn: sqlite3.Connection) -> None:
     conn.execute("DROP TABLE failures")
 
 
+# Version 8: maps (primitives.py), for tokens (tokens.py) and records (records.py).
+# Every token and record moves here, and the old tables are dropped, as in version 7:
+# a server of version 7 still running on this file then fails every token and record
+# request (fail closed: no request is authorised by a token this file no longer
+# revokes, no policy is read stale) until it is stopped.
+_V8 = """
+CREATE TABLE IF NOT EXISTS map_fields (
+    map TEXT NOT NULL,
+    field TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (map, field)
+) WITHOUT ROWID
+"""
+
+
+def _to_maps_v8(conn: sqlite3.Connection) -> None:
+    tokens = conn.execute(f"SELECT {_TOKEN_COLUMNS} FROM tokens").fetchall()
+    records = conn.execute("SELECT kind, namespace, name, value FROM records").fetchall()
+    conn.executemany(
+        "INSERT OR REPLACE INTO map_fields (map, field, value) VALUES (?, ?, ?)",
+        [(TOKENS, token.secret_hash, token_value(token)) for token in map(_token, tokens)]
+        + [
+            (records_map(str(kind)), record_field(str(ns), str(name)), str(value))
+            for kind, ns, name, value in records
+        ],
+    )
+    conn.execute("DROP TABLE tokens")
+    conn.execute("DROP TABLE records")
+
+
 FACT_COLUMNS = "size, compile_seconds, compiler_version, model, digests"
 _FACT_SETS = ", ".join(f"{column} = ?" for column in FACT_COLUMNS.split(", "))
+_TOKEN_COLUMNS = "token_id, secret_hash, scope, namespaces, name, created_at, revoked, trusted"
 _LEASE_COLUMNS = "lease_id, holder, acquired_at, expires_at, expected_seconds, failed"
 
 
@@ -256,11 +289,12 @@ def _backfill_v4(conn: sqlite3.Connection) -> None:
 
 # The statements that bring a file from version n - 1 to version n, by n; then, for
 # some n, Python that fills what SQL alone cannot, in the same transaction.
-STEPS = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5, 6: "", 7: _V7}  # 6: all in its code
+STEPS = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5, 6: "", 7: _V7, 8: _V8}  # 6: all in its code
 _STEP_CODE: dict[int, Callable[[sqlite3.Connection], None]] = {
     4: _backfill_v4,
     6: _events_bytes_v6,
     7: _to_primitives_v7,
+    8: _to_maps_v8,
 }
 
 
@@ -300,6 +334,20 @@ def _lease(namespace: str, name: str, row: tuple[object, ...]) -> Lease:
         expires_at=real(expires_at),
         expected_seconds=None if expected is None else real(expected),
         failed=bool(failed),
+    )
+
+
+def _token(row: tuple[object, ...]) -> Token:
+    token_id, secret_hash, scope, namespaces, name, created_at, revoked, trusted = row
+    return Token(
+        token_id=str(token_id),
+        secret_hash=str(secret_hash),
+        scope=str(scope),
+        namespaces=tuple(json.loads(str(namespaces))),
+        name=str(name),
+        created_at=real(created_at),
+        revoked=bool(revoked),
+        trusted=bool(trusted),
     )
 
 
