@@ -8,18 +8,23 @@
   sets (its clock skewed, a namespace's policy), on a loopback port.
 * ``other_python``: a virtual environment's Python, without neffcache (another
   environment on the same host, as images with several have).
+* ``sockets``: a hit daemon's socket directory (``NEFFCACHE_DAEMON_DIR``), mode 0700
+  and short enough for a Unix socket's name; the daemons under it are killed at the end.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from doctor.doctor_harness import StatusServer, TokenServer
+from support.daemons import stop_daemons
 from support.e2e import NEFFCACHE, Server, clean_environ
 from support.e2e_fixtures import server, silent_server
 
@@ -73,3 +78,12 @@ def other_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
         capture_output=True,
     )
     return where / "bin" / "python"
+
+
+@pytest.fixture
+def sockets() -> Iterator[Path]:
+    # Under /tmp, not pytest's tmp_path: a socket's name is at most about 100 bytes.
+    directory = Path(tempfile.mkdtemp(prefix="nd-", dir="/tmp"))
+    yield directory
+    stop_daemons(directory)
+    shutil.rmtree(directory, ignore_errors=True)

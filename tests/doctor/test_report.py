@@ -31,6 +31,8 @@ def test_the_report_holds_everything_and_no_secret(
         # password in one URL, a presigned signature in another.
         NEURON_CC_FLAGS=f"--cache-dir=https://admin:{PASSWORD}@cache.internal/x",
         NEURON_COMPILE_CACHE_URL=f"s3://bucket/prefix?X-Amz-Signature={SIGNATURE}",
+        # Where the hit daemon's socket is (no NEFFCACHE_DAEMON_DIR): listed too.
+        XDG_RUNTIME_DIR=str(tmp_path / "run"),
         **SECRETS,
     )
     report = tmp_path / "doctor-report.txt"
@@ -49,9 +51,15 @@ def test_the_report_holds_everything_and_no_secret(
     assert "AWS_SECRET_ACCESS_KEY" not in text  # not a variable the report lists
     assert "NEURON_CC_FLAGS=--cache-dir=https://***@cache.internal/x" in text
     assert "NEURON_COMPILE_CACHE_URL=s3://bucket/prefix?***" in text
+    assert f"XDG_RUNTIME_DIR={tmp_path / 'run'}" in text
     document = json.loads(text.split("\nJSON\n", 1)[1])
     assert document["environment"]["NEFFCACHE_TOKEN"] == "<set>"
-    assert {r["id"] for r in document["results"]} >= {"config.url", "hook.surface", "l1.space"}
+    assert {r["id"] for r in document["results"]} >= {
+        "config.url",
+        "paths.daemon",
+        "hook.surface",
+        "l1.space",
+    }
     assert document["exit_code"] == done.code
     for result in document["results"]:
         assert f"  {result['status']:<4}  {result['id']} " in text

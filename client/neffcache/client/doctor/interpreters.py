@@ -53,11 +53,17 @@ def interpreter_of(script: str) -> tuple[str, ...] | None:
 
 
 def probe(
-    command: Sequence[str], environ: Mapping[str, str], *, hook: bool = False
+    command: Sequence[str],
+    environ: Mapping[str, str],
+    *,
+    hook: bool = False,
+    daemon_of: str | None = None,
 ) -> dict[str, Any]:
-    """What the Python ``command`` runs sees (``probe_script``'s facts); on trouble a
-    dict with ``error`` alone, one line."""
+    """What the Python ``command`` runs sees (``probe_script``'s facts); with
+    ``daemon_of`` (a shim's path), only the hit daemon's socket as that shim names it.
+    On trouble a dict with ``error`` alone, one line."""
     argv = [*command, "-c", _SOURCE, *(["--hook"] if hook else [])]
+    argv += ["--daemon", daemon_of] if daemon_of else []
     timeout = HOOK_PROBE_TIMEOUT if hook else PROBE_TIMEOUT
     try:
         done = subprocess.run(

@@ -1,12 +1,13 @@
 """Interpreters and PATH: the shim first, the real compiler behind it and its version,
-and the Python behind each tool with neffcache loading there."""
+the Python behind each tool with neffcache loading there, and the shim's hit daemon
+(daemon_checks)."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from neffcache.client.doctor import words
+from neffcache.client.doctor import daemon_checks, words
 from neffcache.client.doctor.context import COMPILER, SDK_TOOLS, Context, Tool
 from neffcache.client.doctor.model import Check, Result, failed, passed, warned
 
@@ -177,4 +178,5 @@ CHECKS = (
     Check("paths.version", "compiler version", version),
     Check("paths.interpreters", "one Python behind the tools", interpreters),
     Check("paths.neffcache", "neffcache loads where needed", neffcache_loads),
+    Check("paths.daemon", "the shim's hit daemon", daemon_checks.daemon),
 )

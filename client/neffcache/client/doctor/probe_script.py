@@ -1,14 +1,15 @@
 """The probe ``neffcache doctor`` runs in each interpreter it checks, as
-``python -c <this file's text> [--hook]``: in a child, so that an interpreter that
-hangs on import (a real libneuronxla loads a 200 MB library) is ended by a timeout,
-and so that what is seen is that interpreter's, not the doctor's own.
+``python -c <this file's text> [--hook] [--daemon SHIM]``: in a child, so that an
+interpreter that hangs on import (a real libneuronxla loads a 200 MB library) is ended
+by a timeout, and so that what is seen is that interpreter's, not the doctor's own.
 
 It prints one line, ``MARK`` then a JSON object: the interpreter (executable, prefix,
 version), whether neffcache imports there and whether its ``.pth`` hook line ran, the
 versions of the Neuron stacks' distributions, ``neuronxcc.__version__``, and with
 ``--hook`` what the hook made of libneuronxla: armed, every ``create_compile_cache``
 binding replaced, the cache the SDK gets for the configured URL, and the SDK's
-``CompileCache`` surface against the methods neffcache's proxy serves.
+``CompileCache`` surface against the methods neffcache's proxy serves. With
+``--daemon SHIM`` it prints only the hit daemon's socket as that shim names it.
 
 Written for any Python 3 the tools may run under (nothing newer than 3.8), with the
 standard library only at the top: neffcache may not import in that interpreter, and
@@ -251,9 +252,27 @@ def served_cache() -> dict[str, Any]:
     }
 
 
+def daemon(shim: str) -> dict[str, Any]:
+    """The hit daemon's directory and socket as the shim ``shim`` names them when this
+    Python runs it (``shimclient.socket_path``). The name hashes ``sys.path``, and a
+    script's first entry is its directory where ``-c`` puts ``''`` (neither has one
+    under ``-I`` or ``PYTHONSAFEPATH``)."""
+    if sys.path and sys.path[0] == "":
+        sys.path[0] = os.path.dirname(os.path.realpath(shim))
+    search = list(sys.path)
+    try:
+        from neffcache.client import shimclient
+    except Exception as exc:
+        return {"neffcache_error": one_line(exc)}
+    sys.path[:] = search  # as the shim has it, whatever the import did
+    directory, socket = shimclient.socket_path(os.environ, os.getuid())
+    return {"directory": directory, "socket": socket}
+
+
 def main(argv: list[str]) -> None:
-    facts = interpreter()
-    if "--hook" in argv and facts["libneuronxla_found"]:
+    # --daemon: that alone, for the rest costs a second or two.
+    facts = daemon(argv[argv.index("--daemon") + 1]) if "--daemon" in argv else interpreter()
+    if "--hook" in argv and facts.get("libneuronxla_found"):
         facts["hook"] = hook()
     sys.stdout.write(MARK + json.dumps(facts) + "\n")
     sys.stdout.flush()

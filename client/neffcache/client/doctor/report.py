@@ -21,7 +21,16 @@ from neffcache.client._redact import is_secret_name, redact_text, secret_values
 # The variables worth a look when something differs: neffcache's, the SDK's, the
 # stacks' own caches, and what decides which Python and packages run.
 _PREFIXES = ("NEFFCACHE_", "NEURON_", "TORCH_NEURONX_", "VLLM_", "XLA_", "JAX_", "HF_HUB_OFFLINE")
-_NAMES = ("PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "VIRTUAL_ENV", "CONDA_PREFIX")
+# XDG_RUNTIME_DIR: where the hit daemon's socket is, unless NEFFCACHE_DAEMON_DIR says.
+_NAMES = (
+    "PATH",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONNOUSERSITE",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "XDG_RUNTIME_DIR",
+)
 SET = "<set>"
 
 
