@@ -90,7 +90,8 @@ def answering(reply: Callable[[socket.socket], None]) -> Iterator[list[object]]:
     def serve() -> None:
         conn, _ = listener.accept()
         with conn:
-            data, fds = daemon._receive(conn)
+            fds: list[int] = []
+            data = daemon._receive(conn, fds)
             got.extend([data, fds])
             reply(conn)
             for fd in fds:
@@ -116,10 +117,11 @@ def test_a_served_call_returns_the_daemons_exit_code(sockets: Path) -> None:
     assert request is not None
     assert request.argv == ["neuronx-cc", "compile", "x.pb"]
     assert request.cwd == os.getcwd()
-    assert request.search_path == sys.path
+    assert request.named == shimclient.named()
+    assert request.named[-len(sys.path) :] == sys.path
     assert request.environ["NEFFCACHE_DAEMON_DIR"] == str(sockets)
-    assert request.namespaces == shimclient.namespaces()
-    assert all(n.startswith(("mnt:[", "net:[")) for n in request.namespaces)
+    assert shimclient.namespaces()[0] in request.named
+    assert all(n.startswith(("mnt:[", "net:[")) for n in shimclient.namespaces())
     assert request.pid == os.getpid()
 
 
@@ -181,8 +183,7 @@ def good_request(**change: object) -> tuple[object, ...]:
         "cwd": "/",
         "environ": {"A": "b"},
         "umask": 0o022,
-        "path": ["/x"],
-        "namespaces": ["mnt:[1]", "net:[2]"],
+        "named": ["/usr/bin/python3", "mnt:[1]"],
         "pid": 7,
     }
     fields.update(change)
@@ -194,23 +195,23 @@ def test_a_request_parses() -> None:
 
     request = daemon.parse_request(marshal.dumps(good_request()))
     assert request == daemon.Request(
-        ["neuronx-cc"], "/", {"A": "b"}, 0o022, ["/x"], ["mnt:[1]", "net:[2]"], 7
+        ["neuronx-cc"], "/", {"A": "b"}, 0o022, ["/usr/bin/python3", "mnt:[1]"], 7
     )
 
 
 @pytest.mark.parametrize(
     "fields",
     [
-        good_request(protocol=2),
+        good_request(protocol=shimclient.PROTOCOL + 1),
         good_request(argv=[]),
         good_request(argv=["neuronx-cc", 3]),
         good_request(environ={"A": 1}),
         good_request(umask=0o1000),
         good_request(umask=True),
-        good_request(path="/x"),
+        good_request(named="/x"),
+        good_request(named=[b"/x"]),
         good_request(cwd=None),
-        good_request(namespaces="mnt"),
-        good_request()[:7],
+        good_request()[:6],
     ],
     ids=[
         "protocol",
@@ -219,9 +220,9 @@ def test_a_request_parses() -> None:
         "environ-type",
         "umask-range",
         "umask-bool",
-        "path-type",
+        "named-type",
+        "named-bytes",
         "cwd-type",
-        "namespaces-type",
         "short",
     ],
 )
@@ -239,7 +240,7 @@ def test_bytes_that_are_not_a_request_are_declined() -> None:
 def test_a_changed_file_of_its_own_code_is_seen(tmp_path: Path) -> None:
     code = tmp_path / "module.py"
     code.write_text("one")
-    stamp = daemon.CodeStamp([str(code)])
+    stamp = daemon.CodeStamp([str(code)], every=0)
     assert not stamp.changed()
     code.write_text("two")  # another size
     assert stamp.changed()
@@ -247,25 +248,84 @@ def test_a_changed_file_of_its_own_code_is_seen(tmp_path: Path) -> None:
     assert stamp.changed()
 
 
-def test_the_loaded_code_includes_the_wrapper_and_the_interpreter() -> None:
-    import neffcache.client.wrapper
+def test_the_code_is_looked_at_once_a_second_at_most(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code = tmp_path / "module.py"
+    code.write_text("one")
+    now = [100.0]
+    monkeypatch.setattr(daemon.time, "monotonic", lambda: now[0])
+    stamp = daemon.CodeStamp([str(code)], every=1.0)
+    assert not stamp.changed()
+    code.write_text("two")
+    assert not stamp.changed()  # looked at 0 s ago
+    now[0] += 1.0
+    assert stamp.changed()
 
-    stamp = daemon.CodeStamp.of_loaded()
-    assert {sys.executable, neffcache.client.wrapper.__file__} <= set(stamp._seen)
+
+def test_the_code_is_every_module_a_hit_may_run_loaded_or_not() -> None:
+    import neffcache.client.wrapper
+    import neffcache.keying
+
+    stamp = daemon.CodeStamp.of_packages(daemon.HIT_PACKAGES)
+    keying = Path(neffcache.keying.__file__).parent
+    expected = {sys.executable, neffcache.client.wrapper.__file__, str(keying / "_canonical.py")}
+    assert expected <= set(stamp._seen)
+    assert str(Path(neffcache.client.wrapper.__file__).parent / "compiler.py") in stamp._seen
     assert not stamp.changed()
 
 
-def test_another_users_process_is_never_served(monkeypatch: pytest.MonkeyPatch) -> None:
+def a_request() -> bytes:
+    import marshal
+
+    request = (shimclient.PROTOCOL, ["neuronx-cc"], "/", {}, 0o022, shimclient.named(), 1)
+    return marshal.dumps(request)
+
+
+@pytest.mark.parametrize("other", ["getuid", "getegid"], ids=["user", "group"])
+def test_another_users_or_groups_process_is_never_served(
+    monkeypatch: pytest.MonkeyPatch, other: str
+) -> None:
     left, right = socket.socketpair(socket.AF_UNIX)
     called: list[object] = []
-    monkeypatch.setattr(daemon.os, "getuid", lambda: os.geteuid() + 1)
+    real = getattr(os, other)
+    monkeypatch.setattr(daemon.os, other, lambda: real() + 1)
     with left, right:
-        right.sendall(b"anything")
+        socket.send_fds(right, [a_request()], [1, 2])
         right.shutdown(socket.SHUT_WR)
-        daemon._answer(left, lambda argv: called.append(argv) or 0)
+        daemon._answer(left, lambda argv, wanted: called.append(argv) or 0)
         left.shutdown(socket.SHUT_WR)
-        assert right.recv(16) == b"", "answered another user"
+        assert right.recv(16) == b".-", "another user's or group's call was not declined"
     assert called == []
+
+
+def test_the_same_users_request_is_served_and_answered(monkeypatch: pytest.MonkeyPatch) -> None:
+    left, right = socket.socketpair(socket.AF_UNIX)
+    monkeypatch.setattr(daemon, "_serve", lambda request, fds, hit: hit(request.argv))
+    monkeypatch.setattr(daemon, "_after_hit", lambda: None)
+    with left, right:
+        socket.send_fds(right, [a_request()], [1, 2])
+        right.shutdown(socket.SHUT_WR)
+        daemon._answer(left, lambda argv, wanted: 0 if wanted() else None)
+        left.shutdown(socket.SHUT_WR)
+        assert right.recv(16) == b".=000"
+
+
+def test_a_request_cut_short_closes_the_callers_streams(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The descriptors came, the rest of the request never does: they are closed, or
+    the caller's reader would wait for an end of file as long as the worker lives."""
+    monkeypatch.setattr(daemon, "_READ_TIMEOUT", 0.05)
+    left, right = socket.socketpair(socket.AF_UNIX)
+    out_r, out_w = os.pipe()
+    with left, right:
+        socket.send_fds(right, [b"part of a request"], [out_w])  # no end: never shut
+        os.close(out_w)
+        daemon._answer(left, lambda argv, wanted: 0)
+    os.set_blocking(out_r, False)
+    try:
+        assert os.read(out_r, 1) == b"", "the caller's stream is still held open"
+    finally:
+        os.close(out_r)
 
 
 def test_a_served_request_writes_to_the_callers_streams_and_restores_its_own(
@@ -280,7 +340,7 @@ def test_a_served_request_writes_to_the_callers_streams_and_restores_its_own(
         os.write(2, f"said in {os.getcwd()} with {os.environ['ONLY']}\n".encode())
         return 0
 
-    request = daemon.Request(["neuronx-cc"], str(tmp_path), {"ONLY": "this"}, 0o027, [], [], 1)
+    request = daemon.Request(["neuronx-cc"], str(tmp_path), {"ONLY": "this"}, 0o027, [], 1)
     saved = dict(os.environ)
     try:
         assert daemon._serve(request, [out_w, err_w], serve_hit) == 0
@@ -300,7 +360,7 @@ def test_a_failing_request_is_declined() -> None:
     def broken(argv: list[str]) -> int | None:
         raise RuntimeError("the daemon's bug")
 
-    request = daemon.Request(["neuronx-cc"], "/", dict(os.environ), 0o022, [], [], 1)
+    request = daemon.Request(["neuronx-cc"], "/", dict(os.environ), 0o022, [], 1)
     saved, cwd = dict(os.environ), os.getcwd()
     r, w = os.pipe()
     try:

@@ -28,6 +28,7 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -125,8 +126,7 @@ class Request:
     cwd: str
     environ: dict[str, str]
     umask: int
-    search_path: list[str]
-    namespaces: list[str]
+    named: list[str]  # what the socket is named after (shimclient.named): the daemon's own
     pid: int
 
 
@@ -138,39 +138,49 @@ def parse_request(data: bytes) -> Request | None:
         fields = marshal.loads(data)
     except (ValueError, EOFError, TypeError):
         return None
-    if not isinstance(fields, tuple) or len(fields) != 8 or fields[0] != shimclient.PROTOCOL:
+    if not isinstance(fields, tuple) or len(fields) != 7 or fields[0] != shimclient.PROTOCOL:
         return None
-    _, argv, cwd, environ, umask, search_path, spaces, pid = fields
-    lists = [argv, search_path, spaces]
-    strings = all(isinstance(s, list) for s in lists)
-    strings = strings and all(isinstance(s, str) for s in [*argv, *search_path, *spaces])
+    _, argv, cwd, environ, umask, named, pid = fields
+    strings = isinstance(argv, list) and isinstance(named, list)
+    strings = strings and all(isinstance(s, str) for s in [*argv, *named])
     mapping = isinstance(environ, dict) and all(
         isinstance(k, str) and isinstance(v, str) for k, v in environ.items()
     )
     numbers = type(umask) is int and 0 <= umask <= 0o777 and type(pid) is int
     if not (strings and mapping and numbers and isinstance(cwd, str) and argv):
         return None
-    return Request(argv, cwd, environ, umask, search_path, spaces, pid)
+    return Request(argv, cwd, environ, umask, named, pid)
 
 
 class CodeStamp:
-    """The daemon's own code as it was when it started: every loaded module of
-    neffcache and the interpreter. A changed file (an upgrade, an editable install's
-    edit) means the daemon would key or serve as the old code did: it must go."""
+    """The daemon's own code as it was when it started: every module file of the
+    packages a hit runs (neffcache's client, keying and protocol, loaded or not: a hit
+    imports some on demand) and the interpreter. A changed file (an upgrade, an
+    editable install's edit) means the daemon would key or serve as the old code did:
+    it must go. Looked at once per ``every`` seconds at most (a hundred-odd ``stat``
+    calls)."""
 
-    def __init__(self, paths: list[str]) -> None:
+    def __init__(self, paths: list[str], every: float = 1.0) -> None:
         self._seen = {path: _stamp(path) for path in paths}
+        self._every = every
+        self._next = 0.0
 
     @classmethod
-    def of_loaded(cls) -> CodeStamp:
+    def of_packages(cls, packages: list[str]) -> CodeStamp:
+        import importlib
+
         paths = [sys.executable]
-        for name, module in list(sys.modules.items()):
-            where = getattr(module, "__file__", None)
-            if (name == "neffcache" or name.startswith("neffcache.")) and isinstance(where, str):
-                paths.append(where)
+        for name in packages:
+            for directory in getattr(importlib.import_module(name), "__path__", []):
+                for top, _, files in os.walk(directory):
+                    paths += [os.path.join(top, f) for f in sorted(files) if f.endswith(".py")]
         return cls(paths)
 
     def changed(self) -> bool:
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        self._next = now + self._every
         return any(_stamp(path) != seen for path, seen in self._seen.items())
 
 
@@ -182,14 +192,18 @@ def _stamp(path: str) -> tuple[int, int, int, int] | None:
     return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns
 
 
+# What a hit runs: their files are the daemon's code (CodeStamp).
+HIT_PACKAGES = ["neffcache.client", "neffcache.keying", "neffcache.protocol"]
+
+
 def main(path: str, lock_fd: int) -> None:
     """The daemon: bind ``path`` (holding the lock on ``lock_fd``), fork the workers,
     and leave once they all have."""
     os.set_inheritable(lock_fd, False)
     idle = _setting("NEFFCACHE_DAEMON_IDLE", IDLE)
     count = int(_setting("NEFFCACHE_DAEMON_WORKERS", WORKERS))
+    stamp = CodeStamp.of_packages(HIT_PACKAGES)  # before the imports: what they load
     serve_hit = _warm()
-    stamp = CodeStamp.of_loaded()
     # Bound and listening under another name, then renamed over a dead daemon's
     # socket (the lock says none runs): a caller never meets a socket that refuses.
     building = f"{path}.{os.getpid()}"
@@ -217,7 +231,7 @@ def main(path: str, lock_fd: int) -> None:
             _stop_listening(path, bound)  # new callers start a daemon of the new code
             for other in workers:
                 with contextlib.suppress(OSError):
-                    os.kill(other, signal.SIGTERM)
+                    os.kill(other, signal.SIGTERM)  # between requests (_work)
     _stop_listening(path, bound)
     listener.close()  # callers still queued read an end of file: they serve themselves
 
@@ -245,18 +259,36 @@ def _reap() -> None:
 
 
 def _warm() -> Callable[..., int | None]:
-    """Import what a hit uses, once, before the workers fork."""
-    import neffcache.client.inputs
-    import neffcache.client.local
-    import neffcache.client.remote
-    import neffcache.client.resolver
-    import neffcache.client.runlog
-    import neffcache.client.session
+    """Import what a hit uses, once, before the workers fork: every keying module (the
+    canonical forms are imported on demand) and the client's hit path."""
+    import importlib
+    import pkgutil
+
+    import neffcache.keying
+
+    for module in pkgutil.iter_modules(neffcache.keying.__path__, "neffcache.keying."):
+        importlib.import_module(module.name)
+    for name in ("compiler", "inputs", "local", "remote", "resolver", "runlog", "session"):
+        importlib.import_module(f"neffcache.client.{name}")
     import neffcache.client.telemetry
-    import neffcache.keying  # noqa: F401
     from neffcache.client.wrapper import serve_hit
 
     return serve_hit
+
+
+class _Stopping:
+    """SIGTERM (the parent's, on an upgrade) ends a worker between requests, never in
+    one: a request cut after its line was written would be recorded twice."""
+
+    def __init__(self) -> None:
+        self.asked = False
+        self.serving = False
+        signal.signal(signal.SIGTERM, self._on_term)
+
+    def _on_term(self, signum: int, frame: object) -> None:
+        self.asked = True
+        if not self.serving:
+            os._exit(0)
 
 
 def _work(
@@ -267,14 +299,10 @@ def _work(
 ) -> int:
     """A worker: one request at a time until ``idle`` seconds pass without one; its
     exit status."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    stopping = _Stopping()
     listener.settimeout(idle)
     remotes: dict[Any, Any] = {}  # the server clients, kept with their connections
-
-    def hit(argv: list[str]) -> int | None:
-        return serve_hit(argv, remotes)
-
-    while True:
+    while not stopping.asked:
         _reap()
         try:
             conn, _ = listener.accept()
@@ -285,24 +313,28 @@ def _work(
         with conn:
             if stamp.changed():
                 return _STALE  # unanswered: the caller serves itself
-            _answer(conn, hit)
+            stopping.serving = True
+            try:
+                _answer(conn, lambda argv, wanted: serve_hit(argv, remotes, wanted))
+            finally:
+                stopping.serving = False
+    return 0
 
 
-def _answer(conn: socket.socket, serve_hit: Callable[[list[str]], int | None]) -> None:
+def _answer(conn: socket.socket, serve_hit: Callable[..., int | None]) -> None:
     fds: list[int] = []
     served = None
     try:
-        _, uid, _ = _PEER.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER.size))
-        if uid != os.getuid():
-            return  # another user's process: closed unanswered
         conn.settimeout(_READ_TIMEOUT)
-        data, fds = _receive(conn)
+        conn.sendall(shimclient.ALIVE)  # taken: the caller waits while it hears from us
+        data = _receive(conn, fds)
         request = None if data is None or len(fds) != 2 else parse_request(data)
-        # Another search path imports other code; another namespace sees other files
-        # and another network (shimclient.socket_path names the socket after both).
-        same = request is not None and request.search_path == sys.path
-        if request is not None and same and request.namespaces == shimclient.namespaces():
-            served = _serve(request, fds, serve_hit)
+        # The same user and groups (the kernel's word), and the same code, files and
+        # network (shimclient.named: the socket is named after them); a caller still
+        # waiting (one that gave up serves itself: it must not be served twice).
+        if request is not None and _same_caller(conn) and request.named == shimclient.named():
+            with _Heartbeat(conn) as beat:
+                served = _serve(request, fds, lambda argv: serve_hit(argv, beat.wanted))
         conn.sendall(shimclient.DECLINED if served is None else b"=%03d" % served)
     except OSError:
         return  # the caller went, or timed out: it serves itself
@@ -313,9 +345,63 @@ def _answer(conn: socket.socket, serve_hit: Callable[[list[str]], int | None]) -
         _after_hit()
 
 
-def _receive(conn: socket.socket) -> tuple[bytes | None, list[int]]:
-    """The request's bytes (None past the bound) and the descriptors sent with them."""
-    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 2)
+def _same_caller(conn: socket.socket) -> bool:
+    """Whether the connected process has this daemon's uid, gid and groups, as the
+    kernel says (``SO_PEERCRED``, and the caller's ``/proc`` status)."""
+    pid, uid, gid = _PEER.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER.size))
+    if uid != os.getuid() or gid != os.getegid():
+        return False
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+            line = next((s for s in f if s.startswith("Groups:")), "Groups:")
+    except OSError:
+        return False
+    return sorted(int(g) for g in line.split()[1:]) == sorted(os.getgroups())
+
+
+class _Heartbeat:
+    """While a request is served: a byte every second to the caller (it waits as long
+    as it hears from us, and gives up on silence), and whether it still waits
+    (``wanted``: it has not hung up)."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self._conn = conn
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._beat, name="neffcache-beat", daemon=True)
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:  # no beat after this: the answer follows
+            self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(1.0):
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                with contextlib.suppress(OSError):
+                    self._conn.sendall(shimclient.ALIVE)
+
+    def wanted(self) -> bool:
+        """Whether the caller still waits: it has not closed its end."""
+        import select
+
+        poller = select.poll()
+        poller.register(self._conn, select.POLLHUP | select.POLLERR)
+        return not poller.poll(0)
+
+
+def _receive(conn: socket.socket, fds: list[int]) -> bytes | None:
+    """The request's bytes (None past the bound); the descriptors sent with them are
+    added to ``fds`` at once, so that the caller's ``finally`` closes them whatever
+    happens next (a caller's streams held open would keep its reader waiting)."""
+    data, received, _, _ = socket.recv_fds(conn, 1 << 16, 2)
+    fds.extend(received)
     parts = [data]
     size = len(data)
     while data:
@@ -323,8 +409,8 @@ def _receive(conn: socket.socket) -> tuple[bytes | None, list[int]]:
         parts.append(data)
         size += len(data)
         if size > _MAX_REQUEST:
-            return None, list(fds)
-    return b"".join(parts), list(fds)
+            return None
+    return b"".join(parts)
 
 
 def _serve(
@@ -360,14 +446,16 @@ def _serve(
 
 def _fresh() -> None:
     """Each request starts as a new shim process would: no counters, no queued events,
-    the installed frameworks read again. What was learnt of the server (down, or
-    refusing a route) is kept, as a hook's process keeps it across graphs."""
-    from neffcache.client import keys, telemetry
+    the installed frameworks read again, no L1 declared read-only by an earlier caller.
+    What was learnt of the server (down, or refusing a token) is kept, as a hook's
+    process keeps it across graphs and the shims of a host share it."""
+    from neffcache.client import keys, l1access, telemetry
     from neffcache.client.stats import STATS
 
     STATS.reset()
     telemetry.forget_sender()
     keys.forget_frameworks()
+    l1access.forget_declared()
 
 
 def _after_hit() -> None:

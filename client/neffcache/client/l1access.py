@@ -22,6 +22,12 @@ _DECLARED_READ_ONLY: set[str] = set()
 _ACCESS_AS_EFFECTIVE = os.access in os.supports_effective_ids
 
 
+def forget_declared() -> None:
+    """Forget the L1s declared read-only so far, as a new process knows none (the hit
+    daemon, before each request: another caller's declaration is not this one's)."""
+    _DECLARED_READ_ONLY.clear()
+
+
 def l1_read_only(local_dir: str | Path, declared: bool) -> bool:
     """Whether neffcache must not write to the L1 at ``local_dir``: ``declared`` so
     (``NEFFCACHE_LOCAL_READ_ONLY``), or a directory this process cannot write (a

@@ -22,6 +22,7 @@ import contextlib
 import functools
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +69,9 @@ class Session:
         if self.sdk_cache.root == self.local.root:
             self.sdk_cache = self.local
         self.outcome: int | None = None  # set once the compiler ran or --output is written
+        # Whether the caller still waits for this call (the hit daemon's: a shim that
+        # gave up serves itself, so nothing is written for it after that).
+        self.wanted: Callable[[], bool] = lambda: True
         from neffcache.keying import StockEra
 
         # The stock layout's era its flags file follows: the SDK's, when the input is
@@ -308,6 +312,8 @@ class Session:
         assert manifest is not None
         if also is not None:
             self.local.put_manifest(also, manifest)
+        if not self.wanted():
+            return False  # its caller gave up and serves itself: its line is its own
         self._note_log("neffcache: the NEFF came from the cache; the compiler did not run\n")
         self._record("hit", source, time.monotonic() - t0, None, manifest)
         STATS.count(ClientCounter.HITS_L1 if source == "l1" else ClientCounter.HITS_SERVER)
@@ -327,6 +333,8 @@ class Session:
             return None
         if self.local.has_blob(digest, size):  # first: an L1 hit needs no HTTP client
             source: str | None = "l1"
+        elif not self.wanted():
+            return None
         elif self.local.read_only:
             # Nowhere in L1 to keep it: from the server straight to --output, verified.
             if not self.remote.fetch(digest, size, self.call.output):
@@ -336,7 +344,7 @@ class Session:
             return "server"
         else:
             source = self.remote.fetch_into(self.local, digest, size)
-        if source is None:
+        if source is None or not self.wanted():
             return None
         try:
             copy_atomic(self.local.blob_path(digest), self.call.output)

@@ -231,11 +231,17 @@ def main(argv: Sequence[str]) -> int:
         return run_plain(real, call.compiler_argv)
 
 
-def serve_hit(argv: Sequence[str], remotes: dict[ClientConfig, Remote] | None = None) -> int | None:
+def serve_hit(
+    argv: Sequence[str],
+    remotes: dict[ClientConfig, Remote] | None = None,
+    wanted: Callable[[], bool] | None = None,
+) -> int | None:
     """The hit daemon's request (daemon.py): ``main``'s hit alone, in the caller's
     environment; 0 when a hit wrote --output, None for anything ``main`` would do
     otherwise (the shim then does it, in its own process). ``remotes``: the server
-    clients the daemon keeps, by configuration, so that a hit reuses a connection."""
+    clients the daemon keeps, by configuration, so that a hit reuses a connection.
+    ``wanted``: whether the caller still waits (one that gave up serves itself: its
+    --output is not written, nor its line, by the daemon after that)."""
     if os.environ.get("NEFFCACHE_IN_WRAPPER") or not argv:
         return None
     try:
@@ -265,7 +271,10 @@ def serve_hit(argv: Sequence[str], remotes: dict[ClientConfig, Remote] | None = 
             if len(remotes) >= _KEPT_REMOTES:  # the oldest goes: one job's settings at a time
                 remotes.pop(next(iter(remotes))).close()
             remote = remotes[config] = Remote(config)
-    return 0 if Session(config, real, call, remote).serve_hit() else None
+    session = Session(config, real, call, remote)
+    if wanted is not None:
+        session.wanted = wanted
+    return 0 if session.serve_hit() else None
 
 
 def exit_fast(code: int) -> NoReturn:
