@@ -166,7 +166,9 @@ def stored(tmp: Path) -> str:
     uri = f"file:{tmp / 'neffcache-data' / 'index.db'}?mode=ro"
     try:
         with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
-            count, mean = db.execute("SELECT count(*), avg(length(body)) FROM events").fetchone()
+            count, mean = db.execute(
+                "SELECT count(*), avg(length(body)) FROM sequence_items WHERE log = 'events'"
+            ).fetchone()
     except sqlite3.Error as exc:
         return f"stored size unknown ({exc})"
     return f"{count} stored, {(mean or 0) / 1024:.1f} KiB each"

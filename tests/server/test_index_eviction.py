@@ -621,9 +621,11 @@ def test_sqlite_deletes_aliases_and_reads_audit_through_indexes(tmp_path: Path) 
     SqliteIndex(tmp_path / "index.db").close()
     queries = {
         "aliases_by_key": "DELETE FROM aliases WHERE namespace = 'a' AND key = 'k'",
-        "audit_by_namespace": "SELECT * FROM audit WHERE namespace = 'a' AND at >= 0"
-        " ORDER BY at DESC, id DESC LIMIT 5",
-        "audit_by_time": "SELECT * FROM audit WHERE at >= 0 ORDER BY at DESC, id DESC LIMIT 5",
+        # The audit log's reads of one namespace, and of all (audit.py, sqlite_sequences.py).
+        "sequence_items_by_group": "SELECT * FROM sequence_items WHERE log = 'audit-log'"
+        " AND grp = 'a' AND at >= 0 ORDER BY at DESC, id DESC LIMIT 5",
+        "sequence_items_by_time": "SELECT * FROM sequence_items WHERE log = 'audit-log'"
+        " AND at >= 0 ORDER BY at DESC, id DESC LIMIT 5",
     }
     with sqlite3.connect(tmp_path / "index.db") as conn:
         for name, query in queries.items():
@@ -725,7 +727,7 @@ def test_redis_audit_pages_through_instants_of_many_records(
     redis_pair: RedisPair, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     index, _ = redis_pair
-    monkeypatch.setattr("neffcache.server.index.redis.AUDIT_PAGE", 4)
+    monkeypatch.setattr("neffcache.server.index.redis_sequences.PAGE", 4)
     records = [audit_record(float(i // 7), ("team-a", "team-b")[i % 2], str(i)) for i in range(60)]
     index.append_audit(records, keep=100)
     newest_first = list(reversed(records))
@@ -743,7 +745,7 @@ def test_redis_audit_read_is_not_thrown_by_appends_between_pages(
     # Appends of the instant being read sort before what was read of it and shift it
     # down the ranks: the read must neither repeat, skip nor loop on a page.
     index, _ = redis_pair
-    monkeypatch.setattr("neffcache.server.index.redis.AUDIT_PAGE", 4)
+    monkeypatch.setattr("neffcache.server.index.redis_sequences.PAGE", 4)
     records = [audit_record(5.0, target=f"old{i}") for i in range(10)]
     records += [audit_record(1.0, target=f"older{i}") for i in range(3)]
     index.append_audit(records, keep=100)

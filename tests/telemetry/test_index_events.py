@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from dataclasses import astuple
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,9 @@ import redis
 from support.backends import IndexHandles
 from support.indexes import index, store
 
-import neffcache.server.index.redis_events as redis_module
+import neffcache.server.index.redis_sequences as redis_module
 from neffcache.server.index import Index, open_index
-from neffcache.server.index.base import Event, event_size
+from neffcache.server.index.base import AuditRecord, Event, event_size
 from neffcache.server.index.sqlite import SCHEMA_VERSION
 
 KEY = "ab" * 32
@@ -353,22 +354,24 @@ def test_sqlite_keeps_its_row_count_and_reads_through_indexes(tmp_path: Path) ->
     index.close()
     with sqlite3.connect(tmp_path / "index.db") as conn:
         counted, kept = conn.execute(
-            "SELECT (SELECT n FROM events_count), (SELECT count(*) FROM events)"
+            "SELECT (SELECT n FROM sequence_counts WHERE log = 'events'),"
+            " (SELECT count(*) FROM sequence_items WHERE log = 'events')"
         ).fetchone()
         assert counted == kept == 20
+        items = "FROM sequence_items WHERE log = 'events' AND"
         plans = {
             name: str(conn.execute(f"EXPLAIN QUERY PLAN {query}").fetchall())
             for name, query in {
-                "events_by_time": "SELECT * FROM events WHERE at >= 0 AND at < 9"
+                "sequence_items_by_time": f"SELECT * {items} at >= 0 AND at < 9"
                 " ORDER BY at, id LIMIT 5",
-                "events_by_namespace": "SELECT * FROM events WHERE namespace = 'a'"
+                "sequence_items_by_group": f"SELECT * {items} grp = 'a'"
                 " AND at < 9 AND (at > 1 OR (at = 1 AND id > 3)) ORDER BY at, id LIMIT 5",
-                "events_by_key": "SELECT * FROM events WHERE namespace = 'a' AND key = 'k'"
-                " ORDER BY at DESC, id DESC LIMIT 5",
-                # A namespace's byte bound: its oldest, then a range of them dropped.
-                "events_by_namespace ": "SELECT at, id FROM events WHERE namespace = 'a'"
-                " ORDER BY at, id",
-                " events_by_namespace": "DELETE FROM events WHERE namespace = 'a'"
+                "sequence_items_by_tag": f"SELECT * {items} grp = 'a' AND tag = 'k'"
+                " AND at >= 0 ORDER BY at DESC, id DESC LIMIT 5",
+                # Trimming: the oldest by time, a namespace's oldest, then a range of them.
+                " sequence_items_by_time": f"DELETE {items} at < 5",
+                "sequence_items_by_group ": f"SELECT at, id {items} grp = 'a' ORDER BY at, id",
+                " sequence_items_by_group": f"DELETE {items} grp = 'a'"
                 " AND (at < 5 OR (at = 5 AND id <= 7))",
             }.items()
         }
@@ -383,6 +386,7 @@ def test_sqlite_paging_by_many_namespaces_reads_each_event_about_once(
     # A token of 20 namespaces, their events interleaved: a page must not read a full
     # page of every namespace (20 times what it returns), over and over.
     from neffcache.server.index.sqlite import SqliteIndex
+    from neffcache.server.index.sqlite_sequences import SqliteSequences
 
     index = open_index(f"sqlite:///{tmp_path}/index.db")
     assert isinstance(index, SqliteIndex)
@@ -391,26 +395,28 @@ def test_sqlite_paging_by_many_namespaces_reads_each_event_about_once(
         [event(100.0 + i // 10, i, names[i % 20]) for i in range(2000)], MANY, NONE_OLD
     )
     read = [0]
-    plain = index._events._read
+    sequences = index.sequences
+    assert isinstance(sequences, SqliteSequences)
+    plain = sequences._read
 
     def counting(sql: str, params: tuple[object, ...]) -> list[tuple[object, ...]]:
         rows = plain(sql, params)
         read[0] += len(rows)
         return rows
 
-    monkeypatch.setattr(index._events, "_read", counting)
+    monkeypatch.setattr(sequences, "_read", counting)
     assert numbers(read_all(index, 50, names[:-1])) == [i for i in range(2000) if i % 20 != 19]
     assert read[0] < 5 * 2000, read[0]  # about 50 x 20 per page of 50 without the bound
     index.close()
     with sqlite3.connect(tmp_path / "index.db") as conn:
         bounded = str(
             conn.execute(
-                "EXPLAIN QUERY PLAN SELECT * FROM events WHERE namespace = 'a' AND at < 9"
-                " AND (at > 1 OR (at = 1 AND id > 3)) AND (at < 5 OR (at = 5 AND id <= 7))"
-                " ORDER BY at, id LIMIT 5"
+                "EXPLAIN QUERY PLAN SELECT * FROM sequence_items WHERE log = 'events'"
+                " AND grp = 'a' AND at < 9 AND (at > 1 OR (at = 1 AND id > 3))"
+                " AND (at < 5 OR (at = 5 AND id <= 7)) ORDER BY at, id LIMIT 5"
             ).fetchall()
         )
-    assert "events_by_namespace" in bounded
+    assert "sequence_items_by_group" in bounded
     assert "TEMP B-TREE" not in bounded
 
 
@@ -447,10 +453,11 @@ def test_sqlite_file_from_schema_4_gains_the_events_log(tmp_path: Path) -> None:
     assert numbers(index.events_for_key("team-a", KEY, 5)) == [3, 2]
     index.close()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (8,)
-        made = {row[1] for row in conn.execute("PRAGMA index_list(events)")}
-        assert {"events_by_time", "events_by_namespace", "events_by_key"} <= made
-        assert conn.execute("SELECT n FROM events_count").fetchone() == (2,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (9,)
+        made = {row[1] for row in conn.execute("PRAGMA index_list(sequence_items)")}
+        assert {"sequence_items_by_time", "sequence_items_by_group"} <= made
+        assert "sequence_items_by_tag" in made
+        assert conn.execute("SELECT n FROM sequence_counts WHERE log = 'events'").fetchone() == (2,)
     # Opening again at the current version runs no step twice.
     again = open_index(f"sqlite:///{path}")
     assert numbers(read_all(again, 5)) == [2, 3]
@@ -493,7 +500,67 @@ def test_sqlite_file_from_schema_5_sums_each_namespace_s_bytes_once(tmp_path: Pa
     assert [again.events_bytes(ns) for ns in ("team-a", "team-b")] == [606, 300]
     again.close()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT n FROM events_count").fetchone() == (4,)
+        assert conn.execute("SELECT n FROM sequence_counts WHERE log = 'events'").fetchone() == (4,)
+
+
+V8_AUDIT = [
+    AuditRecord(4.0, "tok1 ci", "pin", "team-a", "resnet", '{"why":"größe"}'),
+    AuditRecord(4.0, "evictor@host", "evict", "", KEY, "{}"),
+]
+
+
+def _v8_file(path: Path) -> str:
+    """A file as version 8 left it, with the events of two namespaces; the cursor an
+    events page of two handed out then."""
+    from neffcache.server.index import sqlite_schema
+
+    conn = sqlite3.connect(path)
+    for step in range(1, 9):  # as migrate() runs them
+        for statement in sqlite_schema.STEPS[step].split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        code = sqlite_schema._STEP_CODE.get(step)
+        if code is not None:
+            code(conn)
+    conn.executemany(
+        "INSERT INTO events (at, namespace, kind, key, body) VALUES (?, ?, ?, ?, ?)",
+        [(e.at, e.namespace, e.kind, e.key, e.body) for e in _v5_events()],
+    )
+    conn.execute("UPDATE events_count SET n = 5")
+    conn.executemany(
+        "INSERT INTO audit (at, actor, action, namespace, target, detail)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        [astuple(r) for r in V8_AUDIT],
+    )
+    conn.execute("PRAGMA user_version = 8")
+    conn.commit()
+    conn.close()
+    return "2.0/2"  # after the second event: (at 2.0, id 2)
+
+
+def test_sqlite_file_from_schema_8_moves_its_events_and_audit_to_sequences(tmp_path: Path) -> None:
+    path = tmp_path / "index.db"
+    cursor = _v8_file(path)
+    index = open_index(f"sqlite:///{path}")
+    # A cursor handed out before the upgrade resumes where it was.
+    page, _ = index.events(0.0, NEVER, None, cursor, 10)
+    assert which(page) == [2, 3, 4]
+    assert which(read_all(index, 2, ["team-b"])) == [1, 3]
+    assert [index.events_bytes(ns) for ns in ("team-a", "team-b")] == [606, 404]
+    assert which(index.events_for_key("team-a", KEY, 2)) == [4, 2]
+    # The audit log moved in its order: of one instant, the later appended first.
+    assert index.audit(0.0, None, 10) == V8_AUDIT[::-1]
+    assert index.audit(0.0, "", 10) == V8_AUDIT[1:]
+    index.append_events([padded(9.0, 5, 300, "team-b")], 5, NONE_OLD)  # 6: one over
+    assert which(read_all(index, 10)) == [1, 2, 3, 4, 5]
+    index.close()
+    with sqlite3.connect(path) as conn:
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+        assert not {"events", "events_count", "events_bytes", "audit"} & tables
+        assert conn.execute("SELECT n FROM sequence_counts WHERE log = 'events'").fetchone() == (5,)
+        # The new event's id follows the moved ones (the audit's after them): the
+        # sequence goes on.
+        assert conn.execute("SELECT max(id) FROM sequence_items").fetchone() == (8,)
 
 
 def test_redis_key_lists_follow_the_log_and_expire(redis_server: str) -> None:
@@ -517,7 +584,7 @@ def test_redis_keeps_only_the_newest_events_of_a_key(redis_server: str) -> None:
     index = open_index(redis_server)
     index.append_events([event(1.0 + i, i) for i in range(130)], MANY, NONE_OLD)
     found = numbers(index.events_for_key("team-a", KEY, 1000))
-    assert found == list(range(129, 129 - redis_module.EVENTS_PER_KEY, -1))
+    assert found == list(range(129, 129 - redis_module.PER_TAG, -1))
     index.close()
 
 
@@ -527,7 +594,7 @@ def test_redis_drops_a_large_excess_in_bounded_steps(
     with redis.Redis.from_url(redis_server) as client:
         client.flushdb()
     monkeypatch.setattr(redis_module, "TRIM_BATCH", 7)
-    monkeypatch.setattr(redis_module, "EVENTS_BATCH", 10)
+    monkeypatch.setattr(redis_module, "APPEND_BATCH", 10)
     index = open_index(redis_server)
     index.append_events([event(float(i), i, key=f"{i % 4:064x}") for i in range(45)], MANY, 0.0)
     index.append_events([], 12, 5.0)  # 5 too old, then 28 too many: several calls
@@ -598,7 +665,7 @@ def test_redis_drops_a_namespace_s_excess_in_bounded_steps(
     with redis.Redis.from_url(redis_server) as client:
         client.flushdb()
     monkeypatch.setattr(redis_module, "TRIM_BATCH", 7)
-    monkeypatch.setattr(redis_module, "EVENTS_BATCH", 10)
+    monkeypatch.setattr(redis_module, "APPEND_BATCH", 10)
     index = open_index(redis_server)
     batch = [padded(1.0 + i // 10, i, 100, key=f"{i % 4:064x}") for i in range(45)]
     index.append_events(batch, MANY, NONE_OLD, 1200)

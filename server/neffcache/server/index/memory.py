@@ -2,30 +2,21 @@
 
 from __future__ import annotations
 
-import bisect
 import heapq
-import itertools
 import threading
 from collections.abc import Sequence
 
 from .base import (
-    AuditRecord,
     Entry,
     EntryFacts,
     EntryStats,
-    Event,
     PutResult,
     Touch,
     entry_facts,
-    event_cursor,
-    event_size,
-    events_start,
 )
 from .primitive_roles import PrimitiveRoles
 from .primitives import MemoryCells, MemoryLogs, MemoryMaps
-
-# An event's place in the log: its time, then its sequence (order of appending).
-_Place = tuple[float, int]
+from .sequences import MemorySequences
 
 
 class MemoryIndex(PrimitiveRoles):
@@ -35,21 +26,11 @@ class MemoryIndex(PrimitiveRoles):
     def __init__(self) -> None:
         self._entries: dict[tuple[str, str], Entry] = {}
         self._aliases: dict[tuple[str, str], str] = {}
-        # Leases, failures, tokens and records: written once over the primitives.
-        super().__init__(MemoryCells(), MemoryLogs(), MemoryMaps())
+        # Leases, failures, tokens, records, audit, events: written once over primitives.
+        super().__init__(MemoryCells(), MemoryLogs(), MemoryMaps(), MemorySequences())
         # Each entry's facts, and its use: [last_access, hits].
         self._facts: dict[tuple[str, str], EntryFacts] = {}
         self._use: dict[tuple[str, str], list[float]] = {}
-        self._audit: list[AuditRecord] = []  # oldest first
-        # The events log, sorted by place (oldest first), and each (namespace, key)'s
-        # events in the same order, so events_for_key reads no other key's; each
-        # namespace's too, and their bytes, so its byte bound drops its oldest without
-        # walking the log.
-        self._events: list[tuple[_Place, Event]] = []
-        self._events_by_key: dict[tuple[str, str], list[tuple[_Place, Event]]] = {}
-        self._events_by_ns: dict[str, list[tuple[_Place, Event]]] = {}
-        self._event_bytes: dict[str, int] = {}
-        self._event_seq = itertools.count(1)
         self._lock = threading.Lock()
 
     @classmethod
@@ -155,112 +136,3 @@ class MemoryIndex(PrimitiveRoles):
     def namespaces(self) -> list[str]:
         with self._lock:
             return sorted({namespace for namespace, _ in self._entries})
-
-    # --- audit
-
-    def append_audit(self, records: Sequence[AuditRecord], keep: int) -> None:
-        with self._lock:
-            self._audit.extend(records)
-            if len(self._audit) > keep:
-                del self._audit[: len(self._audit) - keep]
-
-    def audit(self, since: float, namespace: str | None, limit: int) -> list[AuditRecord]:
-        with self._lock:
-            kept = list(self._audit)
-        found = [
-            r
-            for r in reversed(kept)  # newest appended first
-            if r.at >= since and (namespace is None or r.namespace == namespace)
-        ]
-        # Stable: records of one instant stay in reverse order of appending.
-        found.sort(key=lambda r: r.at, reverse=True)
-        return found[:limit]
-
-    # --- telemetry events
-
-    def append_events(
-        self, events: Sequence[Event], keep: int, before: float, max_bytes: int | None = None
-    ) -> None:
-        with self._lock:
-            for event in events:
-                item = ((event.at, next(self._event_seq)), event)
-                # Nearly always appended at the end: stamps are taken at receipt.
-                bisect.insort(self._events, item, key=_place)
-                if event.key:
-                    mine = self._events_by_key.setdefault((event.namespace, event.key), [])
-                    bisect.insort(mine, item, key=_place)
-                ns = event.namespace
-                bisect.insort(self._events_by_ns.setdefault(ns, []), item, key=_place)
-                self._event_bytes[ns] = self._event_bytes.get(ns, 0) + event_size(event)
-            old = bisect.bisect_left(self._events, (before, 0), key=_place)
-            drop = max(old, len(self._events) - max(keep, 0))
-            for place, event in self._events[:drop]:
-                self._forget_oldest(place, event)
-            del self._events[:drop]
-            if max_bytes is not None:
-                for namespace in {event.namespace for event in events}:
-                    self._trim_namespace(namespace, max_bytes)
-
-    def _trim_namespace(self, namespace: str, max_bytes: int) -> None:
-        # Caller holds _lock. The namespace's oldest first, as the log is trimmed.
-        while self._event_bytes.get(namespace, 0) > max_bytes:
-            place, event = self._events_by_ns[namespace][0]
-            self._forget_oldest(place, event)
-            del self._events[bisect.bisect_left(self._events, place, key=_place)]
-
-    def _forget_oldest(self, place: _Place, event: Event) -> None:
-        # Caller holds _lock. The oldest of its namespace goes (the log's oldest is),
-        # so the oldest of its key too.
-        where = (event.namespace, event.key)
-        mine = self._events_by_key.get(where)
-        if mine and mine[0][0] == place:
-            del mine[0]
-            if not mine:
-                del self._events_by_key[where]
-        ours = self._events_by_ns[event.namespace]
-        del ours[0]
-        self._event_bytes[event.namespace] -= event_size(event)
-        if not ours:
-            del self._events_by_ns[event.namespace], self._event_bytes[event.namespace]
-
-    def events(
-        self,
-        since: float,
-        until: float,
-        namespaces: Sequence[str] | None,
-        after: str | None,
-        limit: int,
-    ) -> tuple[list[Event], str | None]:
-        start: _Place = events_start(since, after, limit)
-        if namespaces is not None and not namespaces:
-            return [], None  # of no namespace: nothing to read through the whole log
-        wanted = None if namespaces is None else set(namespaces)
-        page: list[tuple[_Place, Event]] = []
-        with self._lock:
-            # bisect_right: an event at the cursor's place itself was read already;
-            # no event has sequence 0, so (since, 0) excludes nothing at ``since``.
-            i = bisect.bisect_right(self._events, start, key=_place)
-            while i < len(self._events) and len(page) <= limit:
-                place, event = self._events[i]
-                if event.at >= until:
-                    break
-                if wanted is None or event.namespace in wanted:
-                    page.append((place, event))
-                i += 1
-        more = len(page) > limit
-        page = page[:limit]
-        cursor = event_cursor(*page[-1][0]) if more else None
-        return [event for _, event in page], cursor
-
-    def events_for_key(self, namespace: str, key: str, limit: int) -> list[Event]:
-        with self._lock:
-            mine = list(self._events_by_key.get((namespace, key), []))
-        return [event for _, event in reversed(mine[-limit:])] if limit > 0 else []
-
-    def events_bytes(self, namespace: str) -> int:
-        with self._lock:
-            return self._event_bytes.get(namespace, 0)
-
-
-def _place(item: tuple[_Place, Event]) -> _Place:
-    return item[0]

@@ -1,37 +1,52 @@
-"""``PrimitiveRoles``: the roles written once over the primitives (primitives.py),
-for every backend to inherit: compile leases (leases.py), failure records
-(failures.py), tokens (tokens.py) and records (records.py). A backend passes its own
-``Cells``, ``Logs`` and ``Maps``, and provides the other roles itself.
+"""``PrimitiveRoles``: the roles written once over the primitives (primitives.py)
+and sequences (sequences.py), for every backend to inherit: compile leases
+(leases.py), failure records (failures.py), tokens (tokens.py), records (records.py),
+the audit log (audit.py) and the events log (events.py). A backend passes its own
+``Cells``, ``Logs``, ``Maps`` and ``Sequences``, and provides the other roles itself.
 """
 
 from __future__ import annotations
 
-from .base import Failure, Lease, Record, Token
+from collections.abc import Sequence
+
+from .audit import SequenceAudit
+from .base import AuditRecord, Event, Failure, Lease, Record, Token
+from .events import SequenceEvents
 from .failures import LogFailures
 from .leases import CellLeases
 from .primitives import Cells, Logs, Maps
 from .records import MapRecords
+from .sequences import Sequences
 from .tokens import MapTokens
 
 
 class PrimitiveRoles:
-    """``Leases``, ``Failures``, ``Tokens`` and ``Records`` over a backend's
-    primitives, which stay reachable as ``cells``, ``logs`` and ``maps`` (the contract
-    tests of tests/contract/test_primitives.py use them)."""
+    """``Leases``, ``Failures``, ``Tokens``, ``Records``, ``AuditLog`` and
+    ``EventLog`` over a backend's primitives, which stay reachable as ``cells``,
+    ``logs``, ``maps`` and ``sequences`` (the contract tests of
+    tests/contract/test_primitives.py and test_sequences.py use them)."""
 
-    def __init__(self, cells: Cells, logs: Logs, maps: Maps) -> None:
+    def __init__(self, cells: Cells, logs: Logs, maps: Maps, sequences: Sequences) -> None:
         self.cells = cells
         self.logs = logs
         self.maps = maps
+        self.sequences = sequences
         self._leases = CellLeases(cells)
         self._failures = LogFailures(logs)
         self._tokens = MapTokens(maps)
         self._records = MapRecords(maps)
+        self._audit = SequenceAudit(sequences)
+        self._events = SequenceEvents(sequences)
 
     def _tokens_ready(self) -> MapTokens:
         """The tokens role, once the backend has moved any tokens an earlier server
         stored elsewhere (Redis does, on first use)."""
         return self._tokens
+
+    def _audit_ready(self) -> SequenceAudit:
+        """The audit role, once the backend has moved any records an earlier server
+        stored elsewhere (Redis does, on first use)."""
+        return self._audit
 
     # --- failures
 
@@ -86,3 +101,34 @@ class PrimitiveRoles:
 
     def records(self, kind: str, namespace: str | None = None) -> list[Record]:
         return self._records.records(kind, namespace)
+
+    # --- audit
+
+    def append_audit(self, records: Sequence[AuditRecord], keep: int) -> None:
+        self._audit_ready().append_audit(records, keep)
+
+    def audit(self, since: float, namespace: str | None, limit: int) -> list[AuditRecord]:
+        return self._audit_ready().audit(since, namespace, limit)
+
+    # --- telemetry events
+
+    def append_events(
+        self, events: Sequence[Event], keep: int, before: float, max_bytes: int | None = None
+    ) -> None:
+        self._events.append_events(events, keep, before, max_bytes)
+
+    def events_bytes(self, namespace: str) -> int:
+        return self._events.events_bytes(namespace)
+
+    def events(
+        self,
+        since: float,
+        until: float,
+        namespaces: Sequence[str] | None,
+        after: str | None,
+        limit: int,
+    ) -> tuple[list[Event], str | None]:
+        return self._events.events(since, until, namespaces, after, limit)
+
+    def events_for_key(self, namespace: str, key: str, limit: int) -> list[Event]:
+        return self._events.events_for_key(namespace, key, limit)

@@ -23,36 +23,47 @@ Every key starts with ``neffcache:``::
     neffcache:entry-aliases:{ns}:{key}  set of the aliases naming the key
     neffcache:namespaces                set of the namespaces ever written to
     neffcache:records:{kind}            hash: JSON [namespace, name] -> value
-    neffcache:audit                     sorted set of audit records, scored by ``at``;
-                                        each member is "<seq, 20 digits> <JSON>"
-    neffcache:audit-seq                 the last seq handed out
-    neffcache:events                    sorted set of telemetry events, scored by the
-                                        server's ``at``; each member is
-                                        "<seq, 20 digits> <at> <JSON [ns, kind, key]>\n<body>"
-    neffcache:events-seq                the last seq handed out
-    neffcache:events:{ns}:{key}         list of the key's newest events (their members
-                                        in neffcache:events), the latest pushed first;
+    neffcache:audit                     "moved to neffcache:audit-log": where the
+                                        sorted set of earlier servers' audit records
+                                        went (redis_upgrade.py)
+    neffcache:{log}                     a sequence (redis_sequences.py): sorted set
+                                        of its items, scored by ``at``; each member is
+                                        "<seq, 20 digits> <at> <JSON [group, head,
+                                        tag]>\n<body>"
+    neffcache:{log}-seq                 the last seq handed out
+    neffcache:{log}:{group}:{tag}       list of the tag's newest items (their members
+                                        in neffcache:{log}), the latest pushed first;
                                         expires a retention after its last write
-    neffcache:events-ns:{ns}            sorted set of the namespace's events, scored
-                                        by ``at``; each member is "<seq, 20 digits>
-                                        <body bytes>", so its oldest are found without
+    neffcache:{log}-ns:{group}          sorted set of the group's items, scored by
+                                        ``at``; each member is "<seq, 20 digits> <body
+                                        bytes>", so its oldest are found without
                                         walking the log
-    neffcache:events-bytes              hash: namespace -> the body bytes of its
-                                        events that have a member in its sorted set
+    neffcache:{log}-bytes               hash: group -> the body bytes of its items
+                                        that have a member in its sorted set
 
-``put_entry``, ``add_alias``, ``delete_entry``, ``touch_entries`` (per batch),
-``append_audit`` and ``append_events`` (per batch) each run as one Lua script, so they
-are atomic across replicas. The scripts touch several keys, some of them named inside
-the script (the aliases an entry loses, the entry an alias names, the lists and
-namespace sets of the events an append drops), which a standalone Redis (or one
-primary) allows and Redis Cluster does not. The scripts are in redis_scripts.py.
+The audit log is the sequence ``audit-log`` (audit.py), grouped by namespace, the
+action as the head. The telemetry events are the sequence ``events`` (events.py),
+grouped by namespace and tagged by key, the kind as the head: ``neffcache:events``,
+``neffcache:events-seq``, ``neffcache:events:{ns}:{key}``,
+``neffcache:events-ns:{ns}`` and ``neffcache:events-bytes``, the keys earlier servers
+kept them in.
 
-Leases, failure records, tokens and records are written once over the primitives
-(primitive_roles.py over redis_primitives.py): a lease is one cell, a key with Redis's
-own expiry, so its life is measured on one clock however many replicas ask; a key's
-failure records are one log, a sorted set that expires with its longest-lived record,
-so Redis itself reclaims keys nobody writes again; tokens are one map (a hash), and
-the records of a kind another, as earlier servers kept them.
+``put_entry``, ``add_alias``, ``delete_entry``, ``touch_entries`` (per batch) and a
+sequence's append (per batch) each run as one Lua script, so they are atomic across
+replicas. The scripts touch several keys, some of them named inside the script (the
+aliases an entry loses, the entry an alias names, the lists and group sets of the
+items an append drops), which a standalone Redis (or one primary) allows and Redis
+Cluster does not. The scripts are in redis_scripts.py.
+
+Leases, failure records, tokens, records, the audit log and the events are written
+once over the primitives (primitive_roles.py over redis_primitives.py and
+redis_sequences.py): a lease is one cell, a key with Redis's own expiry, so its life
+is measured on one clock however many replicas ask; a key's failure records are one
+log, a sorted set that expires with its longest-lived record, so Redis itself
+reclaims keys nobody writes again; tokens are one map (a hash), and the records of a
+kind another, as earlier servers kept them; the events one sequence, in the keys
+earlier servers kept them in, and the audit log another, moved there once
+(redis_upgrade.py).
 
 The entry key is the truth: an entry is there when its key is. Its stats, access time
 and hits live beside it, written and deleted with it; an entry written before they
@@ -80,29 +91,26 @@ from redis.typing import EncodableT
 from neffcache.server.config_errors import ConfigError
 from neffcache.server.errors import StoreError
 
+from .audit import SequenceAudit
 from .base import (
-    AuditRecord,
     Entry,
     EntryFacts,
     EntryStats,
-    Event,
     PutResult,
     Touch,
     entry_facts,
 )
 from .primitive_roles import PrimitiveRoles
-from .redis_events import EVENTS_PER_KEY as EVENTS_PER_KEY  # documented bounds, named here
-from .redis_events import TRIM_BATCH as TRIM_BATCH
-from .redis_events import RedisEvents
 from .redis_primitives import PREFIX, RedisCells, RedisLogs, RedisMaps, as_str, escaped
 from .redis_scripts import (
     ADD_ALIAS,
-    APPEND_AUDIT,
     DELETE_ENTRY,
     PUT_ENTRY,
     TOUCH_ENTRIES,
 )
-from .redis_upgrade import move_old_tokens
+from .redis_sequences import PER_TAG, RedisSequences
+from .redis_sequences import TRIM_BATCH as TRIM_BATCH  # a documented bound, named here
+from .redis_upgrade import move_old_audit, move_old_tokens
 from .tokens import MapTokens
 
 log = logging.getLogger("neffcache.server.index")
@@ -123,13 +131,12 @@ NAMESPACES = PREFIX + "namespaces"
 # access time, and counts as last served then, not when it was created, so an upgrade
 # does not expire every old entry however much it is used.
 EVICTION_SINCE = PREFIX + "eviction-since"
-AUDIT = PREFIX + "audit"
-AUDIT_SEQ = PREFIX + "audit-seq"
 
+# Events kept per (namespace, key) for events_for_key (docs/telemetry.md): the events
+# log's tag lists.
+EVENTS_PER_KEY = PER_TAG
 # Touches per script call: each call holds Redis for its whole batch.
 TOUCH_BATCH = 500
-# Audit records read per round trip; one namespace's are picked out in Python.
-AUDIT_PAGE = 500
 
 
 def _entry_key(namespace: str, key: str) -> str:
@@ -176,15 +183,15 @@ class RedisIndex(PrimitiveRoles):
         self._add_alias = client.register_script(ADD_ALIAS)
         self._delete_entry = client.register_script(DELETE_ENTRY)
         self._touch_entries = client.register_script(TOUCH_ENTRIES)
-        self._append_audit = client.register_script(APPEND_AUDIT)
-        self._events = RedisEvents(client, self._mapped)
-        # Leases, failures, tokens and records: written once over the primitives.
+        # Leases, failures, tokens, records, audit, events: written once over primitives.
         super().__init__(
             RedisCells(client, self._mapped),
             RedisLogs(client, self._mapped),
             RedisMaps(client, self._mapped),
+            RedisSequences(client, self._mapped),
         )
         self._tokens_moved = False
+        self._audit_moved = False
 
     @classmethod
     def from_url(cls, url: str) -> RedisIndex:
@@ -303,6 +310,14 @@ class RedisIndex(PrimitiveRoles):
             self._tokens_moved = True
         return self._tokens
 
+    def _audit_ready(self) -> SequenceAudit:
+        # Once per process: records an earlier server stored move into the sequence first.
+        if not self._audit_moved:
+            with self._mapped():
+                move_old_audit(self._redis)
+            self._audit_moved = True
+        return self._audit
+
     # --- lifecycle --------------------------------------------------------------------
 
     def check(self) -> None:
@@ -419,95 +434,6 @@ class RedisIndex(PrimitiveRoles):
         with self._mapped():
             return sorted(as_str(ns) for ns in self._redis.smembers(NAMESPACES))
 
-    # --- audit log
-
-    def append_audit(self, records: Sequence[AuditRecord], keep: int) -> None:
-        args: list[EncodableT] = [keep]
-        for record in records:
-            args += [repr(record.at), json.dumps(_audit_fields(record), ensure_ascii=False)]
-        with self._mapped():
-            self._append_audit(keys=[AUDIT, AUDIT_SEQ], args=args)
-
-    def audit(self, since: float, namespace: str | None, limit: int) -> list[AuditRecord]:
-        found: list[AuditRecord] = []
-        # With no namespace every record read is kept: read no more than ``limit``.
-        page = AUDIT_PAGE if namespace is not None else min(limit, AUDIT_PAGE)
-        cursor = _AuditCursor()
-        while len(found) < limit:
-            with self._mapped():
-                rows = self._redis.zrevrangebyscore(
-                    AUDIT, cursor.top, repr(since), cursor.skip, page, withscores=True
-                )
-            assert isinstance(rows, list), type(rows)
-            for pair in rows:
-                assert isinstance(pair, tuple), type(pair)  # withscores: (member, score)
-                member, score = pair
-                if not cursor.advance(as_str(member), float(score)):
-                    continue  # read already, or appended since the read began
-                record = _audit_from(as_str(member).split(" ", 1)[1])
-                if namespace is None or record.namespace == namespace:
-                    found.append(record)
-            if len(rows) < page:
-                break
-        return found[:limit]
-
-    # --- telemetry events (redis_events.py)
-
-    def append_events(
-        self, events: Sequence[Event], keep: int, before: float, max_bytes: int | None = None
-    ) -> None:
-        self._events.append_events(events, keep, before, max_bytes)
-
-    def events_bytes(self, namespace: str) -> int:
-        return self._events.events_bytes(namespace)
-
-    def events(
-        self,
-        since: float,
-        until: float,
-        namespaces: Sequence[str] | None,
-        after: str | None,
-        limit: int,
-    ) -> tuple[list[Event], str | None]:
-        return self._events.events(since, until, namespaces, after, limit)
-
-    def events_for_key(self, namespace: str, key: str, limit: int) -> list[Event]:
-        return self._events.events_for_key(namespace, key, limit)
-
-
-class _AuditCursor:
-    """Where a newest-first read of the audit log is: pages go on from the lowest
-    score read so far, skipping as many members of that score as were read (there may
-    be several records of one instant). A record appended meanwhile at that score sorts
-    before them (a higher sequence) and shifts them down: ``advance`` drops what it
-    has read already, or was appended after the read began, by member."""
-
-    def __init__(self) -> None:
-        self._score: float | None = None
-        self._member = ""  # the last member taken, of that score
-        # Rows of that score read so far, taken or dropped: every row moves the next
-        # page on, so that appends during a read cannot make it read one page forever.
-        self._at_score = 0
-
-    @property
-    def top(self) -> str:
-        return "+inf" if self._score is None else repr(self._score)
-
-    @property
-    def skip(self) -> int:
-        return self._at_score
-
-    def advance(self, member: str, score: float) -> bool:
-        """Move past ``member``; False when it is not to be taken (see above)."""
-        if score == self._score:
-            self._at_score += 1
-            if member >= self._member:
-                return False
-        else:
-            self._score, self._at_score = score, 1
-        self._member = member
-        return True
-
 
 def _stats_fields(created_at: float, writer: str, facts: EntryFacts) -> dict[str, Any]:
     """What neffcache:stats:{ns} holds of an entry, as JSON."""
@@ -546,29 +472,6 @@ def _stats_from(
         # Absent for an entry written before access times were kept.
         last_access=max(created_at, since) if last is None else float(as_str(last)),
         hits=0 if hits is None else int(as_str(hits)),
-    )
-
-
-def _audit_fields(record: AuditRecord) -> dict[str, Any]:
-    return {
-        "at": record.at,
-        "actor": record.actor,
-        "action": record.action,
-        "namespace": record.namespace,
-        "target": record.target,
-        "detail": record.detail,
-    }
-
-
-def _audit_from(raw: str) -> AuditRecord:
-    fields = json.loads(raw)
-    return AuditRecord(
-        at=fields["at"],
-        actor=fields["actor"],
-        action=fields["action"],
-        namespace=fields["namespace"],
-        target=fields["target"],
-        detail=fields["detail"],
     )
 
 

@@ -1,6 +1,6 @@
 """The Lua scripts of the Redis index (redis.py), each atomic across replicas: one per
 write that changes several keys at once (an entry with its aliases and stats, a
-deletion, a batch of touches, an audit or events append), and the events reader.
+deletion, a batch of touches, a sequence's append), and the sequences' reader.
 Their KEYS and ARGV are documented above each; redis.py builds them.
 """
 
@@ -119,11 +119,9 @@ for i = 1, #KEYS, 3 do
 end
 """
 
-# A log in a sorted set, shared by the audit log and the events: each record is scored
-# by its time, and its member starts with a zero-padded sequence, so members of one
-# instant sort (and so read back) in order of appending. log_add returns the member.
-# log_trim drops records older than ``before`` (a time, or '-inf' for none), then all
-# but the ``keep`` newest by rank: both drop the oldest by (time, sequence), the order
+# A log in a sorted set: each item is scored by its time, and its member starts with a
+# zero-padded sequence, so members of one instant sort (and so read back) in order of
+# appending; trimming drops the lowest ranks, the oldest by (time, sequence), the order
 # the log is read in, so what is left is always a suffix of what was written.
 LOG = """
 local function log_add(log, seq_key, at, text)
@@ -131,43 +129,27 @@ local function log_add(log, seq_key, at, text)
   redis.call('ZADD', log, at, member)
   return member
 end
-local function log_trim(log, keep, before)
-  redis.call('ZREMRANGEBYSCORE', log, '-inf', '(' .. before)
-  redis.call('ZREMRANGEBYRANK', log, 0, -(tonumber(keep) + 1))
-end
 """
 
-# KEYS[1] the audit log, KEYS[2] its sequence; ARGV[1] how many to keep, then per record
-# its time and its JSON.
-APPEND_AUDIT = (
-    LOG
-    + """
-for i = 2, #ARGV, 2 do
-  log_add(KEYS[1], KEYS[2], ARGV[i], ARGV[i + 1])
-end
-log_trim(KEYS[1], ARGV[1], '-inf')
-"""
-)
-
-# KEYS[1] the events log, KEYS[2] its sequence, KEYS[3] the namespaces' bytes,
-# KEYS[4..] the key lists of this batch; ARGV[1] how many to keep, ARGV[2] ``before``,
-# ARGV[3] how many per key, ARGV[4] the lists' lifetime in ms, ARGV[5] the key lists'
-# prefix, ARGV[6] how many to drop at most (TRIM_BATCH), ARGV[7] the namespaces' byte
-# bound ('' for none), ARGV[8] the namespace sets' prefix, ARGV[9] how many
-# namespaces to bound, then their names, then per event its time, its text ("<time>
-# <JSON [ns, kind, key]>" and a newline, then the body) and the index in KEYS of its
-# key's list (0 for none). A list item, and a namespace set's member, stand for the
-# event's member in the log, so that what leaves the log leaves them too; the lists'
-# expiry only reclaims keys nobody writes to again. An event stored before the
-# namespace sets existed has no member in one: its bytes were never counted, and are
-# not taken off. Returns 1 when more are due to be dropped.
-APPEND_EVENTS = (
+# A sequence (redis_sequences.py). KEYS[1] the log, KEYS[2] its sequence, KEYS[3] its
+# groups' bytes, KEYS[4..] the tag lists of this batch; ARGV[1] how many to keep,
+# ARGV[2] ``before``, ARGV[3] how many per tag, ARGV[4] the lists' lifetime in ms (0:
+# no expiry), ARGV[5] the tag lists' prefix, ARGV[6] how many to drop at most
+# (TRIM_BATCH), ARGV[7] the groups' byte bound ('' for none), ARGV[8] the group sets'
+# prefix, ARGV[9] how many groups to bound, then their names, then per item its time,
+# its text ("<time> <JSON [group, head, tag]>" and a newline, then the body) and the
+# index in KEYS of its tag's list (0 for none). A list item, and a group set's member,
+# stand for the item's member in the log, so that what leaves the log leaves them
+# too; the lists' expiry only reclaims keys nobody writes to again. An event stored
+# before the group sets existed has no member in one: its bytes were never counted,
+# and are not taken off. Returns 1 when more are due to be dropped.
+APPEND_SEQUENCE = (
     LOG
     + r"""
 local function escaped(ns)
   return (string.gsub(string.gsub(ns, '%%', '%%25'), ':', '%%3A'))
 end
--- The namespace, the key and the body's bytes of a log member.
+-- The group, the tag and the body's bytes of a log member.
 local function facts(member)
   local header = string.match(member, '^%d+ %S+ ([^\n]*)')
   local fields = cjson.decode(header)
@@ -204,7 +186,7 @@ local function member_at(at, seq)
   end
   return nil
 end
--- Drop the namespace's oldest while its bytes are over the bound, at most ``budget``;
+-- Drop the group's oldest while its bytes are over the bound, at most ``budget``;
 -- returns how many it dropped.
 local function trim_namespace(ns, bound, budget)
   local set = ARGV[8] .. escaped(ns)
@@ -239,7 +221,7 @@ for i = 10 + bounded, #ARGV, 3 do
 end
 for j = 4, #KEYS do
   redis.call('LTRIM', KEYS[j], 0, tonumber(ARGV[3]) - 1)
-  redis.call('PEXPIRE', KEYS[j], ARGV[4])
+  if tonumber(ARGV[4]) > 0 then redis.call('PEXPIRE', KEYS[j], ARGV[4]) end
 end
 -- The oldest by (time, sequence) are the lowest ranks: first those past ``before``,
 -- then past ``keep``, then a namespace's past its bound.
@@ -268,12 +250,12 @@ return 0
 """
 )
 
-# KEYS[1] the events log; ARGV[1] the cursor's time, ARGV[2] its zero-padded sequence
+# KEYS[1] a sequence's log; ARGV[1] the cursor's time, ARGV[2] its zero-padded sequence
 # (members of that time up to it are skipped), ARGV[3] the exclusive upper bound
 # "(<until>", ARGV[4] how many. Atomic, so that the count skipped is exact however the
 # log changes between pages: a batch's events share one time, so one time can hold
 # many members, and a cursor may stop among them (those it passed come first).
-READ_EVENTS = """
+READ_SEQUENCE = """
 local skip = 0
 while true do
   local chunk = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], ARGV[1], 'LIMIT', skip, 100)

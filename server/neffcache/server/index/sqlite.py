@@ -4,9 +4,9 @@ Several server processes on one host may share the file: WAL lets readers run be
 the one writer, and the busy timeout makes a second writer wait instead of failing.
 Each thread gets its own connection so that reads run concurrently; ``put_entry``
 relies on the database, not on a Python lock, so it stays atomic across processes.
-The schema and its migrations are in sqlite_schema.py; leases, failure records, tokens
-and records are written once over the primitives (primitive_roles.py over
-sqlite_primitives.py).
+The schema and its migrations are in sqlite_schema.py; leases, failure records, tokens,
+records, the audit log and the events are written once over the primitives
+(primitive_roles.py over sqlite_primitives.py and sqlite_sequences.py).
 """
 
 from __future__ import annotations
@@ -22,25 +22,22 @@ from neffcache.server.config_errors import ConfigError
 from neffcache.server.errors import StoreError, StoreFull
 
 from .base import (
-    AuditRecord,
     Entry,
     EntryFacts,
     EntryStats,
-    Event,
     PutResult,
     Touch,
     entry_facts,
 )
 from .primitive_roles import PrimitiveRoles
-from .sqlite_events import SqliteEvents
 from .sqlite_primitives import SqliteCells, SqliteLogs, SqliteMaps
 from .sqlite_schema import FACT_COLUMNS, SCHEMA_VERSION, fact_values, migrate, real
+from .sqlite_sequences import SqliteSequences
 
 # How long a writer waits for another process's write transaction to finish.
 BUSY_TIMEOUT_S = 5.0
 
 _STATS_COLUMNS = f"key, created_at, writer, {FACT_COLUMNS}, last_access, hits"
-_AUDIT_COLUMNS = "at, actor, action, namespace, target, detail"
 # An alias that names a key with no entry (deleted) is free: it takes the new key.
 # On SAME (it names this key) or CONFLICT (another live entry) it stays; rowcount 0.
 _UPSERT_ALIAS = (
@@ -91,13 +88,13 @@ class SqliteIndex(PrimitiveRoles):
         # Every connection handed out, so close() can close them all; guarded by _lock.
         self._connections: dict[threading.Thread, sqlite3.Connection] = {}
         self._lock = threading.Lock()
-        # Leases, failures, tokens and records: written once over the primitives.
+        # Leases, failures, tokens, records, audit, events: written once over primitives.
         super().__init__(
             SqliteCells(self._read, self._write),
             SqliteLogs(self._read, self._write),
             SqliteMaps(self._read, self._write),
+            SqliteSequences(self._read, self._write),
         )
-        self._events = SqliteEvents(self._read, self._write)
         try:
             with _mapped(path):
                 self._init_schema(self._connection())
@@ -318,62 +315,6 @@ class SqliteIndex(PrimitiveRoles):
         rows = self._read("SELECT DISTINCT namespace FROM entries ORDER BY namespace", ())
         return [str(namespace) for (namespace,) in rows]
 
-    # --- audit log
-
-    def append_audit(self, records: Sequence[AuditRecord], keep: int) -> None:
-        with self._write() as conn:
-            conn.executemany(
-                f"INSERT INTO audit ({_AUDIT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
-                [(r.at, r.actor, r.action, r.namespace, r.target, r.detail) for r in records],
-            )
-            # The id of the newest row past ``keep`` (NULL when there are fewer rows,
-            # which deletes nothing): a range delete on the primary key, where
-            # NOT IN (the kept ids) would build the kept set on every append.
-            conn.execute(
-                "DELETE FROM audit WHERE id <="
-                " (SELECT id FROM audit ORDER BY id DESC LIMIT 1 OFFSET ?)",
-                (keep,),
-            )
-
-    def audit(self, since: float, namespace: str | None, limit: int) -> list[AuditRecord]:
-        # Of one instant, the later append (higher id) first.
-        if namespace is None:
-            rows = self._read(
-                f"SELECT {_AUDIT_COLUMNS} FROM audit WHERE at >= ?"
-                " ORDER BY at DESC, id DESC LIMIT ?",
-                (since, limit),
-            )
-        else:
-            rows = self._read(
-                f"SELECT {_AUDIT_COLUMNS} FROM audit WHERE namespace = ? AND at >= ?"
-                " ORDER BY at DESC, id DESC LIMIT ?",
-                (namespace, since, limit),
-            )
-        return [_audit_record(row) for row in rows]
-
-    # --- telemetry events (sqlite_events.py)
-
-    def append_events(
-        self, events: Sequence[Event], keep: int, before: float, max_bytes: int | None = None
-    ) -> None:
-        self._events.append_events(events, keep, before, max_bytes)
-
-    def events_bytes(self, namespace: str) -> int:
-        return self._events.events_bytes(namespace)
-
-    def events(
-        self,
-        since: float,
-        until: float,
-        namespaces: Sequence[str] | None,
-        after: str | None,
-        limit: int,
-    ) -> tuple[list[Event], str | None]:
-        return self._events.events(since, until, namespaces, after, limit)
-
-    def events_for_key(self, namespace: str, key: str, limit: int) -> list[Event]:
-        return self._events.events_for_key(namespace, key, limit)
-
 
 def _path_from_url(url: str) -> Path:
     # "sqlite:///abs/path" leaves "/abs/path"; "sqlite://rel/path" leaves "rel/path".
@@ -406,16 +347,4 @@ def _stats(namespace: str, row: tuple[object, ...]) -> EntryStats:
         facts=facts,
         last_access=real(last_access),
         hits=hits,
-    )
-
-
-def _audit_record(row: tuple[object, ...]) -> AuditRecord:
-    at, actor, action, namespace, target, detail = row
-    return AuditRecord(
-        at=real(at),
-        actor=str(actor),
-        action=str(action),
-        namespace=str(namespace),
-        target=str(target),
-        detail=str(detail),
     )

@@ -9,7 +9,9 @@ import sqlite3
 import time
 from collections.abc import Callable
 
+from .audit import AUDIT_LOG
 from .base import EntryFacts, Failure, Lease, Token, entry_facts
+from .events import EVENTS
 from .failures import failure_item, failures_log
 from .leases import lease_key, lease_value
 from .records import record_field, records_map
@@ -17,7 +19,7 @@ from .tokens import TOKENS, token_value
 
 # Stored in PRAGMA user_version. Bump it when a table changes, and add the step from
 # the previous version to STEPS; a file newer than this code is refused at start-up.
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 
 # Version 1: entries, aliases, tokens.
@@ -254,6 +256,73 @@ def _to_maps_v8(conn: sqlite3.Connection) -> None:
     conn.execute("DROP TABLE records")
 
 
+# Version 9: sequences (sequences.py), for the events log (events.py) and the audit
+# log (audit.py). Every event moves here with its id, so cursors handed out before
+# stay good, then every audit record in its order (with an id after them: the audit
+# log hands out no cursor); the old tables go (their triggers with them), as in
+# version 7: a server of version 8 still running on this file then fails its event
+# appends, reports and audit reads and writes until it is stopped, rather than
+# writing what no new server reads. The rowid is the sequence, one counter for
+# every log; each index ends in it, so ties keep the order of appending. The counts
+# and bytes are kept as events_count and events_bytes were (versions 5 and 6): the
+# count by each append, the bytes by triggers, whose bodies hold ";" (run one by one).
+_V9 = (
+    """CREATE TABLE IF NOT EXISTS sequence_items (
+    id INTEGER PRIMARY KEY,
+    log TEXT NOT NULL,
+    at REAL NOT NULL,
+    grp TEXT NOT NULL,
+    tag TEXT NOT NULL,
+    head TEXT NOT NULL,
+    body TEXT NOT NULL
+)""",
+    "CREATE INDEX IF NOT EXISTS sequence_items_by_time ON sequence_items (log, at)",
+    "CREATE INDEX IF NOT EXISTS sequence_items_by_group ON sequence_items (log, grp, at)",
+    "CREATE INDEX IF NOT EXISTS sequence_items_by_tag ON sequence_items (log, grp, tag, at)",
+    """CREATE TABLE IF NOT EXISTS sequence_counts (
+    log TEXT PRIMARY KEY,
+    n INTEGER NOT NULL
+) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS sequence_bytes (
+    log TEXT NOT NULL,
+    grp TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    PRIMARY KEY (log, grp)
+) WITHOUT ROWID""",
+    """CREATE TRIGGER IF NOT EXISTS sequence_bytes_added AFTER INSERT ON sequence_items BEGIN
+INSERT INTO sequence_bytes (log, grp, bytes)
+VALUES (new.log, new.grp, length(CAST(new.body AS BLOB)))
+ON CONFLICT (log, grp) DO UPDATE SET bytes = bytes + excluded.bytes;
+END""",
+    """CREATE TRIGGER IF NOT EXISTS sequence_bytes_dropped AFTER DELETE ON sequence_items BEGIN
+UPDATE sequence_bytes SET bytes = bytes - length(CAST(old.body AS BLOB))
+WHERE log = old.log AND grp = old.grp;
+END""",
+)
+
+
+def _to_sequences_v9(conn: sqlite3.Connection) -> None:
+    for statement in _V9:
+        conn.execute(statement)
+    conn.execute(
+        "INSERT INTO sequence_items (id, log, at, grp, tag, head, body)"
+        " SELECT id, ?, at, namespace, key, kind, body FROM events",
+        (EVENTS,),
+    )
+    conn.execute("INSERT INTO sequence_counts (log, n) SELECT ?, count(*) FROM events", (EVENTS,))
+    conn.execute(
+        "INSERT INTO sequence_items (log, at, grp, tag, head, body)"
+        " SELECT ?, at, namespace, '', action, json_array(actor, target, detail)"
+        " FROM audit ORDER BY id",
+        (AUDIT_LOG,),
+    )
+    conn.execute("INSERT INTO sequence_counts (log, n) SELECT ?, count(*) FROM audit", (AUDIT_LOG,))
+    conn.execute("DROP TABLE audit")
+    conn.execute("DROP TABLE events")
+    conn.execute("DROP TABLE events_count")
+    conn.execute("DROP TABLE events_bytes")
+
+
 FACT_COLUMNS = "size, compile_seconds, compiler_version, model, digests"
 _FACT_SETS = ", ".join(f"{column} = ?" for column in FACT_COLUMNS.split(", "))
 _TOKEN_COLUMNS = "token_id, secret_hash, scope, namespaces, name, created_at, revoked, trusted"
@@ -289,12 +358,13 @@ def _backfill_v4(conn: sqlite3.Connection) -> None:
 
 # The statements that bring a file from version n - 1 to version n, by n; then, for
 # some n, Python that fills what SQL alone cannot, in the same transaction.
-STEPS = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5, 6: "", 7: _V7, 8: _V8}  # 6: all in its code
+STEPS = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5, 6: "", 7: _V7, 8: _V8, 9: ""}  # 6, 9: in code
 _STEP_CODE: dict[int, Callable[[sqlite3.Connection], None]] = {
     4: _backfill_v4,
     6: _events_bytes_v6,
     7: _to_primitives_v7,
     8: _to_maps_v8,
+    9: _to_sequences_v9,
 }
 
 
