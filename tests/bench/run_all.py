@@ -105,7 +105,11 @@ HOW = (
     "neffcache, 5 times, wrk with one thread): the figure is the median round's, and "
     "the lowest and highest ratios of the rounds are its spread, in the table's notes "
     "and in the output. The client's whole-process figures are medians of 21 "
-    "alternating runs (the floor, `cp`, the server hit, the L1 hit). The load "
+    "alternating runs (the floor, `cp`, the server hit, the L1 hit), each design in an "
+    "alternation of its own, each run started once what the one before left running "
+    "(the child that sends a hit's events, the shim's or its daemon's) has ended: on "
+    "a host those run on other cores, here they would land in the next run's time. "
+    "The load "
     "benchmark runs 60 s per configuration, once.",
     "- **Two interpreters (client).** The shim's hits (with its hit daemon, as "
     "shipped, and with `NEFFCACHE_DAEMON=0`) and `neffcache wrap`'s are timed "

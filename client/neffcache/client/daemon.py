@@ -342,6 +342,11 @@ def _answer(conn: socket.socket, serve_hit: Callable[..., int | None]) -> None:
         for fd in fds:
             os.close(fd)
     if served is not None:
+        # The caller exits as it reads the answer: its hang-up first, then the fork
+        # that sends the events, so that the fork never delays its exit.
+        with contextlib.suppress(OSError):
+            conn.settimeout(1.0)
+            conn.recv(1)
         _after_hit()
 
 
