@@ -119,6 +119,7 @@ class Session:
         if isinstance(keyed, str):
             return self._uncached(keyed)
         graph, ctx, direct = keyed
+        del keyed  # the module is held by ``graph`` alone: dropped before it compiles
         if self._hit(direct.key, alias=True):
             return self._done(0)
         canonical = self._canonical(graph, ctx)
@@ -140,6 +141,7 @@ class Session:
         if isinstance(keyed, str):
             return False
         graph, ctx, direct = keyed
+        del keyed
         if self._hit(direct.key, alias=True):
             return True
         canonical = self._canonical(graph, ctx)
