@@ -12,6 +12,8 @@ on are in support/e2e.py.
 * ``token_server``: a server that takes tokens, in a thread of the test process (a
   token made on ``server`` would end its anonymous access for every other test), with
   a read token for ``team-a``, one for ``team-b`` only, and every request it answered.
+* ``sockets``: a hit daemon's socket directory of the test's own; its daemons are
+  stopped at the end (support/daemons.py).
 
 ``server``, ``namespace`` and ``silent_server`` are tests/support/e2e_fixtures.py's;
 ``unused_port`` is the whole suite's (tests/support/services.py).
@@ -22,12 +24,15 @@ directory.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.client_units import TokenServer
+from support.daemons import stop_daemons
 from support.e2e import Sandbox, Server
 from support.e2e_fixtures import namespace, server, silent_server
 from support.lease_hosts import TTL
@@ -118,3 +123,13 @@ def _no_shared_leases() -> Iterator[None]:
     from neffcache.client.lease import reset_shared_leases
 
     reset_shared_leases()
+
+
+@pytest.fixture
+def sockets() -> Iterator[Path]:
+    """A hit daemon's socket directory (NEFFCACHE_DAEMON_DIR), mode 0700 and short
+    enough for a Unix socket's name; every daemon under it is stopped at the end."""
+    directory = Path(tempfile.mkdtemp(prefix="nd-", dir="/tmp"))
+    yield directory
+    stop_daemons(directory)
+    shutil.rmtree(directory, ignore_errors=True)

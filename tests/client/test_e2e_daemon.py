@@ -10,13 +10,18 @@ and stops its daemons at the end.
 from __future__ import annotations
 
 import shutil
-import tempfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.daemons import daemons, stop_daemons
+from support.daemons import (
+    daemon_env,
+    daemons,
+    is_daemon,
+    out,
+    socket_in,
+    stop_daemons,
+    until,
+)
 from support.e2e import (
     BLOCK_A,
     BLOCK_B,
@@ -31,55 +36,6 @@ from support.e2e import (
 from neffcache.keying import ENV_ALLOWLIST
 
 pytestmark = pytest.mark.e2e
-
-WAIT = 60.0  # seconds a daemon may take to start or leave on a loaded machine
-
-
-@pytest.fixture
-def sockets() -> Iterator[Path]:
-    """A socket directory short enough for a Unix socket's name, mode 0700; every
-    daemon under it is killed at the end."""
-    directory = Path(tempfile.mkdtemp(prefix="nd-", dir="/tmp"))
-    yield directory
-    stop_daemons(directory)
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-def socket_in(directory: Path) -> Path | None:
-    found = sorted(directory.glob("hits-*.sock"))
-    return found[0] if found else None
-
-
-def until(what: str, check: object) -> None:
-    """Poll ``check`` (a callable) until true; fail after WAIT seconds."""
-    deadline = time.monotonic() + WAIT
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
-def daemon_env(
-    sandbox: Sandbox, server: Server, sockets: Path, l1: Path, **extra: str | None
-) -> dict[str, str]:
-    return sandbox.env(
-        l1=l1,
-        url=server.cache_url(sandbox.namespace),
-        shim=True,
-        extra={
-            "NEFFCACHE_DAEMON": None,
-            "NEFFCACHE_DAEMON_DIR": str(sockets),
-            "NEFFCACHE_RUN_MANIFEST": str(sandbox.root / "run.jsonl"),
-            **extra,
-        },
-    )
-
-
-def is_daemon(pid: int, sockets: Path) -> bool:
-    return pid in daemons(sockets)
-
-
-def out(sandbox: Sandbox) -> Path:
-    return sandbox.new_dir("out") / "model.neff"
 
 
 def started(sandbox: Sandbox, server: Server, sockets: Path, l1: Path) -> None:

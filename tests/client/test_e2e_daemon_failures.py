@@ -10,16 +10,21 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.daemons import daemons, stop_daemons
+from support.daemons import (
+    daemon_env,
+    daemons,
+    is_daemon,
+    out,
+    socket_in,
+    until,
+)
 from support.e2e import (
     BLOCK_A,
     Sandbox,
@@ -29,54 +34,6 @@ from support.e2e import (
 )
 
 pytestmark = pytest.mark.e2e
-
-WAIT = 60.0  # seconds a daemon may take to start on a loaded machine
-
-
-@pytest.fixture
-def sockets() -> Iterator[Path]:
-    """A socket directory short enough for a Unix socket's name, mode 0700; every
-    daemon under it is killed at the end (stopped ones too: SIGKILL ends them)."""
-    directory = Path(tempfile.mkdtemp(prefix="nd-", dir="/tmp"))
-    yield directory
-    stop_daemons(directory)
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-def socket_in(directory: Path) -> Path | None:
-    found = sorted(directory.glob("hits-*.sock"))
-    return found[0] if found else None
-
-
-def until(what: str, check: Callable[[], bool], wait: float = WAIT) -> None:
-    deadline = time.monotonic() + wait
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
-def daemon_env(
-    sandbox: Sandbox, server: Server, sockets: Path, l1: Path, **extra: str | None
-) -> dict[str, str]:
-    return sandbox.env(
-        l1=l1,
-        url=server.cache_url(sandbox.namespace),
-        shim=True,
-        extra={
-            "NEFFCACHE_DAEMON": None,
-            "NEFFCACHE_DAEMON_DIR": str(sockets),
-            "NEFFCACHE_RUN_MANIFEST": str(sandbox.root / "run.jsonl"),
-            **extra,
-        },
-    )
-
-
-def is_daemon(pid: int, sockets: Path) -> bool:
-    return pid in daemons(sockets)
-
-
-def out(sandbox: Sandbox) -> Path:
-    return sandbox.new_dir("out") / "model.neff"
 
 
 def start_daemon(sandbox: Sandbox, server: Server, sockets: Path, l1: Path, **extra: str) -> None:

@@ -1,5 +1,6 @@
 """The hit daemons (client/daemon.py) a test starts: found by their command line, which
-names their socket, and stopped."""
+names their socket, and stopped; and what the suites that drive the shim with its
+daemon share (an environment with a socket directory of the test's own, waits)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from support.e2e import Sandbox, Server
+
+WAIT = 60.0  # seconds a daemon may take to start or leave on a loaded machine
 
 
 def daemons(directory: Path) -> list[int]:
@@ -37,3 +45,42 @@ def stop_daemons(directory: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
         assert time.monotonic() < deadline, f"daemons {pids} outlived SIGKILL"
         time.sleep(0.01)
+
+
+def socket_in(directory: Path) -> Path | None:
+    found = sorted(directory.glob("hits-*.sock"))
+    return found[0] if found else None
+
+
+def until(what: str, check: Callable[[], bool], wait: float = WAIT) -> None:
+    """Poll ``check`` until true; fail after ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def daemon_env(
+    sandbox: Sandbox, server: Server, sockets: Path, l1: Path, **extra: str | None
+) -> dict[str, str]:
+    """The shim first on PATH with its daemon on, its socket under ``sockets``, and a
+    run manifest in the sandbox (``run.jsonl``)."""
+    return sandbox.env(
+        l1=l1,
+        url=server.cache_url(sandbox.namespace),
+        shim=True,
+        extra={
+            "NEFFCACHE_DAEMON": None,
+            "NEFFCACHE_DAEMON_DIR": str(sockets),
+            "NEFFCACHE_RUN_MANIFEST": str(sandbox.root / "run.jsonl"),
+            **extra,
+        },
+    )
+
+
+def is_daemon(pid: int, sockets: Path) -> bool:
+    return pid in daemons(sockets)
+
+
+def out(sandbox: Sandbox) -> Path:
+    return sandbox.new_dir("out") / "model.neff"
