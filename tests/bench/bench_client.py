@@ -80,7 +80,7 @@ import bench_server as peers  # the same server and nginx harness
 import pinning
 from needs import INSTALL
 from results import record
-from support.daemons import daemons, stop_daemons
+from support.daemons import children_states, socket_directory
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDINS = ROOT / "tests" / "standins"
@@ -215,7 +215,9 @@ def timed(argv: list[str], env: dict[str, str], daemon: Path | None = None) -> f
     if process.returncode != 0:
         raise RuntimeError(f"{argv[:4]}... exited {process.returncode}: {err[-2000:]!r}")
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and (_alive(process.pid) or _daemon_children(daemon)):
+    while time.monotonic() < deadline and (
+        _alive(process.pid) or (daemon is not None and set(children_states(daemon)) - {"Z"})
+    ):
         time.sleep(0.002)
     return elapsed
 
@@ -226,20 +228,6 @@ def _alive(session: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
-
-
-def _daemon_children(directory: Path | None) -> bool:
-    """Whether a process of the hit daemon under ``directory`` has a child that is not
-    one of its workers (a hit's events being sent)."""
-    if directory is None:
-        return False
-    own = set(daemons(directory))
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) in own and int(entry.name) not in own and fields[0] != "Z":
-                return True
-    return False
 
 
 def clear_l1(local: Path) -> None:
@@ -444,15 +432,11 @@ def torchneuron_phase(tmp: Path, server_url: str, repeats: int, interp: Interpre
 @contextlib.contextmanager
 def hit_daemon(env: dict[str, str]) -> Iterator[Path]:
     """A socket directory of its own for the shim's hit daemon (client/daemon.py), set
-    in ``env``; the daemons started under it are killed at the end."""
-    directory = Path(tempfile.mkdtemp(prefix="nd-", dir="/tmp"))  # a short socket name
-    env["NEFFCACHE_DAEMON_DIR"] = str(directory)
-    env.pop("NEFFCACHE_DAEMON", None)
-    try:
+    in ``env``; the daemons started under it are stopped at the end."""
+    with socket_directory() as directory:
+        env["NEFFCACHE_DAEMON_DIR"] = str(directory)
+        env.pop("NEFFCACHE_DAEMON", None)
         yield directory
-    finally:
-        stop_daemons(directory)
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def wait_for_daemon(directory: Path) -> None:

@@ -24,15 +24,13 @@ directory.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.client_units import TokenServer
-from support.daemons import stop_daemons
+from support.daemons import socket_directory
 from support.e2e import Sandbox, Server
 from support.e2e_fixtures import namespace, server, silent_server
 from support.lease_hosts import TTL
@@ -127,9 +125,6 @@ def _no_shared_leases() -> Iterator[None]:
 
 @pytest.fixture
 def sockets() -> Iterator[Path]:
-    """A hit daemon's socket directory (NEFFCACHE_DAEMON_DIR), mode 0700 and short
-    enough for a Unix socket's name; every daemon under it is stopped at the end."""
-    directory = Path(tempfile.mkdtemp(prefix="nd-", dir="/tmp"))
-    yield directory
-    stop_daemons(directory)
-    shutil.rmtree(directory, ignore_errors=True)
+    """A hit daemon's socket directory of the test's own (support/daemons.py)."""
+    with socket_directory() as directory:
+        yield directory

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from support.daemons import (
+    children_states,
     daemon_env,
     daemons,
     is_daemon,
@@ -66,19 +67,6 @@ def test_hits_after_the_first_call_are_the_daemons(
     assert len(read_run_manifest(sandbox.root / "run.jsonl")) == 3
 
 
-def zombies(sockets: Path) -> int:
-    """Children of the daemon's processes that ended and were not collected."""
-    pids = set(daemons(sockets))
-    found = 0
-    for entry in Path("/proc").iterdir():
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        found += fields[0] == "Z" and int(fields[1]) in pids
-    return found
-
-
 def test_the_children_that_send_a_hits_events_are_collected(
     server: Server, sandbox: Sandbox, sockets: Path
 ) -> None:
@@ -90,7 +78,8 @@ def test_the_children_that_send_a_hits_events_are_collected(
         sandbox.wrap(env, BLOCK_A, out(sandbox), via_shim=True).check()
     served = read_run_manifest(sandbox.root / "run.jsonl")[1:]
     assert all(is_daemon(line["pid"], sockets) for line in served)
-    assert zombies(sockets) <= 1, "the hits' telemetry children were left as zombies"
+    zombies = children_states(sockets).count("Z")
+    assert zombies <= 1, "the hits' telemetry children were left as zombies"
 
 
 def test_a_server_hit_is_the_daemons_too(server: Server, sandbox: Sandbox, sockets: Path) -> None:

@@ -15,16 +15,14 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from doctor.doctor_harness import StatusServer, TokenServer
-from support.daemons import stop_daemons
+from support.daemons import socket_directory
 from support.e2e import NEFFCACHE, Server, clean_environ
 from support.e2e_fixtures import server, silent_server
 
@@ -82,8 +80,6 @@ def other_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def sockets() -> Iterator[Path]:
-    # Under /tmp, not pytest's tmp_path: a socket's name is at most about 100 bytes.
-    directory = Path(tempfile.mkdtemp(prefix="nd-", dir="/tmp"))
-    yield directory
-    stop_daemons(directory)
-    shutil.rmtree(directory, ignore_errors=True)
+    """A hit daemon's socket directory of the test's own (support/daemons.py)."""
+    with socket_directory() as directory:
+        yield directory

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +36,33 @@ def daemons(directory: Path) -> list[int]:
         ):
             found.append(int(entry.name))
     return found
+
+
+def children_states(directory: Path) -> list[str]:
+    """The states (``ps``'s letters: ``Z`` for one that ended and was not collected) of
+    the children of the daemon's processes under ``directory`` that are not its workers:
+    those that send a hit's events."""
+    own = set(daemons(directory))
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) in own and int(entry.name) not in own:
+                found.append(fields[0])
+    return found
+
+
+@contextlib.contextmanager
+def socket_directory() -> Iterator[Path]:
+    """A directory for a daemon's socket (``NEFFCACHE_DAEMON_DIR``): mode 0700, under
+    /tmp rather than pytest's tmp_path (a socket's name is at most about 100 bytes);
+    every daemon under it is stopped at the end."""
+    directory = Path(tempfile.mkdtemp(prefix="nd-", dir="/tmp"))
+    try:
+        yield directory
+    finally:
+        stop_daemons(directory)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def stop_daemons(directory: Path) -> None:

@@ -11,11 +11,13 @@ a command the wrapper does not serve, any trouble) is declined, having counted a
 recorded nothing, and the shim does the whole call in its own process: the lease,
 the compile and the publish never run here.
 
-One daemon per user, interpreter and search path (``shimclient.socket_path``). It is
-started, detached, by a shim that found none (``start``), holds a lock for its life
-so that only one starts, and leaves after ``NEFFCACHE_DAEMON_IDLE`` seconds without a
-request (600), or at the first request after its own code changed on disk (an
-upgrade). Its workers are forked once, after the imports: a request needs no fork.
+One daemon per user and group set, interpreter and search path, namespaces and
+filesystem encoding (``shimclient.named``, after which its socket is named). It is
+started, detached, by a shim that found none (``start_for``), holds a lock for its
+life so that only one starts, and leaves after ``NEFFCACHE_DAEMON_IDLE`` seconds
+without a request (600), or within a second of its own code changing on disk (an
+upgrade: ``CodeStamp``). Its workers are forked once, after the imports: a request
+needs no fork.
 """
 
 from __future__ import annotations
@@ -32,10 +34,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from neffcache.client import shimclient
 from neffcache.client._log import log
+
+if TYPE_CHECKING:
+    from neffcache.client.config import ClientConfig
+    from neffcache.client.remote import Remote
 
 IDLE = 600.0
 WORKERS = 4
@@ -69,7 +75,7 @@ def start_for(path: str, search_path: list[str]) -> bool:
     if not wants_neffcache(os.environ) or not hasattr(socket, "SO_PEERCRED"):
         return False  # SO_PEERCRED: Linux's; elsewhere no daemon can check its callers
     directory = os.path.dirname(path)
-    with contextlib.suppress(FileExistsError, OSError):
+    with contextlib.suppress(OSError):  # there already, or cannot be: checked next
         os.mkdir(directory, 0o700)
     if not shimclient.private(directory, os.getuid()):
         return False  # not ours, or not there: a socket in it could be anyone's
@@ -268,9 +274,9 @@ def _warm() -> Callable[..., int | None]:
 
     for module in pkgutil.iter_modules(neffcache.keying.__path__, "neffcache.keying."):
         importlib.import_module(module.name)
-    for name in ("compiler", "inputs", "local", "remote", "resolver", "runlog", "session"):
+    hit_path = ("compiler", "inputs", "local", "remote", "resolver", "runlog", "session")
+    for name in (*hit_path, "telemetry"):
         importlib.import_module(f"neffcache.client.{name}")
-    import neffcache.client.telemetry
     from neffcache.client.wrapper import serve_hit
 
     return serve_hit
@@ -301,7 +307,7 @@ def _work(
     exit status."""
     stopping = _Stopping()
     listener.settimeout(idle)
-    remotes: dict[Any, Any] = {}  # the server clients, kept with their connections
+    remotes: dict[ClientConfig, Remote] = {}  # the server clients, kept with their connections
     while not stopping.asked:
         _reap()
         try:
@@ -330,8 +336,8 @@ def _answer(conn: socket.socket, serve_hit: Callable[..., int | None]) -> None:
         data = _receive(conn, fds)
         request = None if data is None or len(fds) != 2 else parse_request(data)
         # The same user and groups (the kernel's word), and the same code, files and
-        # network (shimclient.named: the socket is named after them); a caller still
-        # waiting (one that gave up serves itself: it must not be served twice).
+        # network (shimclient.named: the socket is named after them). Nothing is
+        # written for a caller that hung up (``beat.wanted``): it serves itself.
         if request is not None and _same_caller(conn) and request.named == shimclient.named():
             with _Heartbeat(conn) as beat:
                 served = _serve(request, fds, lambda argv: serve_hit(argv, beat.wanted))

@@ -54,12 +54,22 @@ if TYPE_CHECKING:
 
 class Session:
     def __init__(
-        self, config: ClientConfig, real: str, call: CompileCall, remote: Remote | None = None
+        self,
+        config: ClientConfig,
+        real: str,
+        call: CompileCall,
+        *,
+        remote: Remote | None = None,
+        wanted: Callable[[], bool] = lambda: True,
     ) -> None:
+        """``remote`` and ``wanted`` are the hit daemon's: a server client kept across
+        calls with its connection, and whether the caller still waits (a shim that
+        gave up serves itself, so nothing is written for it after that)."""
         from neffcache.client.local import SDK_CACHE_VARIABLE, LocalStore
 
-        if remote is not None:  # the hit daemon's, kept across calls with its connection
+        if remote is not None:
             self.__dict__["remote"] = remote  # what the cached property below would hold
+        self.wanted = wanted
         self.config = config
         self.real = real
         self.call = call
@@ -69,9 +79,6 @@ class Session:
         if self.sdk_cache.root == self.local.root:
             self.sdk_cache = self.local
         self.outcome: int | None = None  # set once the compiler ran or --output is written
-        # Whether the caller still waits for this call (the hit daemon's: a shim that
-        # gave up serves itself, so nothing is written for it after that).
-        self.wanted: Callable[[], bool] = lambda: True
         from neffcache.keying import StockEra
 
         # The stock layout's era its flags file follows: the SDK's, when the input is

@@ -183,11 +183,7 @@ def main(argv: Sequence[str]) -> int:
     except ConfigError as exc:
         log.warning("neffcache: %s; compiling without the cache", exc)
         config = None
-    from neffcache.client.compiler import find_real_compiler
-
-    real = find_real_compiler(
-        program, os.environ.get("NEFFCACHE_REAL_COMPILER") or None, os.environ.get("PATH")
-    )
+    real = _real_compiler(program)
     if real is None:
         print(
             f"neffcache wrap: no real {program} found (set NEFFCACHE_REAL_COMPILER, or put "
@@ -248,11 +244,7 @@ def serve_hit(
         config = ClientConfig.from_env()
     except ConfigError:
         return None  # the shim says why
-    from neffcache.client.compiler import find_real_compiler
-
-    real = find_real_compiler(
-        argv[0], os.environ.get("NEFFCACHE_REAL_COMPILER") or None, os.environ.get("PATH")
-    )
+    real = _real_compiler(argv[0])
     call = parse(argv[1:])
     if config is None or real is None or call is None:
         return None
@@ -271,10 +263,15 @@ def serve_hit(
             if len(remotes) >= _KEPT_REMOTES:  # the oldest goes: one job's settings at a time
                 remotes.pop(next(iter(remotes))).close()
             remote = remotes[config] = Remote(config)
-    session = Session(config, real, call, remote)
-    if wanted is not None:
-        session.wanted = wanted
+    session = Session(config, real, call, remote=remote, wanted=wanted or (lambda: True))
     return 0 if session.serve_hit() else None
+
+
+def _real_compiler(program: str) -> str | None:
+    from neffcache.client.compiler import find_real_compiler
+
+    configured = os.environ.get("NEFFCACHE_REAL_COMPILER") or None
+    return find_real_compiler(program, configured, os.environ.get("PATH"))
 
 
 def exit_fast(code: int) -> NoReturn:
