@@ -79,6 +79,12 @@ def namespaces() -> list[str]:
     return found
 
 
+def turned_off(environ: dict[str, str] | os._Environ[str]) -> bool:
+    """Whether ``NEFFCACHE_DAEMON`` turns the daemon off (``0``, ``false``, ``no``,
+    ``off``, as the client reads every switch)."""
+    return environ.get("NEFFCACHE_DAEMON", "").strip().lower() in _OFF
+
+
 def private(directory: str, uid: int) -> bool | None:
     """Whether ``directory`` is the user's own and no one else's (None: it is not
     there). A socket in a directory others can write could be theirs."""
@@ -101,7 +107,7 @@ def ask(argv: list[str]) -> tuple[int | None, str | None]:
 
 def _ask(argv: list[str]) -> tuple[int | None, str | None]:
     environ = os.environ
-    if environ.get("NEFFCACHE_DAEMON", "").strip().lower() in _OFF:
+    if turned_off(environ):
         return None, None
     if environ.get("NEFFCACHE_IN_WRAPPER"):
         return None, None  # the compiler the wrapper runs: never served, never started

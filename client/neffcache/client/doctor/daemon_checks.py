@@ -28,7 +28,7 @@ _OWN_DIR = "set NEFFCACHE_DAEMON_DIR to a short directory of your own (mode 700)
 
 def daemon(ctx: Context) -> Result:
     environ = ctx.environ
-    if environ.get("NEFFCACHE_DAEMON", "").strip().lower() in shimclient._OFF:
+    if shimclient.turned_off(environ):
         return skipped("the hit daemon is off (NEFFCACHE_DAEMON): the shim does every call itself")
     if not wants_neffcache(environ):
         return skipped("no neffcache URL is configured: the shim starts no daemon (config.url)")
