@@ -118,7 +118,8 @@ def register(sub: Any) -> None:
         "shim-dir",
         help="print a directory with a neuronx-cc that runs the wrapper",
         description="Prints (creating it if needed) a directory holding a neuronx-cc "
-        "script that runs `neffcache wrap`. Prepend it to PATH; the real compiler is "
+        "script that asks the host's hit daemon to serve a hit, else runs `neffcache "
+        "wrap` (NEFFCACHE_DAEMON=0: always). Prepend it to PATH; the real compiler is "
         "NEFFCACHE_REAL_COMPILER, else the next neuronx-cc on PATH.",
     )
     shim.add_argument(
