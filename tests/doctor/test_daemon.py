@@ -1,6 +1,7 @@
 """The shim's hit daemon (``paths.daemon``): off, a socket directory the shim will not
 use, a socket name too long, none running yet (and why one did not start, from its
-log), and a real daemon started by a shim call, found on the socket the shim named."""
+log), a real daemon started by a shim call, found on the socket the shim named, and
+one the shim marked silent (and marks it would not have made)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ import os
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from doctor.doctor_harness import doctor_env, results
 from support.daemons import daemons
+
+from neffcache.client import shimclient
+from neffcache.client.doctor import daemon_checks
 
 pytestmark = pytest.mark.e2e
 
@@ -109,3 +114,150 @@ def test_a_daemon_a_shim_call_started_is_found_running(tmp_path: Path, sockets: 
     assert check["evidence"] == f"running: a hit daemon answers on {found[0]}"
     assert check["data"]["running"] is True
     assert daemons(sockets), "the doctor's connect made the daemon leave"
+
+
+def test_a_daemon_the_shim_found_silent_is_a_warning_until_its_mark_is_stale(
+    tmp_path: Path, sockets: Path
+) -> None:
+    """A daemon that accepts connections and never answers (stopped, stuck): the shim
+    waits NEFFCACHE_DAEMON_WAIT, serves the call itself and marks it silent, and the
+    doctor reads that mark where the shim wrote it. Once the mark is older than
+    shimclient.SILENT_FOR the shim asks the daemon again: a note, no warning."""
+    env = doctor_env(tmp_path, URL, NEFFCACHE_DAEMON_DIR=str(sockets), NEFFCACHE_DAEMON_WAIT="0.5")
+    path = daemon_check(env)["data"]["socket"]
+    stuck = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        stuck.bind(path)
+        stuck.listen(16)  # connections are queued, never accepted nor answered
+        # Not pipes: the shim passes its standard output and error to the daemon, and a
+        # connection never accepted holds them open until the socket is closed.
+        stderr = tmp_path / "shim.stderr"
+        with stderr.open("wb") as err:
+            code = subprocess.call(
+                ["neuronx-cc", "--version"], env=env, stdout=err, stderr=err, timeout=120
+            )
+        assert code == 0, stderr.read_text()
+        mark = Path(shimclient.silent_mark(path))
+        assert mark.is_file(), "the shim did not mark the silent daemon"
+        check = daemon_check(env)
+        assert check["status"] == "WARN", check
+        assert check["evidence"].startswith(f"the shim skips the hit daemon on {path} until ")
+        assert (
+            f"in {mark}; a daemon accepts connections there but went silent" in (check["evidence"])
+        )
+        assert check["fix"] == (
+            f"read why in its log, {path}.log; if it stays silent, export NEFFCACHE_DAEMON=0: "
+            "the shim never asks nor starts a hit daemon; each call is a process of its own"
+        )
+        silent = check["data"]["silent"]
+        assert silent["current"] is True
+        assert silent["mark"] == str(mark)
+        assert silent["until"] in check["evidence"]
+        assert check["data"]["running"] is True
+
+        long_ago = time.time() - 2 * shimclient.SILENT_FOR
+        os.utime(mark, (long_ago, long_ago))
+        check = daemon_check(env)
+        assert check["status"] == "PASS", check
+        assert check["evidence"] == f"running: a hit daemon answers on {path}"
+        assert check["fix"] == ""
+        [note] = check["details"]
+        assert note.startswith("marked silent at ")
+        assert note.endswith(f"in {mark}, over 60 s ago: the shim no longer skips this daemon")
+        assert check["data"]["silent"]["current"] is False
+    finally:
+        stuck.close()
+
+
+def _directory(mark: Path) -> None:
+    mark.mkdir()
+
+
+def _unreadable(mark: Path) -> None:
+    mark.touch()
+    mark.chmod(0)
+
+
+def _link_to_a_file(mark: Path) -> None:
+    target = mark.with_name("elsewhere")
+    target.touch()
+    mark.symlink_to(target)
+
+
+def _dangling_link(mark: Path) -> None:
+    mark.symlink_to(mark.with_name("nowhere"))
+
+
+def _looping_link(mark: Path) -> None:
+    mark.symlink_to(mark)
+
+
+def _dated_ahead(mark: Path) -> None:
+    mark.touch()
+    ahead = time.time() + 3600
+    os.utime(mark, (ahead, ahead))
+
+
+def _dated_past_any_calendar(mark: Path) -> None:
+    mark.touch()
+    far = 2.0**62  # ext4 keeps the year 2446; a filesystem that keeps more, gmtime cannot spell
+    os.utime(mark, (far, far))
+
+
+_LOG_FIX = (
+    "read why in its log, {path}.log; if it stays silent, export NEFFCACHE_DAEMON=0: the shim "
+    "never asks nor starts a hit daemon; each call is a process of its own"
+)
+_NOT_MADE = "the mark is {what}, not the empty file the shim makes: {rm} {mark}"
+_AHEAD = "the mark is dated ahead of this host's clock (planted, or the clock went back): rm {mark}"
+
+
+@pytest.mark.parametrize(
+    ("plant", "status", "fix"),
+    [
+        pytest.param(
+            _directory,
+            "WARN",
+            _NOT_MADE.replace("{what}", "a directory").replace("{rm}", "rm -r"),
+            id="directory",
+        ),
+        pytest.param(_unreadable, "WARN", _LOG_FIX, id="unreadable"),
+        pytest.param(
+            _link_to_a_file,
+            "WARN",
+            _NOT_MADE.replace("{what}", "a symbolic link").replace("{rm}", "rm"),
+            id="link-to-a-file",
+        ),
+        pytest.param(_dangling_link, "PASS", "", id="dangling-link"),
+        pytest.param(_looping_link, "PASS", "", id="looping-link"),
+        pytest.param(_dated_ahead, "WARN", _AHEAD, id="dated-ahead"),
+        pytest.param(_dated_past_any_calendar, "WARN", _AHEAD, id="dated-past-any-calendar"),
+    ],
+)
+def test_a_malformed_mark_is_read_as_the_shim_reads_it(
+    tmp_path: Path, sockets: Path, plant: Callable[[Path], None], status: str, fix: str
+) -> None:
+    """The mark is a file anyone who can write the directory may have made: only its
+    time of change counts, as for the shim (a link is followed; one that leads nowhere
+    is no mark). One the shim would not have made is named in the fix, to remove."""
+    env = doctor_env(tmp_path, URL, NEFFCACHE_DAEMON_DIR=str(sockets))
+    path = daemon_check(env)["data"]["socket"]
+    mark = Path(shimclient.silent_mark(path))
+    plant(mark)
+    check = daemon_check(env)
+    assert check["status"] == status, check
+    assert check["fix"] == fix.format(mark=mark, path=path)
+    if status == "PASS":
+        assert check["evidence"] == f"none running yet on {path}; the next shim call starts one"
+        assert check["data"]["silent"] is None
+        return
+    assert check["evidence"].startswith(f"the shim skips the hit daemon on {path} until ")
+    assert "none answers there now, and no shim starts one before then" in check["evidence"]
+    assert check["data"]["silent"]["current"] is True
+
+
+def test_a_mark_dated_past_any_calendar_is_spelled_in_seconds() -> None:
+    """A time ``gmtime`` cannot convert (a planted mark on a filesystem that keeps it)
+    is said, not raised: the doctor never fails on the mark."""
+    assert daemon_checks.utc(0) == "1970-01-01T00:00:00Z"
+    assert daemon_checks.utc(2.0**62) == "4611686018427387904 s since the epoch"

@@ -29,7 +29,7 @@ ALIVE = b"."
 _CONNECT_TIMEOUT = 1.0
 _SILENCE = 10.0  # seconds without a byte from the daemon: NEFFCACHE_DAEMON_WAIT
 # A daemon that went silent (stopped, swapping, stuck) is not asked again for this long
-# by any shim: each would wait _SILENCE otherwise. Its mark: the socket's ``.silent``.
+# by any shim: each would wait _SILENCE otherwise. Its mark: ``silent_mark``.
 SILENT_FOR = 60.0
 _OFF = ("0", "false", "no", "off")
 # A Unix socket's name is at most 107 bytes on Linux: a longer one cannot be bound.
@@ -79,6 +79,12 @@ def namespaces() -> list[str]:
     return found
 
 
+def silent_mark(path: str) -> str:
+    """The file beside the socket ``path`` whose time of change is when its daemon last
+    went silent: no shim asks it before ``SILENT_FOR`` seconds after that."""
+    return f"{path}.silent"
+
+
 def turned_off(environ: dict[str, str] | os._Environ[str]) -> bool:
     """Whether ``NEFFCACHE_DAEMON`` turns the daemon off (``0``, ``false``, ``no``,
     ``off``, as the client reads every switch)."""
@@ -119,7 +125,7 @@ def _ask(argv: list[str]) -> tuple[int | None, str | None]:
     if not mine:
         return None, (path if mine is None else None)  # absent: start one; else never
     try:
-        if time.time() - os.stat(f"{path}.silent").st_mtime < SILENT_FOR:
+        if time.time() - os.stat(silent_mark(path)).st_mtime < SILENT_FOR:
             return None, None  # it went silent lately: not waited for again yet
     except OSError:
         pass
@@ -165,9 +171,10 @@ def _ask(argv: list[str]) -> tuple[int | None, str | None]:
 
 
 def _mark_silent(path: str) -> None:
+    mark = silent_mark(path)
     try:
-        os.close(os.open(f"{path}.silent", os.O_WRONLY | os.O_CREAT, 0o600))
-        os.utime(f"{path}.silent")
+        os.close(os.open(mark, os.O_WRONLY | os.O_CREAT, 0o600))
+        os.utime(mark)
     except OSError:
         pass
 

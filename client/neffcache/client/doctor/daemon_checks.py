@@ -1,5 +1,6 @@
 """The hit daemon (docs/architecture.md#the-hit-daemon): whether the shim on PATH can
-use one, and whether one runs.
+use one, whether one runs, and whether the shim skips it for now, having found it
+silent (its mark, ``shimclient.silent_mark``, read as the shim reads it).
 
 The socket is named after the shim's interpreter and search path
 (``shimclient.socket_path``), so it is computed in the shim's own Python, by the
@@ -12,6 +13,9 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
+import time
+from typing import Any, NamedTuple
 
 from neffcache.client import shimclient
 from neffcache.client.config import wants_neffcache
@@ -24,6 +28,11 @@ CONNECT_TIMEOUT = 1.0
 # How much of the log's end is read for its last line.
 _LOG_TAIL = 4096
 _OWN_DIR = "set NEFFCACHE_DAEMON_DIR to a short directory of your own (mode 700)"
+# docs/client.md's words for NEFFCACHE_DAEMON=0.
+_TURN_OFF = (
+    "export NEFFCACHE_DAEMON=0: the shim never asks nor starts a hit daemon; each call is "
+    "a process of its own"
+)
 
 
 def daemon(ctx: Context) -> Result:
@@ -62,16 +71,111 @@ def _judge(directory: str, path: str) -> Result:
         return warned(unusable[0], unusable[1], **data)
     log = last_line(f"{path}.log")
     said = f"; its log's last line: {log}" if log else ""
-    if _answers(path):
-        return passed(
-            f"running: a hit daemon answers on {path}{said}", running=True, log=log, **data
-        )
+    running = _answers(path)
+    mark = silence(path, time.time())
+    facts = {**data, "running": running, "log": log, "silent": _silent_data(mark)}
+    if mark is not None and mark.current:
+        return _skipped_by_the_shim(path, mark, running, said, facts)
+    # A mark older than SILENT_FOR is history the shim ignores: a detail, not a warning.
+    details = [mark.stale()] if mark is not None else []
+    if running:
+        return passed(f"running: a hit daemon answers on {path}{said}", details=details, **facts)
     return passed(
         f"none running yet on {path}; the next shim call starts one{said}",
-        running=False,
-        log=log,
-        **data,
+        details=details,
+        **facts,
     )
+
+
+class Silence(NamedTuple):
+    """The shim's mark on a daemon that went silent (``shimclient.silent_mark``), as the
+    shim reads it: only its time of change counts, whatever the file is."""
+
+    mark: str
+    marked: float  # when the daemon last went silent, by this host's clock
+    now: float
+    odd: str | None  # what the mark is when not the empty file the shim makes
+
+    @property
+    def until(self) -> float:
+        return self.marked + shimclient.SILENT_FOR
+
+    @property
+    def current(self) -> bool:
+        """Whether the shim skips the daemon now (``shimclient._ask``'s own test)."""
+        return self.now - self.marked < shimclient.SILENT_FOR
+
+    def said(self) -> str:
+        ahead = " (ahead of this host's clock)" if self.marked > self.now else ""
+        return f"marked silent at {utc(self.marked)}{ahead} in {self.mark}"
+
+    def stale(self) -> str:
+        limit = f"{shimclient.SILENT_FOR:.0f} s"
+        return f"{self.said()}, over {limit} ago: the shim no longer skips this daemon"
+
+
+def silence(path: str, now: float) -> Silence | None:
+    """The mark beside the socket ``path``, or None when there is none the shim could
+    read. Never raises: the mark is a file anyone with the directory may have made."""
+    mark = shimclient.silent_mark(path)
+    try:
+        status = os.stat(mark)  # followed, as the shim follows it
+        link = os.lstat(mark)
+    except (OSError, ValueError):
+        return None  # none, a dangling or looping link: the shim ignores it too
+    if stat.S_ISLNK(link.st_mode):
+        odd: str | None = "a symbolic link"
+    elif not stat.S_ISREG(status.st_mode):
+        odd = "a directory" if stat.S_ISDIR(status.st_mode) else "not a regular file"
+    else:
+        odd = None
+    return Silence(mark, status.st_mtime, now, odd)
+
+
+def _skipped_by_the_shim(
+    path: str, mark: Silence, running: bool, said: str, facts: dict[str, Any]
+) -> Result:
+    state = (
+        "a daemon accepts connections there but went silent"
+        if running
+        else "none answers there now, and no shim starts one before then"
+    )
+    evidence = (
+        f"the shim skips the hit daemon on {path} until {utc(mark.until)}: {mark.said()}; "
+        f"{state}: meanwhile every hit pays the wrapper's imports{said}"
+    )
+    rm = "rm -r" if mark.odd == "a directory" else "rm"
+    if mark.odd is not None:
+        fix = f"the mark is {mark.odd}, not the empty file the shim makes: {rm} {mark.mark}"
+    elif mark.marked > mark.now:
+        fix = (
+            "the mark is dated ahead of this host's clock (planted, or the clock went "
+            f"back): {rm} {mark.mark}"
+        )
+    else:
+        fix = f"read why in its log, {path}.log; if it stays silent, {_TURN_OFF}"
+    return warned(evidence, fix, **facts)
+
+
+def _silent_data(mark: Silence | None) -> dict[str, Any] | None:
+    if mark is None:
+        return None
+    return {
+        "mark": mark.mark,
+        "marked": utc(mark.marked),
+        "until": utc(mark.until),
+        "current": mark.current,
+        "odd": mark.odd,
+    }
+
+
+def utc(when: float) -> str:
+    """``when`` as ISO 8601 UTC to the second; a time ``gmtime`` cannot spell (a mark's
+    planted far-off date) as seconds since the epoch."""
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))
+    except (OverflowError, OSError, ValueError):
+        return f"{when:.0f} s since the epoch"
 
 
 def _not_private(directory: str) -> tuple[str, str] | None:
