@@ -36,6 +36,7 @@ import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 from support.e2e import (
     BLOCK_A,
@@ -233,6 +234,36 @@ def test_failed_compile_is_reported_to_the_server_as_a_failure_record(
     assert records[0]["compiler_version"] == STANDIN_VERSION
     assert "NCC_STANDIN001" in records[0]["log"]
     assert server.entry(sandbox.namespace, key) is None, "a failure was published as an entry"
+
+
+def served_bytes(server: Server) -> float:
+    """The server's ``neffcache_blob_bytes_served_total``: blob GETs and NEFFs sent
+    inline in lookups (docs/protocol.md#a-file-inline)."""
+    metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+    for line in metrics.splitlines():
+        if line.startswith("neffcache_blob_bytes_served_total "):
+            return float(line.split()[1])
+    raise AssertionError("no neffcache_blob_bytes_served_total in /metrics")
+
+
+def test_the_ranks_of_a_host_fetch_a_neff_once(server: Server, sandbox: Sandbox) -> None:
+    url = server.cache_url(sandbox.namespace)
+    sandbox.wrap(sandbox.env(l1=sandbox.new_dir("l1"), url=url), BLOCK_A, _out(sandbox)).check()
+    host = sandbox.env(l1=sandbox.new_dir("l1"), url=url)  # a new host: its L1 is empty
+    before = served_bytes(server)
+
+    def rank(_: int) -> Path:
+        out = _out(sandbox)
+        sandbox.wrap(host, BLOCK_A, out).check()
+        return out
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        outs = list(pool.map(rank, range(4)))
+    assert all(out.read_bytes() == reference_neff(BLOCK_A) for out in outs)
+    assert sandbox.compiles() == 1
+    # Each rank's lookup may bring the NEFF inline; one at a time per key on a host, the
+    # others find it in L1 (session.py), so it crosses the network once.
+    assert served_bytes(server) - before == len(reference_neff(BLOCK_A))
 
 
 # --- run manifest ---------------------------------------------------------------------

@@ -69,6 +69,7 @@ from neffcache.client.local import LocalStore
 from neffcache.client.prewarm import GIVE_UP, Progress
 from neffcache.client.prewarm import read_run_manifest as read_graphs
 from neffcache.client.proxy import entry_lock_name
+from neffcache.protocol import inline
 
 SUMMARY_FIELDS = {
     "lines",
@@ -496,7 +497,10 @@ class _FaultHandler(BaseHTTPRequestHandler):
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
-        headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+        dropped = {"host", inline.HEADER.lower()} if faults.stall_blobs else {"host"}
+        # Stalling blobs, the lookups do not ask for the NEFF inline (as from a server
+        # that does not inline): it comes as a download, the one that stalls.
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in dropped}
         upstream = faults.upstream.get(self.path, headers=headers)
         data = upstream.content
         self.send_response(upstream.status_code)

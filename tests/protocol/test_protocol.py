@@ -14,7 +14,7 @@ import pytest
 
 from neffcache import protocol
 from neffcache.keying import KeyingError, parse_neuron_address
-from neffcache.protocol import FileRef, Manifest, ManifestError, parse, routes
+from neffcache.protocol import FileRef, Manifest, ManifestError, inline, parse, routes
 
 KEY = "a" * 64
 DIGEST = "b" * 64
@@ -216,6 +216,52 @@ def test_lease_words() -> None:
     assert not protocol.is_answer_state(["held"])  # unhashable: no, not TypeError
 
 
+# --- a file inline in a lookup's answer ----------------------------------------------
+
+
+def test_an_inline_ask_reads_back_and_is_capped() -> None:
+    assert inline.parse_asked(inline.asked("model.neff", 8 << 20)) == ("model.neff", 8 << 20)
+    assert inline.parse_asked(" model.neff=10 ") == ("model.neff", 10)
+    # However much is asked, a server inlines at most MAX_BYTES.
+    assert inline.parse_asked("model.neff=999999999999") == ("model.neff", inline.MAX_BYTES)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "",
+        "model.neff",
+        "model.neff=",
+        "=10",
+        "../x=10",
+        "model.neff=-1",
+        "model.neff=1e3",
+        "model.neff=1234567890123",
+        "a/b=10",
+        "model.neff=10;x",
+    ],
+)
+def test_an_inline_ask_that_is_not_one_is_none(value: str) -> None:
+    assert inline.parse_asked(value) is None
+
+
+def test_an_inline_answer_splits_at_its_length() -> None:
+    body = inline.prefix(b'{"a": 1}') + b'{"a": 1}NEFF'
+    assert body.startswith(b"8\n")
+    json_part, data = inline.split(body) or (b"", memoryview(b""))
+    assert (json_part, bytes(data)) == (b'{"a": 1}', b"NEFF")
+    json_part, data = inline.split(b"2\n{}") or (b"", memoryview(b"x"))
+    assert (json_part, bytes(data)) == (b"{}", b"")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"", b"{}", b"9\n{}", b"-1\n{}", b"\n{}", b"x\n{}", b"1" * 13 + b"\n{}", b" 2\n{}"],
+)
+def test_an_inline_answer_without_a_length_that_fits_is_none(body: bytes) -> None:
+    assert inline.split(body) is None
+
+
 # --- the package ----------------------------------------------------------------------
 
 
@@ -225,7 +271,7 @@ def test_all_is_sorted_and_complete() -> None:
     assert exported == order
     assert [name for name in exported if not hasattr(protocol, name)] == []
     public = {n for n, v in vars(protocol).items() if not n.startswith("_") and n != "annotations"}
-    public -= {"counters", "manifest", "patterns", "routes", "states"}  # submodules
+    public -= {"counters", "inline", "manifest", "patterns", "routes", "states"}  # submodules
     assert sorted(public - set(exported)) == []
 
 

@@ -1,4 +1,4 @@
-"""The fast path (server/fastpath.py) answers blob and entry GETs before FastAPI's
+"""The fast path (server/fastpath.py) answers blob, entry and alias GETs before FastAPI's
 middleware and routing, and answers them exactly as the routes do: the same status,
 body and headers for a hit, a miss, a bad token and a range, with the fast path off
 (every request through FastAPI) and on. Everything else still goes through FastAPI."""
@@ -91,7 +91,9 @@ def test_lookups_and_blob_reads_skip_fastapi_and_the_rest_do_not(client: TestCli
     counting = Counting(app.middleware_stack)
     app.middleware_stack = counting
     entry = client.get(f"/v1/ns/team-a/entries/{KEY}")
+    alias = client.get(f"/v1/ns/team-a/aliases/{KEY}")  # a miss: no alias of that name
     blob = client.get(f"/v1/blobs/{body['files']['model.neff']['digest']}")
+    assert alias.status_code == 404
     assert entry.status_code == 200
     assert entry.json()["key"] == KEY
     assert entry.headers["content-type"] == "application/json"

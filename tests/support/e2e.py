@@ -43,6 +43,7 @@ from typing import Any
 import blake3
 import httpx
 
+from neffcache.protocol import inline
 from support import served
 
 TESTS = Path(__file__).resolve().parent.parent
@@ -576,6 +577,19 @@ def _read_chunked(stream: io.BufferedIOBase) -> bytes:
         stream.readline()
 
 
+def _blob_bytes_start(command: str, path: str, upstream: httpx.Response) -> int | None:
+    """Where a blob's bytes begin in an answer that carries one: a blob GET's body, or
+    the file after a lookup's JSON in an inline answer (protocol/inline.py)."""
+    if command != "GET" or upstream.status_code not in (200, 206):
+        return None
+    if path.startswith("/v1/blobs/"):
+        return 0
+    parts = inline.split(upstream.content)
+    if upstream.headers.get("content-type") == inline.MEDIA_TYPE and parts is not None:
+        return len(upstream.content) - len(parts[1])
+    return None
+
+
 class _ProxyHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _ProxyHTTPServer
@@ -597,14 +611,10 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self.send_error(502)
             return
         data = upstream.content
-        if (
-            self.command == "GET"
-            and self.path.startswith("/v1/blobs/")
-            and upstream.status_code in (200, 206)
-            and data
-        ):
+        start = _blob_bytes_start(self.command, self.path, upstream)
+        if start is not None and len(data) > start:
             flipped = bytearray(data)
-            flipped[len(flipped) // 2] ^= 0xFF
+            flipped[start + (len(flipped) - start) // 2] ^= 0xFF
             data = bytes(flipped)
             self.server.corrupted += 1
         self.send_response(upstream.status_code)
@@ -635,7 +645,8 @@ class _ProxyHTTPServer(ThreadingHTTPServer):
 
 class CorruptingProxy:
     """An HTTP proxy to a real server that flips one byte in the middle of every
-    blob body it passes on (GET /v1/blobs/...), and forwards everything else as is."""
+    blob it passes on (the body of GET /v1/blobs/..., the file in a lookup's inline
+    answer), and forwards everything else as is."""
 
     def __init__(self, upstream: str) -> None:
         self._server = _ProxyHTTPServer(("127.0.0.1", 0), _ProxyHandler)

@@ -1,8 +1,8 @@
 """Small HTTP servers in a thread of the test process, answering as a test scripts
 them: ``send_json`` writes one JSON answer from a handler, and ``ScriptedServer``
 answers every request with what ``answer(method, path)`` returns (or
-``route(method, path, body)``, when the answer depends on what was sent) and records
-each."""
+``route(method, path, body)``, when the answer depends on what was sent): a status and
+a body, and headers to add if a third item is given; it records each request."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-Answer = Callable[[str, str], tuple[int, bytes]]  # (method, path) -> (status, body)
-Route = Callable[[str, str, bytes], tuple[int, bytes]]  # (method, path, request body) -> ...
+# (status, body) or (status, body, headers)
+Reply = tuple[int, bytes] | tuple[int, bytes, dict[str, str]]
+Answer = Callable[[str, str], Reply]  # (method, path) -> reply
+Route = Callable[[str, str, bytes], Reply]  # (method, path, request body) -> reply
 
 
 def send_json(handler: BaseHTTPRequestHandler, status: int, body: object) -> None:
@@ -29,13 +31,14 @@ def send_json(handler: BaseHTTPRequestHandler, status: int, body: object) -> Non
 class ScriptedServer:
     """Answers GET, PUT and POST with ``answer(method, path)`` (a request's body is read
     and dropped), or with ``route(method, path, body)`` if that is given instead;
-    records ``(method, path)`` and the Authorization header of each. Paths are as sent
-    (still percent-encoded)."""
+    records ``(method, path)``, the Authorization header and all the headers of each.
+    Paths are as sent (still percent-encoded)."""
 
     def __init__(self, answer: Answer | None = None, *, route: Route | None = None) -> None:
         respond = _either(answer, route)
         self.requests: list[tuple[str, str]] = []
         self.auth: list[str] = []
+        self.headers: list[dict[str, str]] = []  # each request's, names lower-case
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -46,9 +49,12 @@ class ScriptedServer:
                 sent = self.rfile.read(length) if length else b""
                 outer.requests.append((self.command, self.path))
                 outer.auth.append(self.headers.get("Authorization", ""))
-                status, body = respond(self.command, self.path, sent)
+                outer.headers.append({k.lower(): v for k, v in self.headers.items()})
+                status, body, *more = respond(self.command, self.path, sent)
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(body)))
+                for name, value in (more[0] if more else {}).items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(body)
 

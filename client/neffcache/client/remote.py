@@ -14,6 +14,10 @@ give the refusal as their reason (``refusal``); a 403 to a write (a read-only to
 skips only writes (publishes, blob uploads, failure reports, leases), while lookups go
 on.
 
+A lookup asks for the entry's NEFF inline (docs/protocol.md#a-file-inline): a server
+that sends it answers a hit in one response instead of two, and the bytes wait here
+for the download that would have fetched them, which then verifies them as any other.
+
 A blob download may be redirected (the server's S3 store hands out presigned URLs):
 the client follows a few hops, to any http(s) host, on a fresh connection each,
 without its token and within the download's own deadline, and verifies what arrives
@@ -36,8 +40,10 @@ import blake3
 
 from neffcache.client._log import log
 from neffcache.client.api import Api
+from neffcache.client.compile_call import NEFF
 from neffcache.client.config import ClientConfig
 from neffcache.client.http import (
+    BODY_LIMIT,
     REDIRECTS,
     Connection,
     HttpError,
@@ -48,12 +54,16 @@ from neffcache.client.http import (
 from neffcache.client.local import LocalStore, new_temp
 from neffcache.client.manifests import Manifest, checked, is_digest, is_size
 from neffcache.client.stats import STATS
-from neffcache.protocol import LeaseOutcome, routes
+from neffcache.protocol import LeaseOutcome, inline, routes
 from neffcache.protocol.counters import ClientCounter
 
 # Blob transfers get the request timeout plus this much time per byte: a 256 MiB NEFF
 # over a slow link must not count as a dead server, a stalled one must still end.
 _MIN_RATE = 8 * 2**20  # bytes per second
+# A lookup asks for the NEFF inline up to this size (protocol/inline.py); a larger one
+# comes as a download, which streams to disk rather than into memory.
+INLINE_MAX = 8 * 2**20
+_INLINE_ASK = {inline.HEADER: inline.asked(NEFF, INLINE_MAX)}
 # Redirects a blob download follows: the server's one to its store, and a few more for
 # whatever sits in front of the store; a loop ends here.
 _MAX_REDIRECTS = 5
@@ -311,27 +321,53 @@ class Remote:
             f"locally, {later}"
         )
 
-    def _json(self, what: str, path: str) -> Manifest | None:
-        response = self._call(what, "GET", path)
+    def _lookup(self, what: str, path: str, name: str) -> Manifest | None:
+        """An entry lookup's manifest (checked), asking for its NEFF inline (a hit's
+        NEFF is fetched next, unless L1 holds it already); NEFF bytes that came with
+        it are kept for ``fetch`` (``_inlined``), replacing any an earlier lookup left."""
+        self._local.inlined = None
+        response = self._call(what, "GET", path, headers=_INLINE_ASK, limit=BODY_LIMIT + INLINE_MAX)
         if response is None or response.status != 200:
             return None
+        body: bytes = response.body
+        data = None
+        if response.headers.get("content-type") == inline.MEDIA_TYPE:
+            parts = inline.split(body)
+            if parts is None:
+                self._mark_down(what, "the answer's inline length does not fit its body")
+                return None
+            body, data = parts
         try:
-            value = json.loads(response.body)
+            value = json.loads(body)
         except ValueError:
             self._mark_down(what, "the answer is not JSON")
             return None
-        return value if isinstance(value, dict) else None
+        found = checked(value if isinstance(value, dict) else None, name)
+        ref = None if found is None else found["files"].get(NEFF)
+        if data is not None and isinstance(ref, dict) and ref.get("size") == len(data):
+            self._local.inlined = (ref.get("digest"), data)
+        return found
 
     # -- reads ------------------------------------------------------------------------
 
     def entry(self, key: str) -> Manifest | None:
-        found = self._json("entry lookup", routes.entry_path(self._ns, key))
-        return checked(found, f"the server's entry {key[:12]}")
+        path = routes.entry_path(self._ns, key)
+        return self._lookup("entry lookup", path, f"the server's entry {key[:12]}")
 
     def alias(self, alias: str) -> Manifest | None:
         """By direct key or stock Neuron address."""
-        found = self._json("alias lookup", routes.alias_path(self._ns, alias))
-        return checked(found, f"the server's entry for {alias[:80]}")
+        path = routes.alias_path(self._ns, alias)
+        return self._lookup("alias lookup", path, f"the server's entry for {alias[:80]}")
+
+    def _inlined(self, digest: str, size: int) -> memoryview | None:
+        """The NEFF bytes the last lookup brought, if they are this blob's (by the
+        manifest, not yet by their hash: ``fetch`` hashes them); taken once. A thread
+        keeps at most one lookup's, ``INLINE_MAX`` bytes, until its next lookup."""
+        kept: tuple[object, memoryview] | None = getattr(self._local, "inlined", None)
+        if kept is None or kept[0] != digest or len(kept[1]) != size:
+            return None  # kept for the NEFF's own fetch: an entry's other files come first
+        self._local.inlined = None
+        return kept[1]
 
     def fetch(self, digest: str, size: int, dest: Path) -> bool:
         """Download a blob to ``dest`` (atomically, verified); False on any problem.
@@ -341,11 +377,11 @@ class Remote:
             STATS.count(ClientCounter.BAD_MANIFESTS)
             log.warning("neffcache: refused to fetch blob %r of size %r", digest[:80], size)
             return False
-        if not self.available():
+        inlined = self._inlined(digest, size)
+        if inlined is None and not self.available():
             STATS.count(ClientCounter.SERVER_SKIPPED)
             return False
         try:
-            dest.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = new_temp(dest.parent, ".fetch-")
         except OSError as exc:
             STATS.count(ClientCounter.LOCAL_ERRORS)
@@ -356,7 +392,7 @@ class Remote:
         try:
             with os.fdopen(fd, "wb") as out:
 
-                def sink(chunk: bytes) -> None:
+                def sink(chunk: bytes | memoryview) -> None:
                     nonlocal received
                     received += len(chunk)
                     if received > size:
@@ -364,20 +400,10 @@ class Remote:
                     hasher.update(chunk)
                     out.write(chunk)
 
-                budget = self.config.timeout + size / _MIN_RATE
-                deadline = time.monotonic() + budget
-                path = routes.blob_path(digest)
-                try:
-                    response = self._call("blob download", "GET", path, sink=sink, timeout=budget)
-                    if response is not None and response.status in REDIRECTS:
-                        response = self._follow(response, self.config.server + path, sink, deadline)
-                except SinkError as exc:
-                    if isinstance(exc.__cause__, _TooLong):
-                        self._mark_down("blob download", f"blob {digest} is too long")
-                        return False
-                    raise OSError(str(exc)) from exc
-            if response is None or response.status != 200:
-                return False
+                if inlined is not None:
+                    sink(inlined)
+                elif not self._download(digest, size, sink):
+                    return False
             if received != size or hasher.hexdigest() != digest:
                 STATS.count(ClientCounter.BAD_DOWNLOADS)
                 log.warning("neffcache: blob %s arrived with other bytes; discarded", digest)
@@ -392,6 +418,23 @@ class Remote:
             return False
         finally:
             tmp.unlink(missing_ok=True)
+
+    def _download(self, digest: str, size: int, sink: Callable[[bytes], None]) -> bool:
+        """GET the blob into ``sink``, following redirects; True when it answered 200
+        (the caller checks what arrived)."""
+        budget = self.config.timeout + size / _MIN_RATE
+        deadline = time.monotonic() + budget
+        path = routes.blob_path(digest)
+        try:
+            response = self._call("blob download", "GET", path, sink=sink, timeout=budget)
+            if response is not None and response.status in REDIRECTS:
+                response = self._follow(response, self.config.server + path, sink, deadline)
+        except SinkError as exc:
+            if isinstance(exc.__cause__, _TooLong):
+                self._mark_down("blob download", f"blob {digest} is too long")
+                return False
+            raise OSError(str(exc)) from exc
+        return response is not None and response.status == 200
 
     def _follow(
         self,
@@ -462,6 +505,7 @@ class Remote:
             STATS.count(ClientCounter.BAD_MANIFESTS)
             return None
         if local.has_blob(digest, size):
+            self._local.inlined = None  # not needed: L1 holds them
             return "l1"
         with local.lock(f"blob-{digest}", f"the download of {digest[:12]}"):
             if local.has_blob(digest, size):

@@ -304,21 +304,18 @@ class Session:
         source is where the NEFF's bytes came from: a manifest found on the server
         for a NEFF already in L1 is an L1 hit."""
         t0 = time.monotonic()
-        manifest = self.local.manifest(key)
-        source = None if manifest is None else self._materialize(manifest)
-        if source is None:
-            if found is not None:
-                manifest = found
-            elif alias:
-                manifest = self.resolver.lookup(direct=key)
-            else:
-                manifest = self.resolver.lookup(canonical=lambda: key)
-            source = None if manifest is None else self._materialize(manifest)
-            if manifest is None or source is None:
-                return False
-            self.local.put_manifest(key, manifest)
-            grew(self.config)  # a download into L1
-        assert manifest is not None
+        served = self._in_l1(key)
+        if served is None:
+            # One process of a host asks the server for a key at a time; the others then
+            # find its fetch in L1. A lookup may bring the NEFF inline, and the ranks of
+            # a host start together: each would download it (the hook does the same
+            # under its entry lock, proxy.py). Bounded: past it, each asks for itself.
+            wait = self.config.timeout + 1.0
+            with self.local.lock(f"lookup-{key}", f"the lookup of {key[:12]}", wait):
+                served = self._in_l1(key) or self._from_server(key, alias, found)
+        if served is None:
+            return False
+        manifest, source = served
         if also is not None:
             self.local.put_manifest(also, manifest)
         if not self.wanted():
@@ -327,6 +324,30 @@ class Session:
         self._record("hit", source, time.monotonic() - t0, None, manifest)
         STATS.count(ClientCounter.HITS_L1 if source == "l1" else ClientCounter.HITS_SERVER)
         return True
+
+    def _in_l1(self, key: str) -> tuple[Manifest, str] | None:
+        """L1's manifest for ``key`` with its NEFF at --output, and where the NEFF came
+        from (L1, or the server when L1 had the manifest only)."""
+        manifest = self.local.manifest(key)
+        source = None if manifest is None else self._materialize(manifest)
+        return None if manifest is None or source is None else (manifest, source)
+
+    def _from_server(
+        self, key: str, alias: bool, found: Manifest | None
+    ) -> tuple[Manifest, str] | None:
+        """The server's entry for ``key`` (or ``found``) with its NEFF at --output, kept
+        in L1."""
+        manifest = found
+        if manifest is None and alias:
+            manifest = self.resolver.lookup(direct=key)
+        elif manifest is None:
+            manifest = self.resolver.lookup(canonical=lambda: key)
+        source = None if manifest is None else self._materialize(manifest)
+        if manifest is None or source is None:
+            return None
+        self.local.put_manifest(key, manifest)
+        grew(self.config)  # a download into L1
+        return manifest, source
 
     def _materialize(self, manifest: dict[str, Any]) -> str | None:
         """Put the manifest's NEFF at --output, fetching it into L1 if needed (one
@@ -356,7 +377,7 @@ class Session:
         if source is None or not self.wanted():
             return None
         try:
-            copy_atomic(self.local.blob_path(digest), self.call.output)
+            copy_atomic(self.local.blob_path(digest), self.call.output, read_meanwhile=False)
         except OSError as exc:
             STATS.count(ClientCounter.LOCAL_ERRORS)
             log.warning("neffcache: cannot write %s: %s", self.call.output, exc)

@@ -4,7 +4,8 @@ One definition of what travels between a client and the server (docs/protocol.md
 that the two sides cannot drift: the patterns of names and digests (``patterns``),
 the entry manifest and its validator (``manifest``), the words of the lease exchange
 (``states``) and the API's paths (``routes``). The client's counter names are in
-``neffcache.protocol.counters``, imported only by those who need them.
+``neffcache.protocol.counters`` and a lookup's file inline in
+``neffcache.protocol.inline``, each imported only by those who need it.
 
 It imports nothing outside the standard library (``tests/test_structure.py`` checks),
 because the client imports it in every training process and the server's pydantic

@@ -110,7 +110,7 @@ def create_app(
         app.include_router(module.router)
     app.add_exception_handler(ServerError, _server_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
-    # After the fast path, whose two shapes hold no control character.
+    # After the fast path, whose shapes hold no control character.
     app.add_middleware(PlainPaths)
     app.fast_path = FastPath(app.state.backends, _fast_path_error)
     return app

@@ -1,13 +1,15 @@
-"""The two hottest requests, answered before FastAPI's middleware, routing and
+"""The hottest requests, answered before FastAPI's middleware, routing and
 dependency injection.
 
-``GET /v1/blobs/{digest}`` and ``GET /v1/ns/{namespace}/entries/{key}`` are what every
-cache hit costs; FastAPI's per-request machinery (its middleware stack, routing through
+``GET /v1/blobs/{digest}``, ``GET /v1/ns/{namespace}/entries/{key}`` and ``GET
+/v1/ns/{namespace}/aliases/{alias}`` (the client's first lookup, by direct key) are
+what every cache hit costs; FastAPI's per-request machinery (its middleware stack, routing through
 every route, building dependencies) costs more than the work itself: a profile of entry
 lookups on one core spent more of it in Starlette and FastAPI's wrappers than in the
 index. The app (``app._App``) hands every HTTP request here first; this matches those
-two shapes exactly and calls the same functions the routes call (``answer_blob``,
-``answer_entry``, ``authenticate_request``), so the checks are the routes' own.
+shapes exactly and calls the same functions the routes call (``answer_blob``,
+``answer_entry``, ``answer_alias``, ``authenticate_request``), so the checks are the
+routes' own.
 Anything else, including a malformed path, goes on to FastAPI, whose routes also
 document these two in the OpenAPI schema. An exception other than the server's own
 errors reaches uvicorn, which answers 500 and logs it, as Starlette's outermost
@@ -22,9 +24,9 @@ from typing import Any
 
 from starlette.responses import Response
 
-from neffcache.protocol import HEX64, NAMESPACE
+from neffcache.protocol import HEX64, NAMESPACE, inline
 from neffcache.server.api.blobs import ACCEL_HEADER, answer_blob
-from neffcache.server.api.entries import answer_entry
+from neffcache.server.api.entries import answer_alias, answer_entry
 from neffcache.server.deps import authenticate_request
 from neffcache.server.errors import ServerError
 from neffcache.server.services import Services
@@ -36,8 +38,11 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _BLOB = re.compile(f"/v1/blobs/({HEX64})")
-_ENTRY = re.compile(f"/v1/ns/({NAMESPACE})/entries/({HEX64})")
+# No control character: such a path is the app's 400 (app.PlainPaths), said its way.
+_ENTRY = re.compile(rf"/v1/ns/({NAMESPACE})/(entries|aliases)/([^\x00-\x1f\x7f]+)")
+_HEX64 = re.compile(HEX64)
 _ACCEL = ACCEL_HEADER.encode()
+_INLINE = inline.HEADER.lower().encode()
 
 
 class FastPath:
@@ -48,13 +53,15 @@ class FastPath:
         self.on_error = on_error
 
     async def answered(self, scope: Scope, receive: Receive, send: Send) -> bool:
-        """Answer the request if it is one of the two shapes; False to leave it to
+        """Answer the request if it is one of those shapes; False to leave it to
         FastAPI."""
         if scope["type"] != "http" or scope["method"] != "GET":
             return False
         path = scope["path"]
         blob = _BLOB.fullmatch(path)
         entry = None if blob else _ENTRY.fullmatch(path)
+        if entry is not None and entry[2] == "entries" and not _HEX64.fullmatch(entry[3]):
+            entry = None  # an entry's key is 64 hex: FastAPI's validation says why not
         if blob is None and entry is None:
             return False
         headers: dict[bytes, bytes] = {}
@@ -87,4 +94,8 @@ class FastPath:
                 _ACCEL in headers,
             )
         assert entry is not None
-        return await answer_entry(self.backends, caller, entry[1], entry[2])
+        asked = headers.get(_INLINE)
+        answer = answer_entry if entry[2] == "entries" else answer_alias
+        return await answer(
+            self.backends, caller, entry[1], entry[3], asked.decode("latin-1") if asked else None
+        )

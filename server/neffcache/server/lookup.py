@@ -3,7 +3,8 @@ policy reads through, in order; every hit recorded for expiry and ranking.
 
 The entry found says where it came from (its ``namespace``). The own namespace is read
 first and its policy only on a miss, so a hit costs what it cost before read-through.
-An entry found is answered as ``stamped`` makes it.
+An entry found is answered as ``stamped`` makes it, and with one of its files inline
+when the client asked and the file is small (``inlined_file``).
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import re
 from collections.abc import Callable
 from json.encoder import encode_basestring_ascii as _string
 
+from neffcache.protocol import inline
 from neffcache.server.index import Entry
 from neffcache.server.manifest import HEX64
 from neffcache.server.services import Services
+from neffcache.server.services import blobs as blob_reads
 
 
 def find_entry(backends: Services, namespace: str, key: str) -> Entry | None:
@@ -75,3 +78,32 @@ def _number(value: float) -> str:
     if type(value) is float and math.isfinite(value):
         return float.__repr__(value)
     return json.dumps(value)
+
+
+def inlined_file(backends: Services, entry: Entry, asked: str) -> bytes | None:
+    """The bytes of the file a lookup asked for inline (``X-Neffcache-Inline``), read
+    and verified as a blob GET reads them; None to answer the JSON alone: the ask is
+    malformed, the entry has no such file, it is larger than asked, or its blob is not
+    one the server sends itself whole (absent, quarantined now, or redirected to the
+    store, whose bytes the client then fetches as it would have)."""
+    wanted = inline.parse_asked(asked)
+    if wanted is None:
+        return None
+    name, max_bytes = wanted
+    # The index holds manifests the server validated; read defensively all the same,
+    # as a lookup must answer whatever an index restored from elsewhere holds.
+    files = json.loads(entry.manifest).get("files")
+    ref = files.get(name) if isinstance(files, dict) else None
+    digest, size = (ref.get("digest"), ref.get("size")) if isinstance(ref, dict) else (None, None)
+    if not isinstance(digest, str) or not re.fullmatch(HEX64, digest):
+        return None
+    if not isinstance(size, int) or size > max_bytes:
+        return None
+    found = blob_reads.read(backends, digest, None)
+    if not isinstance(found, blob_reads.Whole) or len(found.data) != size:
+        return None
+    metrics = backends.metrics
+    metrics.blob_reads.labels("hit").inc()
+    metrics.blob_bytes_served.inc(len(found.data))
+    metrics.blob_inlined.inc()
+    return found.data

@@ -75,6 +75,11 @@ class Metrics:
         self.blob_bytes_served = Counter(
             "neffcache_blob_bytes_served_total", "Bytes of blob answers", registry=r
         )
+        #: Blobs sent inside an entry lookup's answer (protocol/inline.py); also counted
+        #: as blob reads, their bytes in blob_bytes_served.
+        self.blob_inlined = Counter(
+            "neffcache_blob_inlined_total", "Blobs sent inline in a lookup's answer", registry=r
+        )
         #: Hits answered with a redirect to a presigned URL (blob_redirect_seconds), and
         #: the blobs' bytes, which the store sent instead (not in blob_bytes_served).
         self.blob_redirects = Counter(

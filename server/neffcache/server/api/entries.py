@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from neffcache.protocol import is_alias
+from neffcache.protocol import inline, is_alias
 from neffcache.server.api.answers import (
     BODY,
     ENTRY,
@@ -22,6 +22,7 @@ from neffcache.server.api.answers import (
     Answers,
     array,
     errors,
+    formats_answer,
     json_answer,
     missed,
     no_body,
@@ -35,8 +36,8 @@ from neffcache.server.auth import Caller
 from neffcache.server.deps import Backends, BackendsDep, CallerDep
 from neffcache.server.errors import BadRequest, Conflict
 from neffcache.server.explain.notes import note_published
-from neffcache.server.index import PutResult
-from neffcache.server.lookup import find_alias, find_entry, stamped
+from neffcache.server.index import Entry, PutResult
+from neffcache.server.lookup import find_alias, find_entry, inlined_file, stamped
 from neffcache.server.manifest import HEX64, NAMESPACE, Manifest, parse_manifest
 from neffcache.server.services import publish
 
@@ -99,23 +100,49 @@ async def put_entry(
 
 
 _LOOKUP: Answers = {
-    **json_answer(200, ENTRY, "the manifest and the server's stamps"),
+    **formats_answer(
+        200,
+        {"application/json": ENTRY, inline.MEDIA_TYPE: {"type": "string", "format": "binary"}},
+        "the manifest and the server's stamps; asked for with X-Neffcache-Inline, that JSON"
+        " followed by the named file's bytes (docs/protocol.md#a-file-inline)",
+    ),
     **errors(*TOKEN),
     **missed("no such entry, here or in the namespaces read through"),
 }
+# X-Neffcache-Inline: FILE=MAX_BYTES (protocol/inline.py); the routes read it as the
+# fast path does.
+_Inline = Annotated[str | None, Header(alias=inline.HEADER)]
 
 
 @router.get("/v1/ns/{namespace}/entries/{key}", response_class=Response, responses=_LOOKUP)
 async def get_entry(
-    namespace: Namespace, key: Key, caller: CallerDep, backends: BackendsDep
+    namespace: Namespace,
+    key: Key,
+    caller: CallerDep,
+    backends: BackendsDep,
+    x_neffcache_inline: _Inline = None,
 ) -> Response:
-    return await answer_entry(backends, caller, namespace, key)
+    return await answer_entry(backends, caller, namespace, key, x_neffcache_inline)
 
 
-async def answer_entry(backends: Backends, caller: Caller, namespace: str, key: str) -> Response:
-    """``GET /v1/ns/{namespace}/entries/{key}`` for validated names (route and fast path)."""
+async def answer_entry(
+    backends: Backends, caller: Caller, namespace: str, key: str, asked: str | None = None
+) -> Response:
+    """``GET /v1/ns/{namespace}/entries/{key}`` for validated names (route and fast
+    path); ``asked``: the request's ``X-Neffcache-Inline``."""
     caller.require("read", namespace)
-    return await backends.run(_entry_response, backends, namespace, key)
+    return await backends.run(_entry_response, backends, namespace, key, asked)
+
+
+async def answer_alias(
+    backends: Backends, caller: Caller, namespace: str, alias: str, asked: str | None = None
+) -> Response:
+    """``GET /v1/ns/{namespace}/aliases/{alias}`` for a validated namespace (route and
+    fast path); an alias that is not one is ``400``."""
+    caller.require("read", namespace)
+    if not is_alias(alias):
+        raise BadRequest(f"{alias!r} is neither a direct key nor a Neuron cache address")
+    return await backends.run(_alias_response, backends, namespace, alias, asked)
 
 
 _ALIAS_LIST = obj({"aliases": array({"type": "string"})})
@@ -149,12 +176,13 @@ def _aliases_response(backends: Backends, namespace: str, key: str) -> Response:
 
 @router.get("/v1/ns/{namespace}/aliases/{alias:path}", response_class=Response, responses=_LOOKUP)
 async def get_alias(
-    namespace: Namespace, alias: str, caller: CallerDep, backends: BackendsDep
+    namespace: Namespace,
+    alias: str,
+    caller: CallerDep,
+    backends: BackendsDep,
+    x_neffcache_inline: _Inline = None,
 ) -> Response:
-    caller.require("read", namespace)
-    if not is_alias(alias):
-        raise BadRequest(f"{alias!r} is neither a direct key nor a Neuron cache address")
-    return await backends.run(_alias_response, backends, namespace, alias)
+    return await answer_alias(backends, caller, namespace, alias, x_neffcache_inline)
 
 
 _ALIAS_BODY = {
@@ -213,18 +241,47 @@ def _alias_target(body: bytes) -> str:
     return key
 
 
-def _alias_response(backends: Backends, namespace: str, alias: str) -> Response:
+def _alias_response(backends: Backends, namespace: str, alias: str, asked: str | None) -> Response:
     entry = find_alias(backends, namespace, alias)
     if entry is None:
         return absent(f"no entry has the alias {alias} in namespace {namespace}")
-    return Response(stamped(entry).encode(), media_type="application/json")
+    return _found(backends, entry, asked)
 
 
-def _entry_response(backends: Backends, namespace: str, key: str) -> Response:
+def _entry_response(backends: Backends, namespace: str, key: str, asked: str | None) -> Response:
     entry = find_entry(backends, namespace, key)
     if entry is None:
         return absent(f"no entry {key} in namespace {namespace}")
-    return JsonBody(stamped(entry).encode())
+    return _found(backends, entry, asked)
+
+
+def _found(backends: Backends, entry: Entry, asked: str | None) -> Response:
+    body = stamped(entry).encode()
+    data = None if asked is None else inlined_file(backends, entry, asked)
+    return JsonBody(body) if data is None else InlineBody(body, data)
+
+
+class InlineBody(Response):
+    """A lookup's JSON followed by one file's bytes, framed as protocol/inline.py says;
+    sent as two writes rather than joined: the file may be megabytes, and the JSON's
+    few hundred bytes go out with the head (connections.py joins small writes)."""
+
+    media_type = inline.MEDIA_TYPE
+
+    def __init__(self, body: bytes, data: bytes) -> None:
+        self.status_code = 200
+        self.background = None
+        self.body = inline.prefix(body) + body
+        self.data = data
+        self.raw_headers = [
+            (b"content-length", b"%d" % (len(self.body) + len(data))),
+            (b"content-type", inline.MEDIA_TYPE.encode()),
+        ]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.body, "more_body": True})
+        await send({"type": "http.response.body", "body": self.data})
 
 
 class JsonBody(Response):
