@@ -671,7 +671,7 @@ def test_redis_touches_go_in_batches(
     redis_pair: RedisPair, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     index, _ = redis_pair
-    monkeypatch.setattr("neffcache.server.index.redis.TOUCH_BATCH", 2)
+    monkeypatch.setattr("neffcache.server.index.entries.TOUCH_BATCH", 2)
     index.put_entry(entry(KEY, FULL, created_at=1.0), ())
     index.touch_entries([Touch("team-a", KEY, float(t), 1) for t in range(2, 9)])
     assert (one_stats(index).last_access, one_stats(index).hits) == (8.0, 7)

@@ -1,8 +1,9 @@
-"""``PrimitiveRoles``: the roles written once over the primitives (primitives.py)
-and sequences (sequences.py), for every backend to inherit: compile leases
-(leases.py), failure records (failures.py), tokens (tokens.py), records (records.py),
-the audit log (audit.py) and the events log (events.py). A backend passes its own
-``Cells``, ``Logs``, ``Maps`` and ``Sequences``, and provides the other roles itself.
+"""``PrimitiveRoles``: every role written once over the primitives (primitives.py),
+sequences (sequences.py) and catalogs (catalogs.py), for every backend to inherit:
+entries and aliases (entries.py), compile leases (leases.py), failure records
+(failures.py), tokens (tokens.py), records (records.py), the audit log (audit.py) and
+the events log (events.py). A backend passes its own ``Cells``, ``Logs``, ``Maps``,
+``Sequences`` and ``Catalogs``, and provides, of ``Index``, only ``check`` and ``close``.
 """
 
 from __future__ import annotations
@@ -10,7 +11,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .audit import SequenceAudit
-from .base import AuditRecord, Event, Failure, Lease, Record, Token
+from .base import (
+    AuditRecord,
+    Entry,
+    EntryStats,
+    Event,
+    Failure,
+    Lease,
+    PutResult,
+    Record,
+    Token,
+    Touch,
+)
+from .catalogs import Catalogs
+from .entries import CatalogEntries
 from .events import SequenceEvents
 from .failures import LogFailures
 from .leases import CellLeases
@@ -21,16 +35,21 @@ from .tokens import MapTokens
 
 
 class PrimitiveRoles:
-    """``Leases``, ``Failures``, ``Tokens``, ``Records``, ``AuditLog`` and
-    ``EventLog`` over a backend's primitives, which stay reachable as ``cells``,
-    ``logs``, ``maps`` and ``sequences`` (the contract tests of
-    tests/contract/test_primitives.py and test_sequences.py use them)."""
+    """``Entries``, ``Leases``, ``Failures``, ``Tokens``, ``Records``, ``AuditLog``
+    and ``EventLog`` over a backend's primitives, which stay reachable as ``cells``,
+    ``logs``, ``maps``, ``sequences`` and ``catalogs`` (the contract tests of
+    tests/contract/test_primitives.py, test_sequences.py and test_catalogs.py use
+    them)."""
 
-    def __init__(self, cells: Cells, logs: Logs, maps: Maps, sequences: Sequences) -> None:
+    def __init__(
+        self, cells: Cells, logs: Logs, maps: Maps, sequences: Sequences, catalogs: Catalogs
+    ) -> None:
         self.cells = cells
         self.logs = logs
         self.maps = maps
         self.sequences = sequences
+        self.catalogs = catalogs
+        self._entries = CatalogEntries(catalogs)
         self._leases = CellLeases(cells)
         self._failures = LogFailures(logs)
         self._tokens = MapTokens(maps)
@@ -47,6 +66,38 @@ class PrimitiveRoles:
         """The audit role, once the backend has moved any records an earlier server
         stored elsewhere (Redis does, on first use)."""
         return self._audit
+
+    # --- entries
+
+    def put_entry(self, entry: Entry, aliases: tuple[str, ...]) -> PutResult:
+        return self._entries.put_entry(entry, aliases)
+
+    def get_entry(self, namespace: str, key: str) -> Entry | None:
+        return self._entries.get_entry(namespace, key)
+
+    def resolve_alias(self, namespace: str, alias: str) -> str | None:
+        return self._entries.resolve_alias(namespace, alias)
+
+    def aliases_of(self, namespace: str, key: str) -> list[str]:
+        return self._entries.aliases_of(namespace, key)
+
+    def add_alias(self, namespace: str, alias: str, key: str) -> PutResult | None:
+        return self._entries.add_alias(namespace, alias, key)
+
+    def list_entries(self, namespace: str, after: str | None, limit: int) -> list[Entry]:
+        return self._entries.list_entries(namespace, after, limit)
+
+    def entry_stats(self, namespace: str, after: str | None, limit: int) -> list[EntryStats]:
+        return self._entries.entry_stats(namespace, after, limit)
+
+    def touch_entries(self, touches: Sequence[Touch]) -> None:
+        self._entries.touch_entries(touches)
+
+    def delete_entry(self, namespace: str, key: str, created_at: float) -> bool:
+        return self._entries.delete_entry(namespace, key, created_at)
+
+    def namespaces(self) -> list[str]:
+        return self._entries.namespaces()
 
     # --- failures
 

@@ -55,59 +55,41 @@ aliases an entry loses, the entry an alias names, the lists and group sets of th
 items an append drops), which a standalone Redis (or one primary) allows and Redis
 Cluster does not. The scripts are in redis_scripts.py.
 
-Leases, failure records, tokens, records, the audit log and the events are written
-once over the primitives (primitive_roles.py over redis_primitives.py and
-redis_sequences.py): a lease is one cell, a key with Redis's own expiry, so its life
-is measured on one clock however many replicas ask; a key's failure records are one
-log, a sorted set that expires with its longest-lived record, so Redis itself
-reclaims keys nobody writes again; tokens are one map (a hash), and the records of a
-kind another, as earlier servers kept them; the events one sequence, in the keys
-earlier servers kept them in, and the audit log another, moved there once
-(redis_upgrade.py).
+Every role is written once over the primitives (primitive_roles.py over
+redis_primitives.py, redis_sequences.py and redis_catalogs.py): entries and aliases
+are one catalog per namespace, in the keys earlier servers kept them in (an entry's
+key is the truth: its stats, access time and hits live beside it, written and deleted
+with it); a lease is one cell, a key with Redis's own expiry, so its life is measured
+on one clock however many replicas ask; a key's failure records are one log, a
+sorted set that expires with its longest-lived record, so Redis itself reclaims keys
+nobody writes again; tokens are one map (a hash), and the records of a kind another,
+as earlier servers kept them; the events one sequence, in the keys earlier servers
+kept them in, and the audit log another, moved there once (redis_upgrade.py). This
+module holds the connection, its errors and those moves.
 
-The entry key is the truth: an entry is there when its key is. Its stats, access time
-and hits live beside it, written and deleted with it; an entry written before they
-existed reads with its facts computed from its manifest, ``last_access`` =
-``created_at`` and no hits. Times pass through Lua as Python reprs and are compared
-with ``tonumber``: both parse to the same double, so equality is exact, and a time is
-written back as the string it came as, never as Lua formats a number (14 digits).
+Times pass through Lua as Python reprs and are compared with ``tonumber``: both parse
+to the same double, so equality is exact, and a time is written back as the string it
+came as, never as Lua formats a number (14 digits).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import time
-from collections.abc import Iterator, Sequence
-from typing import Any
-from urllib.parse import unquote, urlsplit
+from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
-from redis.typing import EncodableT
 
 from neffcache.server.config_errors import ConfigError
 from neffcache.server.errors import StoreError
 
 from .audit import SequenceAudit
-from .base import (
-    Entry,
-    EntryFacts,
-    EntryStats,
-    PutResult,
-    Touch,
-    entry_facts,
-)
 from .primitive_roles import PrimitiveRoles
-from .redis_primitives import PREFIX, RedisCells, RedisLogs, RedisMaps, as_str, escaped
-from .redis_scripts import (
-    ADD_ALIAS,
-    DELETE_ENTRY,
-    PUT_ENTRY,
-    TOUCH_ENTRIES,
-)
+from .redis_catalogs import RedisCatalogs
+from .redis_primitives import RedisCells, RedisLogs, RedisMaps
 from .redis_sequences import PER_TAG, RedisSequences
 from .redis_sequences import TRIM_BATCH as TRIM_BATCH  # a documented bound, named here
 from .redis_upgrade import move_old_audit, move_old_tokens
@@ -126,45 +108,9 @@ TIMEOUT_S = 2.0
 # which eviction (an estimate of use), readers of the log and reports tolerate.
 RETRIES = 1
 
-NAMESPACES = PREFIX + "namespaces"
-# When this database first held eviction data (set once): an entry written before has no
-# access time, and counts as last served then, not when it was created, so an upgrade
-# does not expire every old entry however much it is used.
-EVICTION_SINCE = PREFIX + "eviction-since"
-
 # Events kept per (namespace, key) for events_for_key (docs/telemetry.md): the events
 # log's tag lists.
 EVENTS_PER_KEY = PER_TAG
-# Touches per script call: each call holds Redis for its whole batch.
-TOUCH_BATCH = 500
-
-
-def _entry_key(namespace: str, key: str) -> str:
-    return f"{PREFIX}entry:{escaped(namespace)}:{key}"
-
-
-def _keys_key(namespace: str) -> str:
-    return f"{PREFIX}keys:{escaped(namespace)}"
-
-
-def _alias_key(namespace: str, alias: str) -> str:
-    return f"{PREFIX}alias:{escaped(namespace)}:{alias}"
-
-
-def _stats_key(namespace: str) -> str:
-    return f"{PREFIX}stats:{escaped(namespace)}"
-
-
-def _access_key(namespace: str) -> str:
-    return f"{PREFIX}access:{escaped(namespace)}"
-
-
-def _hits_key(namespace: str) -> str:
-    return f"{PREFIX}hits:{escaped(namespace)}"
-
-
-def _entry_aliases_key(namespace: str, key: str) -> str:
-    return f"{PREFIX}entry-aliases:{escaped(namespace)}:{key}"
 
 
 class RedisIndex(PrimitiveRoles):
@@ -178,17 +124,13 @@ class RedisIndex(PrimitiveRoles):
         """``client`` must decode responses; ``where`` names it in errors (no secrets)."""
         self._redis = client
         self._where = where
-        self._eviction_since: float | None = None
-        self._put_entry = client.register_script(PUT_ENTRY)
-        self._add_alias = client.register_script(ADD_ALIAS)
-        self._delete_entry = client.register_script(DELETE_ENTRY)
-        self._touch_entries = client.register_script(TOUCH_ENTRIES)
-        # Leases, failures, tokens, records, audit, events: written once over primitives.
+        # Every role written once over primitives.
         super().__init__(
             RedisCells(client, self._mapped),
             RedisLogs(client, self._mapped),
             RedisMaps(client, self._mapped),
             RedisSequences(client, self._mapped),
+            RedisCatalogs(client, self._mapped),
         )
         self._tokens_moved = False
         self._audit_moved = False
@@ -239,69 +181,6 @@ class RedisIndex(PrimitiveRoles):
         except redis.RedisError as exc:
             raise StoreError(f"redis index {self._where}: {exc}") from exc
 
-    # --- entries ----------------------------------------------------------------------
-
-    def put_entry(self, entry: Entry, aliases: tuple[str, ...]) -> PutResult:
-        ns = entry.namespace
-        stored = {
-            "manifest": entry.manifest,
-            "created_at": entry.created_at,
-            "writer": entry.writer,
-        }
-        keys = [
-            _entry_key(ns, entry.key),
-            _keys_key(ns),
-            _stats_key(ns),
-            _access_key(ns),
-            _hits_key(ns),
-            NAMESPACES,
-        ]
-        keys += [_alias_key(ns, alias) for alias in aliases]
-        # ensure_ascii=False: the script's cjson then sees the manifest as the same UTF-8
-        # bytes as ARGV[2], with no \\u escapes to translate.
-        args = [
-            json.dumps(stored, ensure_ascii=False),
-            entry.manifest,
-            entry.key,
-            _stats_json(entry, entry_facts(entry.manifest)),
-            repr(entry.created_at),
-            ns,
-            _entry_key(ns, ""),
-            _entry_aliases_key(ns, ""),
-            *aliases,
-        ]
-        with self._mapped():
-            return PutResult(self._put_entry(keys=keys, args=args))
-
-    def get_entry(self, namespace: str, key: str) -> Entry | None:
-        with self._mapped():
-            raw = _opt_str(self._redis.get(_entry_key(namespace, key)))
-        if raw is None:
-            return None
-        stored = json.loads(raw)
-        return Entry(namespace, key, stored["manifest"], stored["created_at"], stored["writer"])
-
-    def resolve_alias(self, namespace: str, alias: str) -> str | None:
-        with self._mapped():
-            return _opt_str(self._redis.get(_alias_key(namespace, alias)))
-
-    def aliases_of(self, namespace: str, key: str) -> list[str]:
-        with self._mapped():
-            members = sorted(
-                as_str(a) for a in self._redis.smembers(_entry_aliases_key(namespace, key))
-            )
-            named = self._redis.mget([_alias_key(namespace, a) for a in members]) if members else []
-        # Checked against each alias itself: the set is delete_entry's bookkeeping,
-        # the alias's own key is what a lookup follows.
-        return [a for a, k in zip(members, named, strict=True) if _opt_str(k) == key]
-
-    def add_alias(self, namespace: str, alias: str, key: str) -> PutResult | None:
-        keys = [_entry_key(namespace, key), _alias_key(namespace, alias)]
-        args = [key, alias, _entry_key(namespace, ""), _entry_aliases_key(namespace, "")]
-        with self._mapped():
-            result = as_str(self._add_alias(keys=keys, args=args))
-        return None if result == "absent" else PutResult(result)
-
     def _tokens_ready(self) -> MapTokens:
         # Once per process: tokens an earlier server stored move into the map first.
         if not self._tokens_moved:
@@ -328,158 +207,8 @@ class RedisIndex(PrimitiveRoles):
         with self._mapped():
             self._redis.close()
 
-    # --- listing
-
-    def list_entries(self, namespace: str, after: str | None, limit: int) -> list[Entry]:
-        # "(" excludes ``after`` itself; "-" is the lowest member.
-        start = "-" if after is None else f"({after}"
-        with self._mapped():
-            found = self._redis.zrangebylex(_keys_key(namespace), start, "+", 0, limit)
-            keys = [as_str(k) for k in found]
-            raws = self._redis.mget([_entry_key(namespace, k) for k in keys]) if keys else []
-        entries = []
-        for key, raw in zip(keys, raws, strict=True):
-            if raw is None:  # deleted since the listing
-                continue
-            stored = json.loads(as_str(raw))
-            created_at, writer = stored["created_at"], stored["writer"]
-            entries.append(Entry(namespace, key, stored["manifest"], created_at, writer))
-        return entries
-
-    # --- eviction
-
-    def _upgraded(self) -> float:
-        """Once per process: note when eviction data began, and list every namespace
-        holding entries (a database written before ``namespaces`` existed lists none,
-        and blobs its entries reference would look unreferenced). Idempotent."""
-        if self._eviction_since is None:
-            with self._mapped():
-                self._redis.set(EVICTION_SINCE, repr(time.time()), nx=True)
-                since = float(as_str(self._redis.get(EVICTION_SINCE)))
-                pattern = f"{PREFIX}keys:*"
-                found = [
-                    as_str(k)[len(pattern) - 1 :] for k in self._redis.scan_iter(pattern, 1000)
-                ]
-                names = [unquote(n) for n in found]
-                if names:
-                    self._redis.sadd(NAMESPACES, *names)
-            self._eviction_since = since
-        return self._eviction_since
-
-    def entry_stats(self, namespace: str, after: str | None, limit: int) -> list[EntryStats]:
-        since = self._upgraded()
-        start = "-" if after is None else f"({after}"
-        with self._mapped():
-            found = self._redis.zrangebylex(_keys_key(namespace), start, "+", 0, limit)
-            keys = [as_str(k) for k in found]
-            if not keys:
-                return []
-            # MULTI/EXEC: the three reads see one moment, never half a deletion.
-            pipe = self._redis.pipeline(transaction=True)
-            pipe.hmget(_stats_key(namespace), keys)
-            pipe.hmget(_access_key(namespace), keys)
-            pipe.hmget(_hits_key(namespace), keys)
-            stats, access, hits = pipe.execute()
-            kept = {k: json.loads(as_str(raw)) for k, raw in zip(keys, stats, strict=True) if raw}
-            kept.update(self._legacy_stats(namespace, [k for k in keys if k not in kept]))
-        return [
-            _stats_from(namespace, key, kept[key], last, count, since)
-            for key, last, count in zip(keys, access, hits, strict=True)
-            if key in kept  # else deleted since the listing
-        ]
-
-    def _legacy_stats(self, namespace: str, keys: list[str]) -> dict[str, dict[str, Any]]:
-        """The stats fields of entries written before stats were kept, from their
-        manifests; keys with no entry are left out."""
-        if not keys:
-            return {}
-        raws = self._redis.mget([_entry_key(namespace, k) for k in keys])
-        legacy = {}
-        for key, raw in zip(keys, raws, strict=True):
-            if raw is not None:
-                stored = json.loads(as_str(raw))
-                facts = entry_facts(stored["manifest"])
-                legacy[key] = _stats_fields(stored["created_at"], stored["writer"], facts)
-        return legacy
-
-    def touch_entries(self, touches: Sequence[Touch]) -> None:
-        since = self._upgraded()
-        for start in range(0, len(touches), TOUCH_BATCH):
-            batch = touches[start : start + TOUCH_BATCH]
-            keys: list[str] = []
-            args: list[EncodableT] = []
-            for touch in batch:
-                ns = touch.namespace
-                keys += [_entry_key(ns, touch.key), _access_key(ns), _hits_key(ns)]
-                args += [touch.key, repr(touch.at), touch.hits]
-            args.append(repr(since))
-            with self._mapped():
-                self._touch_entries(keys=keys, args=args)
-
-    def delete_entry(self, namespace: str, key: str, created_at: float) -> bool:
-        keys = [
-            _entry_key(namespace, key),
-            _keys_key(namespace),
-            _stats_key(namespace),
-            _access_key(namespace),
-            _hits_key(namespace),
-            _entry_aliases_key(namespace, key),
-        ]
-        args = [key, repr(created_at), _alias_key(namespace, "")]
-        with self._mapped():
-            return bool(self._delete_entry(keys=keys, args=args))
-
-    def namespaces(self) -> list[str]:
-        self._upgraded()
-        with self._mapped():
-            return sorted(as_str(ns) for ns in self._redis.smembers(NAMESPACES))
-
-
-def _stats_fields(created_at: float, writer: str, facts: EntryFacts) -> dict[str, Any]:
-    """What neffcache:stats:{ns} holds of an entry, as JSON."""
-    return {
-        "created_at": created_at,
-        "writer": writer,
-        "size": facts.size,
-        "compile_seconds": facts.compile_seconds,
-        "compiler_version": facts.compiler_version,
-        "model": facts.model,
-        "digests": list(facts.digests),
-    }
-
-
-def _stats_json(entry: Entry, facts: EntryFacts) -> str:
-    return json.dumps(_stats_fields(entry.created_at, entry.writer, facts), ensure_ascii=False)
-
-
-def _stats_from(
-    namespace: str, key: str, stored: dict[str, Any], last: object, hits: object, since: float
-) -> EntryStats:
-    facts = EntryFacts(
-        size=stored["size"],
-        compile_seconds=stored["compile_seconds"],
-        compiler_version=stored["compiler_version"],
-        model=stored["model"],
-        digests=tuple(stored["digests"]),
-    )
-    created_at = stored["created_at"]
-    return EntryStats(
-        namespace=namespace,
-        key=key,
-        created_at=created_at,
-        writer=stored["writer"],
-        facts=facts,
-        # Absent for an entry written before access times were kept.
-        last_access=max(created_at, since) if last is None else float(as_str(last)),
-        hits=0 if hits is None else int(as_str(hits)),
-    )
-
 
 def _redacted(url: str) -> str:
     """host:port/db, without the credentials a URL may carry."""
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}{parts.path or '/0'}"
-
-
-def _opt_str(value: object) -> str | None:
-    return None if value is None else as_str(value)

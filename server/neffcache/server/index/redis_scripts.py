@@ -1,73 +1,75 @@
-"""The Lua scripts of the Redis index (redis.py), each atomic across replicas: one per
-write that changes several keys at once (an entry with its aliases and stats, a
+"""The Lua scripts of the Redis index, each atomic across replicas: one per write
+that changes several keys at once (a catalog's row with its names and stats, a
 deletion, a batch of touches, a sequence's append), and the sequences' reader.
-Their KEYS and ARGV are documented above each; redis.py builds them.
+Their KEYS and ARGV are documented above each; redis_catalogs.py and
+redis_sequences.py build them.
 """
 
-# Shared by the alias-writing scripts: make the alias at ``alias_key`` (named ``alias``)
-# name ``key`` unless it names another entry that exists; an alias naming a key with no
-# entry (deleted) is free. Each key's set of aliases follows, so that delete_entry
-# finds them; SADD on SAME repairs the set of an alias written before sets existed.
-# ``entry_prefix`` and ``set_prefix`` are the namespace's entry and alias-set key
+# Shared by the name-writing scripts: make the name (alias) at ``alias_key`` (named
+# ``alias``) name ``key`` unless it names another row that exists; a name naming a key
+# with no row (deleted) is free. Returns 'created', 'same' or 'conflict', and the key
+# the name names now. Each key's set of names follows, so that delete_entry finds
+# them; SADD on SAME repairs the set of a name written before sets existed.
+# ``entry_prefix`` and ``set_prefix`` are the namespace's entry and name-set key
 # prefixes, to which a key is appended.
 CLAIM_ALIAS = """
 local function claim(alias_key, alias, key, entry_prefix, set_prefix)
   local named = redis.call('GET', alias_key)
   if named == key then
     redis.call('SADD', set_prefix .. key, alias)
-    return 'same'
+    return 'same', key
   end
   if named and redis.call('EXISTS', entry_prefix .. named) == 1 then
-    return 'conflict'
+    return 'conflict', named
   end
   redis.call('SET', alias_key, key)
   redis.call('SADD', set_prefix .. key, alias)
   if named then
     redis.call('SREM', set_prefix .. named, alias)
   end
-  return 'created'
+  return 'created', key
 end
 """
 
-# KEYS[1] the entry, KEYS[2] the namespace's keys, KEYS[3] its stats, KEYS[4] its
-# access times, KEYS[5] its hits, KEYS[6] the set of namespaces, KEYS[7..] the
-# aliases; ARGV[1] the entry's JSON, ARGV[2] its manifest, ARGV[3] its key, ARGV[4] its
-# stats JSON, ARGV[5] its created_at, ARGV[6] the namespace, ARGV[7] and ARGV[8] the
-# prefixes claim() takes, ARGV[9..] the aliases' names, in the order of KEYS[7..].
+# Catalogs' put_new (redis_catalogs.py). KEYS[1] the row, KEYS[2] the namespace's
+# keys, KEYS[3] its stats, KEYS[4] its access times, KEYS[5] its hits, KEYS[6] the set
+# of namespaces, KEYS[7..] the names; ARGV[1] the row's JSON, ARGV[2] its key, ARGV[3]
+# its stats JSON, ARGV[4] its created_at, ARGV[5] the namespace, ARGV[6] and ARGV[7]
+# the prefixes claim() takes, ARGV[8..] the names, in the order of KEYS[7..]. Returns
+# nil when stored, else the JSON of the row held.
 PUT_ENTRY = (
     CLAIM_ALIAS
     + """
 -- Listed whenever found too: an entry a server older than the listing wrote is
 -- listed from its next put on (ZADD of a member already there changes nothing).
-redis.call('ZADD', KEYS[2], 0, ARGV[3])
-redis.call('SADD', KEYS[6], ARGV[6])
+redis.call('ZADD', KEYS[2], 0, ARGV[2])
+redis.call('SADD', KEYS[6], ARGV[5])
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX') then
-  if cjson.decode(redis.call('GET', KEYS[1]))['manifest'] == ARGV[2] then
-    return 'same'
-  end
-  return 'conflict'
+  return redis.call('GET', KEYS[1])
 end
 -- Overwrites whatever an entry deleted under this key could have left.
-redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
-redis.call('HSET', KEYS[4], ARGV[3], ARGV[5])
-redis.call('HSET', KEYS[5], ARGV[3], 0)
+redis.call('HSET', KEYS[3], ARGV[2], ARGV[3])
+redis.call('HSET', KEYS[4], ARGV[2], ARGV[4])
+redis.call('HSET', KEYS[5], ARGV[2], 0)
 for i = 7, #KEYS do
-  claim(KEYS[i], ARGV[i + 2], ARGV[3], ARGV[7], ARGV[8])
+  claim(KEYS[i], ARGV[i + 1], ARGV[2], ARGV[6], ARGV[7])
 end
-return 'created'
+return false
 """
 )
 
-# KEYS[1] the entry, KEYS[2] the alias; ARGV[1] the key, ARGV[2] the alias's name,
-# ARGV[3] and ARGV[4] the prefixes claim() takes. Returns 'absent' when there is no
-# entry to name.
+# Catalogs' claim. KEYS[1] the row, KEYS[2] the name; ARGV[1] the key, ARGV[2] the
+# name, ARGV[3] and ARGV[4] the prefixes claim() takes. Returns nil when there is no
+# row to name, else {1 when written (0 when not), the key the name names now}.
 ADD_ALIAS = (
     CLAIM_ALIAS
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  return 'absent'
+  return false
 end
-return claim(KEYS[2], ARGV[2], ARGV[1], ARGV[3], ARGV[4])
+local result, named = claim(KEYS[2], ARGV[2], ARGV[1], ARGV[3], ARGV[4])
+if result == 'created' then return {1, named} end
+return {0, named}
 """
 )
 

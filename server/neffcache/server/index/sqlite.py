@@ -2,50 +2,32 @@
 
 Several server processes on one host may share the file: WAL lets readers run beside
 the one writer, and the busy timeout makes a second writer wait instead of failing.
-Each thread gets its own connection so that reads run concurrently; ``put_entry``
+Each thread gets its own connection so that reads run concurrently; every write
 relies on the database, not on a Python lock, so it stays atomic across processes.
-The schema and its migrations are in sqlite_schema.py; leases, failure records, tokens,
-records, the audit log and the events are written once over the primitives
-(primitive_roles.py over sqlite_primitives.py and sqlite_sequences.py).
+The schema and its migrations are in sqlite_schema.py; every role is written once
+over the primitives (primitive_roles.py over sqlite_primitives.py,
+sqlite_sequences.py and sqlite_catalogs.py): this module holds the connections.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 from neffcache.server.config_errors import ConfigError
 from neffcache.server.errors import StoreError, StoreFull
 
-from .base import (
-    Entry,
-    EntryFacts,
-    EntryStats,
-    PutResult,
-    Touch,
-    entry_facts,
-)
 from .primitive_roles import PrimitiveRoles
+from .sqlite_catalogs import SqliteCatalogs
 from .sqlite_primitives import SqliteCells, SqliteLogs, SqliteMaps
-from .sqlite_schema import FACT_COLUMNS, SCHEMA_VERSION, fact_values, migrate, real
+from .sqlite_schema import SCHEMA_VERSION, migrate
 from .sqlite_sequences import SqliteSequences
 
 # How long a writer waits for another process's write transaction to finish.
 BUSY_TIMEOUT_S = 5.0
-
-_STATS_COLUMNS = f"key, created_at, writer, {FACT_COLUMNS}, last_access, hits"
-# An alias that names a key with no entry (deleted) is free: it takes the new key.
-# On SAME (it names this key) or CONFLICT (another live entry) it stays; rowcount 0.
-_UPSERT_ALIAS = (
-    "INSERT INTO aliases (namespace, alias, key) VALUES (?, ?, ?)"
-    " ON CONFLICT (namespace, alias) DO UPDATE SET key = excluded.key"
-    " WHERE NOT EXISTS"
-    " (SELECT 1 FROM entries WHERE namespace = aliases.namespace AND key = aliases.key)"
-)
 
 
 @contextlib.contextmanager
@@ -88,12 +70,13 @@ class SqliteIndex(PrimitiveRoles):
         # Every connection handed out, so close() can close them all; guarded by _lock.
         self._connections: dict[threading.Thread, sqlite3.Connection] = {}
         self._lock = threading.Lock()
-        # Leases, failures, tokens, records, audit, events: written once over primitives.
+        # Every role written once over primitives.
         super().__init__(
             SqliteCells(self._read, self._write),
             SqliteLogs(self._read, self._write),
             SqliteMaps(self._read, self._write),
             SqliteSequences(self._read, self._write),
+            SqliteCatalogs(self._read, self._write),
         )
         try:
             with _mapped(path):
@@ -183,73 +166,6 @@ class SqliteIndex(PrimitiveRoles):
             if version < SCHEMA_VERSION:
                 migrate(conn, version)
 
-    # --- entries ----------------------------------------------------------------------
-
-    def put_entry(self, entry: Entry, aliases: tuple[str, ...]) -> PutResult:
-        with self._write() as conn:
-            inserted = conn.execute(
-                "INSERT INTO entries (namespace, key, manifest, created_at, writer,"
-                f" {FACT_COLUMNS}, last_access, hits)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0) ON CONFLICT DO NOTHING",
-                (
-                    entry.namespace,
-                    entry.key,
-                    entry.manifest,
-                    entry.created_at,
-                    entry.writer,
-                    *fact_values(entry_facts(entry.manifest)),
-                    entry.created_at,
-                ),
-            ).rowcount
-            if inserted:
-                conn.executemany(
-                    _UPSERT_ALIAS, [(entry.namespace, alias, entry.key) for alias in aliases]
-                )
-                return PutResult.CREATED
-            (existing,) = conn.execute(
-                "SELECT manifest FROM entries WHERE namespace = ? AND key = ?",
-                (entry.namespace, entry.key),
-            ).fetchone()
-            return PutResult.SAME if existing == entry.manifest else PutResult.CONFLICT
-
-    def get_entry(self, namespace: str, key: str) -> Entry | None:
-        rows = self._read(
-            "SELECT manifest, created_at, writer FROM entries WHERE namespace = ? AND key = ?",
-            (namespace, key),
-        )
-        if not rows:
-            return None
-        manifest, created_at, writer = rows[0]
-        return Entry(namespace, key, str(manifest), real(created_at), str(writer))
-
-    def resolve_alias(self, namespace: str, alias: str) -> str | None:
-        rows = self._read(
-            "SELECT key FROM aliases WHERE namespace = ? AND alias = ?", (namespace, alias)
-        )
-        return str(rows[0][0]) if rows else None
-
-    def aliases_of(self, namespace: str, key: str) -> list[str]:
-        rows = self._read(  # aliases_by_key serves it
-            "SELECT alias FROM aliases WHERE namespace = ? AND key = ? ORDER BY alias",
-            (namespace, key),
-        )
-        return [str(row[0]) for row in rows]
-
-    def add_alias(self, namespace: str, alias: str, key: str) -> PutResult | None:
-        with self._write() as conn:
-            found = conn.execute(
-                "SELECT 1 FROM entries WHERE namespace = ? AND key = ?", (namespace, key)
-            ).fetchone()
-            if found is None:
-                return None
-            inserted = conn.execute(_UPSERT_ALIAS, (namespace, alias, key)).rowcount
-            if inserted:
-                return PutResult.CREATED
-            (named,) = conn.execute(
-                "SELECT key FROM aliases WHERE namespace = ? AND alias = ?", (namespace, alias)
-            ).fetchone()
-            return PutResult.SAME if named == key else PutResult.CONFLICT
-
     # --- lifecycle --------------------------------------------------------------------
 
     def check(self) -> None:
@@ -260,60 +176,6 @@ class SqliteIndex(PrimitiveRoles):
             for conn in self._connections.values():
                 conn.close()
             self._connections.clear()
-
-    # --- listing
-
-    def list_entries(self, namespace: str, after: str | None, limit: int) -> list[Entry]:
-        # The primary key (namespace, key) serves both the range and the order.
-        rows = self._read(
-            "SELECT key, manifest, created_at, writer FROM entries"
-            " WHERE namespace = ? AND key > ? ORDER BY key LIMIT ?",
-            (namespace, after or "", limit),
-        )
-        return [
-            Entry(namespace, str(key), str(manifest), real(created_at), str(writer))
-            for key, manifest, created_at, writer in rows
-        ]
-
-    # --- eviction
-
-    def entry_stats(self, namespace: str, after: str | None, limit: int) -> list[EntryStats]:
-        rows = self._read(
-            f"SELECT {_STATS_COLUMNS} FROM entries"
-            " WHERE namespace = ? AND key > ? ORDER BY key LIMIT ?",
-            (namespace, after or "", limit),
-        )
-        return [_stats(namespace, row) for row in rows]
-
-    def touch_entries(self, touches: Sequence[Touch]) -> None:
-        if not touches:
-            return
-        # One transaction for the batch: one fsync and one wait for the write lock
-        # instead of one per touch. An UPDATE of an absent entry matches no row.
-        with self._write() as conn:
-            conn.executemany(
-                "UPDATE entries SET last_access = MAX(last_access, ?), hits = hits + ?"
-                " WHERE namespace = ? AND key = ?",
-                [(t.at, t.hits, t.namespace, t.key) for t in touches],
-            )
-
-    def delete_entry(self, namespace: str, key: str, created_at: float) -> bool:
-        with self._write() as conn:
-            # REAL holds the double that was written, so equality is exact.
-            deleted = conn.execute(
-                "DELETE FROM entries WHERE namespace = ? AND key = ? AND created_at = ?",
-                (namespace, key, created_at),
-            ).rowcount
-            if deleted:
-                conn.execute(
-                    "DELETE FROM aliases WHERE namespace = ? AND key = ?", (namespace, key)
-                )
-            return deleted == 1
-
-    def namespaces(self) -> list[str]:
-        # DISTINCT over the primary key's leading column: an index scan, no sort.
-        rows = self._read("SELECT DISTINCT namespace FROM entries ORDER BY namespace", ())
-        return [str(namespace) for (namespace,) in rows]
 
 
 def _path_from_url(url: str) -> Path:
@@ -326,25 +188,3 @@ def _path_from_url(url: str) -> Path:
             "(three slashes)"
         )
     return path
-
-
-def _stats(namespace: str, row: tuple[object, ...]) -> EntryStats:
-    key, created_at, writer, size, seconds, version, model, digests, last_access, hits = row
-    assert isinstance(size, int), size  # INTEGER NOT NULL
-    assert isinstance(hits, int), hits  # INTEGER NOT NULL
-    facts = EntryFacts(
-        size=size,
-        compile_seconds=None if seconds is None else real(seconds),
-        compiler_version=str(version),
-        model=str(model),
-        digests=tuple(json.loads(str(digests))),
-    )
-    return EntryStats(
-        namespace=namespace,
-        key=str(key),
-        created_at=real(created_at),
-        writer=str(writer),
-        facts=facts,
-        last_access=real(last_access),
-        hits=hits,
-    )
