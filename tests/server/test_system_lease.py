@@ -107,3 +107,36 @@ def test_running_says_stop_once_stopped(index: MemoryIndex) -> None:
     assert job.running()
     job.stop()
     assert not job.running(3600.0)  # returns at once: the job is stopping
+
+
+class Stuck(Job):
+    """Takes the lease, then its turn waits until the test lets it go."""
+
+    stop_wait = 0.05
+
+    def __init__(self, index: MemoryIndex) -> None:
+        super().__init__(index)
+        self.let_go = threading.Event()
+
+    def turn(self) -> float:
+        self.leading.append(self.hold_lease(time.time(), 60.0))
+        self.done.set()
+        self.let_go.wait(60)
+        return 3600.0
+
+
+def test_a_turn_still_running_after_stop_keeps_its_lease(
+    index: MemoryIndex, caplog: pytest.LogCaptureFixture
+) -> None:
+    job = Stuck(index)
+    job.start()
+    assert job.done.wait(30)
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        job.stop()  # the turn goes on until let go, well past stop_wait
+    try:
+        # Given up, another replica would start the job beside the one still running.
+        assert holder(index) == job.actor
+        assert job.stops == 0
+        assert any("still running" in record.getMessage() for record in caplog.records)
+    finally:
+        job.let_go.set()

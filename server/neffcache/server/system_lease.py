@@ -46,6 +46,8 @@ class LeasedThread:
     role: ClassVar[str]
     what: ClassVar[str]
     log: ClassVar[logging.Logger]
+    # Seconds ``stop`` waits for a turn under way to end.
+    stop_wait: ClassVar[float] = 30.0
 
     def __init__(self, index: Index) -> None:
         self.index = index
@@ -97,12 +99,23 @@ class LeasedThread:
             self._thread.start()
 
     def stop(self) -> None:
-        """Stop the thread, waiting for a turn under way (which ``running`` tells to
-        end sooner), then ``stopped``; the lease is given up if it was ever taken."""
+        """Stop the thread, waiting up to ``stop_wait`` seconds for a turn under way
+        (which ``running`` tells to end sooner), then ``stopped``; the lease is given
+        up if it was ever taken. A turn still running after that keeps both: another
+        replica must not start the job while this one still does it, and the lease
+        expires on its own."""
         thread, self._thread = self._thread, None
         self._stop.set()
         if thread is not None:
-            thread.join(timeout=30)
+            thread.join(timeout=self.stop_wait)
+            if thread.is_alive():
+                self.log.warning(
+                    "%s still running %.0f s after it was told to stop; its lease is left"
+                    " to expire",
+                    self.what,
+                    self.stop_wait,
+                )
+                return
         self.stopped()
         if self._held:
             self.release_lease()
