@@ -401,3 +401,26 @@ def test_nothing_is_started_while_the_lock_is_held_or_soon_after_a_start(
     finally:
         os.close(lock)
     assert len(started) == 1
+
+
+def test_a_child_a_worker_forks_does_not_hold_its_listening_socket() -> None:
+    # The child that sends a hit's events may outlive the workers: holding the socket,
+    # it would keep it accepting connections that no one answers.
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    kept = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    read, write = os.pipe()
+    try:
+        daemon._not_in_children(listener)
+        pid = os.fork()
+        if pid == 0:  # the child: say which of the two it still holds, and leave
+            os.write(write, b"%d %d" % (listener.fileno(), kept.fileno()))
+            os._exit(0)
+        os.waitpid(pid, 0)
+        closed, open_ = (int(n) for n in os.read(read, 64).split())
+    finally:
+        for fd in (read, write):
+            os.close(fd)
+        listener.close()
+        kept.close()
+    assert closed == -1
+    assert open_ >= 0

@@ -306,6 +306,7 @@ def _work(
     """A worker: one request at a time until ``idle`` seconds pass without one; its
     exit status."""
     stopping = _Stopping()
+    _not_in_children(listener)
     listener.settimeout(idle)
     remotes: dict[ClientConfig, Remote] = {}  # the server clients, kept with their connections
     while not stopping.asked:
@@ -325,6 +326,13 @@ def _work(
             finally:
                 stopping.serving = False
     return 0
+
+
+def _not_in_children(listener: socket.socket) -> None:
+    """Close the listening socket in every child this process forks (the one that
+    sends a hit's events): one that outlived the workers would keep the socket
+    accepting connections no one answers, and each caller would wait out its silence."""
+    os.register_at_fork(after_in_child=listener.close)
 
 
 def _answer(conn: socket.socket, serve_hit: Callable[..., int | None]) -> None:
