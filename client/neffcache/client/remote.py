@@ -64,6 +64,7 @@ _MIN_RATE = 8 * 2**20  # bytes per second
 # comes as a download, which streams to disk rather than into memory.
 INLINE_MAX = 8 * 2**20
 _INLINE_ASK = {inline.HEADER: inline.asked(NEFF, INLINE_MAX)}
+_INLINE_SECONDS = INLINE_MAX / _MIN_RATE
 # Redirects a blob download follows: the server's one to its store, and a few more for
 # whatever sits in front of the store; a loop ends here.
 _MAX_REDIRECTS = 5
@@ -95,6 +96,21 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def lookup_seconds(config: ClientConfig) -> float:
+    """The longest a lookup may take, connecting included, with its NEFF inline."""
+    return config.connect_timeout + config.timeout + _INLINE_SECONDS
+
+
+def _framed(response: Response) -> bool:
+    """Whether a lookup's answer carries a file inline (protocol/inline.py): its media
+    type says so, whatever its parameters or case, or, the type lost or rewritten on
+    the way (a proxy), its body starts with the length, as a JSON object never does."""
+    media = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media == inline.MEDIA_TYPE:
+        return True
+    return media != "application/json" and response.body[:1].isdigit()
 
 
 class _TooLong(Exception):
@@ -326,12 +342,20 @@ class Remote:
         NEFF is fetched next, unless L1 holds it already); NEFF bytes that came with
         it are kept for ``fetch`` (``_inlined``), replacing any an earlier lookup left."""
         self._local.inlined = None
-        response = self._call(what, "GET", path, headers=_INLINE_ASK, limit=BODY_LIMIT + INLINE_MAX)
+        response = self._call(
+            what,
+            "GET",
+            path,
+            headers=_INLINE_ASK,
+            limit=BODY_LIMIT + INLINE_MAX,
+            # The time the download it replaces would have had for the NEFF.
+            timeout=self.config.timeout + _INLINE_SECONDS,
+        )
         if response is None or response.status != 200:
             return None
         body: bytes = response.body
         data = None
-        if response.headers.get("content-type") == inline.MEDIA_TYPE:
+        if _framed(response):
             parts = inline.split(body)
             if parts is None:
                 self._mark_down(what, "the answer's inline length does not fit its body")
@@ -339,12 +363,18 @@ class Remote:
             body, data = parts
         try:
             value = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             self._mark_down(what, "the answer is not JSON")
             return None
         found = checked(value if isinstance(value, dict) else None, name)
         ref = None if found is None else found["files"].get(NEFF)
-        if data is not None and isinstance(ref, dict) and ref.get("size") == len(data):
+        # Kept only when the manifest names them, and never more than was asked for.
+        if (
+            data is not None
+            and len(data) <= INLINE_MAX
+            and isinstance(ref, dict)
+            and ref.get("size") == len(data)
+        ):
             self._local.inlined = (ref.get("digest"), data)
         return found
 
@@ -505,7 +535,7 @@ class Remote:
             STATS.count(ClientCounter.BAD_MANIFESTS)
             return None
         if local.has_blob(digest, size):
-            self._local.inlined = None  # not needed: L1 holds them
+            self._inlined(digest, size)  # not needed if they are this blob's: L1 holds it
             return "l1"
         with local.lock(f"blob-{digest}", f"the download of {digest[:12]}"):
             if local.has_blob(digest, size):

@@ -142,8 +142,8 @@ class Session:
     def serve_hit(self) -> bool:
         """``run``'s lookups alone, for the hit daemon: True when a hit wrote --output
         (and its line); False for anything else, having compiled, leased, waited and
-        recorded nothing. Without the per-key lock: a hit only reads L1, or fetches
-        into it under the blob's own lock."""
+        recorded nothing. Without the per-key compile lock: a hit only reads L1, or
+        fetches into it under the key's lookup lock and the blob's own lock."""
         keyed = self._direct()
         if isinstance(keyed, str):
             return False
@@ -309,8 +309,11 @@ class Session:
             # One process of a host asks the server for a key at a time; the others then
             # find its fetch in L1. A lookup may bring the NEFF inline, and the ranks of
             # a host start together: each would download it (the hook does the same
-            # under its entry lock, proxy.py). Bounded: past it, each asks for itself.
-            wait = self.config.timeout + 1.0
+            # under its entry lock, proxy.py). Bounded by the longest a lookup takes:
+            # past it, each asks for itself.
+            from neffcache.client.remote import lookup_seconds
+
+            wait = lookup_seconds(self.config) + 1.0
             with self.local.lock(f"lookup-{key}", f"the lookup of {key[:12]}", wait):
                 served = self._in_l1(key) or self._from_server(key, alias, found)
         if served is None:

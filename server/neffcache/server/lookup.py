@@ -10,16 +10,20 @@ when the client asked and the file is small (``inlined_file``).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from collections.abc import Callable
 from json.encoder import encode_basestring_ascii as _string
 
 from neffcache.protocol import inline
+from neffcache.server.errors import ServerError
 from neffcache.server.index import Entry
 from neffcache.server.manifest import HEX64
 from neffcache.server.services import Services
 from neffcache.server.services import blobs as blob_reads
+
+log = logging.getLogger("neffcache.server")
 
 
 def find_entry(backends: Services, namespace: str, key: str) -> Entry | None:
@@ -99,7 +103,13 @@ def inlined_file(backends: Services, entry: Entry, asked: str) -> bytes | None:
         return None
     if not isinstance(size, int) or size > max_bytes:
         return None
-    found = blob_reads.read(backends, digest, None)
+    try:
+        found = blob_reads.read(backends, digest, None)
+    except ServerError as exc:
+        # The file is what may go wrong here, never the lookup: the client downloads
+        # it as it would have, and that GET answers the error.
+        log.warning("cannot inline blob %s in a lookup (%s); answered without it", digest, exc)
+        return None
     if not isinstance(found, blob_reads.Whole) or len(found.data) != size:
         return None
     metrics = backends.metrics

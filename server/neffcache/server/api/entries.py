@@ -261,6 +261,11 @@ def _found(backends: Backends, entry: Entry, asked: str | None) -> Response:
     return JsonBody(body) if data is None else InlineBody(body, data)
 
 
+# A lookup's answer depends on the inline ask: a shared cache in front must not give
+# one asked for to a client that did not ask.
+_VARY = (b"vary", inline.HEADER.encode())
+
+
 class InlineBody(Response):
     """A lookup's JSON followed by one file's bytes, framed as protocol/inline.py says;
     sent as two writes rather than joined: the file may be megabytes, and the JSON's
@@ -276,6 +281,7 @@ class InlineBody(Response):
         self.raw_headers = [
             (b"content-length", b"%d" % (len(self.body) + len(data))),
             (b"content-type", inline.MEDIA_TYPE.encode()),
+            _VARY,
         ]
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -298,6 +304,7 @@ class JsonBody(Response):
         self.raw_headers = [
             (b"content-length", b"%d" % len(body)),
             (b"content-type", b"application/json"),
+            _VARY,
         ]
 
 
