@@ -3,15 +3,16 @@ dependency injection.
 
 ``GET /v1/blobs/{digest}``, ``GET /v1/ns/{namespace}/entries/{key}`` and ``GET
 /v1/ns/{namespace}/aliases/{alias}`` (the client's first lookup, by direct key) are
-what every cache hit costs; FastAPI's per-request machinery (its middleware stack, routing through
-every route, building dependencies) costs more than the work itself: a profile of entry
+what every cache hit costs; FastAPI's per-request machinery (its middleware stack,
+routing through every route, building dependencies) costs more than the work itself: a
+profile of entry
 lookups on one core spent more of it in Starlette and FastAPI's wrappers than in the
 index. The app (``app._App``) hands every HTTP request here first; this matches those
 shapes exactly and calls the same functions the routes call (``answer_blob``,
 ``answer_entry``, ``answer_alias``, ``authenticate_request``), so the checks are the
 routes' own.
 Anything else, including a malformed path, goes on to FastAPI, whose routes also
-document these two in the OpenAPI schema. An exception other than the server's own
+document these in the OpenAPI schema. An exception other than the server's own
 errors reaches uvicorn, which answers 500 and logs it, as Starlette's outermost
 middleware would have.
 """
@@ -38,9 +39,9 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _BLOB = re.compile(f"/v1/blobs/({HEX64})")
+_ENTRY = re.compile(f"/v1/ns/({NAMESPACE})/entries/({HEX64})")
 # No control character: such a path is the app's 400 (app.PlainPaths), said its way.
-_ENTRY = re.compile(rf"/v1/ns/({NAMESPACE})/(entries|aliases)/([^\x00-\x1f\x7f]+)")
-_HEX64 = re.compile(HEX64)
+_ALIAS = re.compile(rf"/v1/ns/({NAMESPACE})/aliases/([^\x00-\x1f\x7f]+)")
 _ACCEL = ACCEL_HEADER.encode()
 _INLINE = inline.HEADER.lower().encode()
 
@@ -60,15 +61,14 @@ class FastPath:
         path = scope["path"]
         blob = _BLOB.fullmatch(path)
         entry = None if blob else _ENTRY.fullmatch(path)
-        if entry is not None and entry[2] == "entries" and not _HEX64.fullmatch(entry[3]):
-            entry = None  # an entry's key is 64 hex: FastAPI's validation says why not
-        if blob is None and entry is None:
+        alias = None if blob or entry else _ALIAS.fullmatch(path)
+        if blob is None and entry is None and alias is None:
             return False
         headers: dict[bytes, bytes] = {}
         for name, value in scope["headers"]:
             headers.setdefault(name, value)  # the first of repeated headers, as Starlette
         try:
-            response = await self._answer(headers, blob, entry)
+            response = await self._answer(headers, blob, entry, alias)
         except ServerError as exc:
             response = self.on_error(exc, path)
         await response(scope, receive, send)
@@ -79,6 +79,7 @@ class FastPath:
         headers: dict[bytes, bytes],
         blob: re.Match[str] | None,
         entry: re.Match[str] | None,
+        alias: re.Match[str] | None,
     ) -> Response:
         authorization = headers.get(b"authorization")
         caller = await authenticate_request(
@@ -93,9 +94,9 @@ class FastPath:
                 range_header.decode("latin-1") if range_header else None,
                 _ACCEL in headers,
             )
-        assert entry is not None
         asked = headers.get(_INLINE)
-        answer = answer_entry if entry[2] == "entries" else answer_alias
-        return await answer(
-            self.backends, caller, entry[1], entry[3], asked.decode("latin-1") if asked else None
-        )
+        ask = asked.decode("latin-1") if asked else None
+        if entry is not None:
+            return await answer_entry(self.backends, caller, entry[1], entry[2], ask)
+        assert alias is not None
+        return await answer_alias(self.backends, caller, alias[1], alias[2], ask)

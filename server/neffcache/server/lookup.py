@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable
 from json.encoder import encode_basestring_ascii as _string
 
-from neffcache.protocol import inline
+from neffcache.protocol import inline, is_hex64
 from neffcache.server.errors import ServerError
 from neffcache.server.index import Entry
 from neffcache.server.manifest import HEX64
@@ -99,7 +99,7 @@ def inlined_file(backends: Services, entry: Entry, asked: str) -> bytes | None:
     files = json.loads(entry.manifest).get("files")
     ref = files.get(name) if isinstance(files, dict) else None
     digest, size = (ref.get("digest"), ref.get("size")) if isinstance(ref, dict) else (None, None)
-    if not isinstance(digest, str) or not re.fullmatch(HEX64, digest):
+    if not is_hex64(digest):
         return None
     if not isinstance(size, int) or size > max_bytes:
         return None
