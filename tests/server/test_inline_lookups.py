@@ -1,8 +1,9 @@
 """A lookup that asks for a file inline (``X-Neffcache-Inline``, protocol/inline.py)
 gets the entry's JSON and that file's verified bytes in one answer, by key or by alias,
 through the fast path or FastAPI's routes alike; anything the server cannot or should
-not inline is the plain JSON answer, and a blob found corrupt is quarantined, never
-sent (docs/protocol.md#a-file-inline)."""
+not inline is the plain JSON answer, a blob found corrupt is quarantined, never sent,
+and a store that fails under the inline read leaves the lookup answered; every answer
+tells an HTTP cache that it depends on the ask (docs/protocol.md#a-file-inline)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from support.api import ADDRESS, KEY, digest, manifest, put_blob
 from neffcache.protocol import inline
 from neffcache.server.app import create_app
 from neffcache.server.blobs.fs import FsBlobStore
+from neffcache.server.errors import StoreError
 from neffcache.server.index.memory import MemoryIndex
 from neffcache.server.settings import ServerSettings
 
@@ -24,11 +26,24 @@ NEFF = b"N" * 5000 + b"the neff"
 LOG = b"a compile log"
 DIRECT = "d" * 64
 ASK = {inline.HEADER: inline.asked("model.neff", 1 << 20)}
+ENTRY_PATH = f"/v1/ns/team-a/entries/{KEY}"
+
+
+class FailingReads(FsBlobStore):
+    """The filesystem store, whose reads fail once ``broken`` (a disk that returns EIO,
+    a blob file restored unreadable): what fs.py raises then."""
+
+    broken = False
+
+    def read(self, digest: str, start: int = 0, end: int | None = None) -> Iterator[bytes] | None:
+        if self.broken:
+            raise StoreError(f"read {digest}: [Errno 5] Input/output error")
+        return super().read(digest, start, end)
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[FsBlobStore]:
-    blobs = FsBlobStore(tmp_path / "blobs")
+def store(tmp_path: Path) -> Iterator[FailingReads]:
+    blobs = FailingReads(tmp_path / "blobs")
     try:
         yield blobs
     finally:
@@ -36,7 +51,7 @@ def store(tmp_path: Path) -> Iterator[FsBlobStore]:
 
 
 @pytest.fixture
-def client(tmp_path: Path, store: FsBlobStore) -> Iterator[TestClient]:
+def client(tmp_path: Path, store: FailingReads) -> Iterator[TestClient]:
     settings = ServerSettings(data_dir=tmp_path, eviction_interval_seconds=0)
     app = create_app(settings, blob_store=store, index=MemoryIndex())
     with TestClient(app) as test_client:
@@ -44,8 +59,26 @@ def client(tmp_path: Path, store: FsBlobStore) -> Iterator[TestClient]:
             assert put_blob(test_client, data) in (200, 201)
         files = {"model.neff": NEFF, "log-neuron-cc.txt": LOG}
         body = manifest(files, direct_key=DIRECT, neuron_address=ADDRESS)
-        assert test_client.put(f"/v1/ns/team-a/entries/{KEY}", json=body).status_code == 201
+        assert test_client.put(ENTRY_PATH, json=body).status_code == 201
         yield test_client
+
+
+def both_paths(client: TestClient, path: str, headers: Any) -> list[Any]:
+    """What a GET of ``path`` gets through the fast path, then through FastAPI's routes:
+    status, body and headers (but the date and server)."""
+    app: Any = client.app
+    fast = app.fast_path
+    answers = [client.get(path, headers=headers)]
+    app.fast_path = None
+    try:
+        answers.append(client.get(path, headers=headers))
+    finally:
+        app.fast_path = fast
+    skipped = ("date", "server")
+    return [
+        (got.status_code, got.content, {k: v for k, v in got.headers.items() if k not in skipped})
+        for got in answers
+    ]
 
 
 def split(answer: Any) -> tuple[bytes, bytes]:
@@ -140,22 +173,72 @@ def test_inline_answers_are_the_same_through_fastapi(client: TestClient) -> None
         "/v1/ns/Team-A/aliases/" + DIRECT,  # not a namespace: FastAPI's validation
     ]
 
-    def answers() -> list[Any]:
-        out = []
-        for path in paths:
-            for headers in ({}, ASK):
-                got = client.get(path, headers=headers)
-                kept = {k: v for k, v in got.headers.items() if k not in ("date", "server")}
-                out.append((got.status_code, got.content, kept))
-        return out
+    statuses = []
+    for path in paths:
+        for headers in ({}, ASK):
+            fast, slow = both_paths(client, path, headers)
+            assert fast == slow, (path, headers)
+            statuses.append(fast[0])
+    assert statuses[::2] == [200, 200, 200, 404, 400, 400, 400, 400]
 
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "fastapi"])
+def test_a_store_failing_under_the_inline_read_still_answers_the_lookup(
+    client: TestClient, store: FailingReads, fast: bool
+) -> None:
+    """The inline file is an optimisation of the lookup: the index answered, and the
+    JSON alone is what a server that does not inline sends. A 503 instead makes every
+    client skip the server for its back-off, a hook whose L1 already holds the NEFF
+    included."""
     app: Any = client.app
-    fast = app.fast_path
-    on = answers()
-    app.fast_path = None
+    kept = app.fast_path
+    if not fast:
+        app.fast_path = None
     try:
-        off = answers()
+        plain = client.get(ENTRY_PATH)
+        store.broken = True
+        answer = client.get(ENTRY_PATH, headers=ASK)
     finally:
-        app.fast_path = fast
-    assert [status for status, _, _ in on][::2] == [200, 200, 200, 404, 400, 400, 400, 400]
-    assert on == off
+        app.fast_path = kept
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["content-type"] == "application/json"
+    assert answer.content == plain.content
+
+
+def test_an_answer_that_depends_on_the_inline_ask_says_so_to_caches(client: TestClient) -> None:
+    """A shared HTTP cache in front of the server (RFC 9111) must not hand the framed
+    answer to a request that did not ask for it, which reads it as JSON: ``Vary``
+    names the header the answer was chosen by (RFC 9110 12.5.5)."""
+    for headers in (ASK, {}):
+        answer = client.get(ENTRY_PATH, headers=headers)
+        assert answer.status_code == 200
+        vary = [v.strip().lower() for v in answer.headers.get("vary", "").split(",")]
+        assert inline.HEADER.lower() in vary, (headers, dict(answer.headers))
+
+
+# --- the fast path reads an ask as FastAPI does ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "sent"),
+    [
+        (ENTRY_PATH, [(inline.HEADER, "model.neff=1"), (inline.HEADER, "model.neff=100000")]),
+        (ENTRY_PATH, [(inline.HEADER, "model.neff=100000"), (inline.HEADER, "model.neff=1")]),
+        (ENTRY_PATH, [(inline.HEADER, "  model.neff=100000  ")]),
+        (ENTRY_PATH, [(inline.HEADER, "")]),
+        (ENTRY_PATH, [(inline.HEADER, "model.neff=0000000000100000")]),  # past 12 digits
+        (ENTRY_PATH, [(inline.HEADER.upper(), "model.neff=100000")]),
+        (f"/v1/ns/team-a/aliases/{ADDRESS.replace('/', '%2F')}", list(ASK.items())),
+        (f"/v1/ns/team-a/aliases/{ADDRESS}/", list(ASK.items())),
+        (f"/v1/ns/team-a/aliases/{DIRECT}/", list(ASK.items())),
+        ("/v1/ns/team-a/aliases/%C2%85", list(ASK.items())),  # a C1 control character
+        ("/v1/ns/team-a/aliases/" + "x" * 5000, list(ASK.items())),
+    ],
+)
+def test_an_ask_is_answered_alike_by_the_fast_path_and_fastapi(
+    client: TestClient, path: str, sent: list[tuple[str, str]]
+) -> None:
+    """Alias lookups joined the fast path with a broad pattern (any path without a
+    control character): the answers, inline or not, must stay FastAPI's own."""
+    fast, slow = both_paths(client, path, sent)
+    assert fast == slow

@@ -584,10 +584,10 @@ def _blob_bytes_start(command: str, path: str, upstream: httpx.Response) -> int 
         return None
     if path.startswith("/v1/blobs/"):
         return 0
+    if upstream.headers.get("content-type") != inline.MEDIA_TYPE:
+        return None
     parts = inline.split(upstream.content)
-    if upstream.headers.get("content-type") == inline.MEDIA_TYPE and parts is not None:
-        return len(upstream.content) - len(parts[1])
-    return None
+    return None if parts is None else len(upstream.content) - len(parts[1])
 
 
 class _ProxyHandler(BaseHTTPRequestHandler):
