@@ -51,6 +51,11 @@ if TYPE_CHECKING:
     from neffcache.client.resolver import Replay, Resolver
     from neffcache.keying import CacheKey, CompileContext
 
+# The largest HloModuleProto a miss's explanation reads again for its summary. The
+# read runs beside the compiler, which needs the host's memory; a larger module's miss
+# is explained without its graph's summary (the key's components still go).
+SUMMARY_MAX = 64 << 20
+
 
 class Session:
     def __init__(
@@ -87,6 +92,9 @@ class Session:
         self._holds = False  # while this call holds the graph's compile lease
         self._explanation: Explanation | None = None  # asked for as a miss starts compiling
         self._components: dict[str, Any] | None = None  # the missed key's, for its event
+        # Whether a miss's explanation reads the input again for its graph's summary:
+        # only an HloModuleProto has one, and a huge one is not read beside the compiler.
+        self._summarized = False
         self.report: dict[str, Any] = {
             "via": "wrapper",
             "key": None,
@@ -130,6 +138,7 @@ class Session:
         if self._hit(direct.key, alias=True):
             return self._done(0)
         canonical = self._canonical(graph, ctx)
+        self._summarized = graph.module is not None and len(graph.module) <= SUMMARY_MAX
         del graph  # a large module is not held while it compiles: read again after
         if isinstance(canonical, str):
             return self._uncached(canonical)
@@ -603,8 +612,10 @@ class Session:
 
         self._components = canonical.as_json()
 
+        summarized = self._summarized
+
         def prepare() -> Prepared:
-            module = _module_of(self.call.input, ctx)
+            module = _module_of(self.call.input, ctx) if summarized else None
             summary = None if module is None else summarize(module)
             components = canonical.as_json()
             if summary is not None:
