@@ -98,9 +98,10 @@ class InThread:
     """uvicorn serving ``app`` on a free loopback port, in a daemon thread; entered, it
     gives the base URL once the server accepts connections."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, **options: Any) -> None:
+        """``options``: uvicorn.Config's, beyond the host, port and log level."""
         port = free_port()
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **options)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = f"http://127.0.0.1:{port}"

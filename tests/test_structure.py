@@ -402,8 +402,9 @@ HTTP_LAYER = (
     "neffcache.server.api",  # the routes
     "neffcache.server.app",  # the FastAPI application and its error handlers
     "neffcache.server.deps",  # the routes' dependencies: the Services and the caller
-    "neffcache.server.fastpath",  # ASGI middleware answering the two hottest GETs
+    "neffcache.server.fastpath",  # ASGI middleware answering the hottest GETs
     "neffcache.server.connections",  # uvicorn's HTTP protocol with connection limits
+    "neffcache.server.immediate",  # that protocol answering lookups itself
     "neffcache.server.serving",  # binds the socket and runs uvicorn
 )
 HTTP_STACK = ("fastapi", "starlette", "neffcache.server.deps")

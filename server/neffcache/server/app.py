@@ -57,7 +57,7 @@ def create_app(
     blob_store: BlobStore | None = None,
     index: Index | None = None,
     clock: Callable[[], float] = time.time,
-) -> FastAPI:
+) -> ServerApp:
     settings = settings or ServerSettings()
     # A bad price_table stops start-up with one line (ConfigError), before any store opens.
     load_prices(settings.price_table)
@@ -79,7 +79,7 @@ def create_app(
 
     # No /docs or /redoc: FastAPI's viewers load their scripts from a CDN, which the
     # air-gapped clusters this serves cannot reach. /openapi.json stays (protocol.md).
-    app = _App(
+    app = ServerApp(
         title="neffcache",
         version=__version__,
         lifespan=lifespan,
@@ -116,7 +116,9 @@ def create_app(
     return app
 
 
-class _App(FastAPI):
+class ServerApp(FastAPI):
+    """The API, whose hottest requests its ``fast_path`` answers first."""
+
     fast_path: FastPath | None = None
 
     async def __call__(self, scope: _Scope, receive: _Receive, send: _Send) -> None:

@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any
 from . import __version__, clihost
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
-
+    from .app import ServerApp
     from .settings import ServerSettings
 
 
@@ -169,12 +168,12 @@ def _serve(args: argparse.Namespace) -> int:
     options = {
         "log_level": "info",
         "access_log": settings.access_log,
-        "http": limits.protocol_class(),
+        "http": limits.protocol_class(answers=app.fast_path),
     }
     return serving.run(app, sock, options)
 
 
-def _open(args: argparse.Namespace) -> tuple[ServerSettings, FastAPI]:
+def _open(args: argparse.Namespace) -> tuple[ServerSettings, ServerApp]:
     """The settings, and the app on its opened stores; a bad setting or an unreachable
     store is a CommandError."""
     from .app import create_app

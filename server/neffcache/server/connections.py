@@ -45,7 +45,10 @@ import asyncio
 import logging
 import resource
 import time
-from typing import ClassVar, cast
+from typing import TYPE_CHECKING, ClassVar, cast
+
+if TYPE_CHECKING:
+    from neffcache.server.immediate import Answers
 
 # uvicorn's logger: these are the server's events, next to its own "Exceeded
 # concurrency limit."
@@ -179,9 +182,12 @@ class ConnectionLimits:
         self.waiting: dict[_Limited, None] = {}
         self._next_report = 0.0
 
-    def protocol_class(self, http: str = "auto") -> type[asyncio.Protocol]:
+    def protocol_class(
+        self, http: str = "auto", answers: Answers | None = None
+    ) -> type[asyncio.Protocol]:
         """uvicorn's ``http`` protocol (``auto``, ``httptools`` or ``h11``) under these
-        limits, for ``uvicorn.run(http=...)``."""
+        limits, for ``uvicorn.run(http=...)``; with httptools, the lookups ``answers``
+        takes are answered by the protocol itself (immediate.py)."""
         if http == "auto":
             try:
                 import httptools  # noqa: F401
@@ -190,7 +196,7 @@ class ConnectionLimits:
             else:
                 http = "httptools"
         if http == "httptools":
-            return _httptools_class(self)
+            return _httptools_class(self, answers)
         if http == "h11":
             return _h11_class(self)
         raise ValueError(f"no connection limits for uvicorn's http={http!r}")
@@ -319,10 +325,10 @@ def _h11_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
     return LimitedH11
 
 
-def _httptools_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+def _httptools_class(limits: ConnectionLimits, answers: Answers | None) -> type[asyncio.Protocol]:
+    from neffcache.server.immediate import ImmediateAnswers
 
-    class LimitedHttpTools(_Limited, HttpToolsProtocol):
+    class LimitedHttpTools(_Limited, ImmediateAnswers):
         # Whether the latest request was read whole: uvicorn's own flag (more_body)
         # stays set when the answer went out before the body ended.
         _request_read = True
@@ -333,6 +339,9 @@ def _httptools_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
 
         def on_headers_complete(self) -> None:
             self._request_read = False
+            # Now, not after the bytes are parsed: a lookup may be answered before
+            # that (immediate.py), and its end must find the timer stopped to re-arm it.
+            self._sync_head_timer()
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:
@@ -340,4 +349,5 @@ def _httptools_class(limits: ConnectionLimits) -> type[asyncio.Protocol]:
             super().on_message_complete()
 
     LimitedHttpTools.limits = limits
+    LimitedHttpTools.answers = answers
     return LimitedHttpTools

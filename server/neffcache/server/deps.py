@@ -42,6 +42,21 @@ async def authenticate_request(backends: Services, authorization: str | None) ->
     except Unauthorized:
         REQUEST_CALLER.set(presented_as(authorization))
         raise
+    return _noted(caller)
+
+
+def identify(backends: Services, authorization: str | None) -> Caller:
+    """``authenticate_request`` in the calling thread (it may block on the index): for
+    the protocol's immediate answers (immediate.py), on local stores."""
+    try:
+        caller = authenticate(backends.index, authorization, backends.tokens)
+    except Unauthorized:
+        REQUEST_CALLER.set(presented_as(authorization))
+        raise
+    return _noted(caller)
+
+
+def _noted(caller: Caller) -> Caller:
     REQUEST_CALLER.set(caller.name if caller.name == ANONYMOUS else f"token {caller.name}")
     return caller
 

@@ -7,10 +7,13 @@ what every cache hit costs; FastAPI's per-request machinery (its middleware stac
 routing through every route, building dependencies) costs more than the work itself: a
 profile of entry
 lookups on one core spent more of it in Starlette and FastAPI's wrappers than in the
-index. The app (``app._App``) hands every HTTP request here first; this matches those
+index. The app (``app.ServerApp``) hands every HTTP request here first; this matches those
 shapes exactly and calls the same functions the routes call (``answer_blob``,
 ``answer_entry``, ``answer_alias``, ``authenticate_request``), so the checks are the
 routes' own.
+On local stores (``Services.inline``) the lookups are answered sooner still, by
+``immediate``: the HTTP protocol calls it once a request has arrived, before any ASGI
+task or message exists (immediate.py).
 Anything else, including a malformed path, goes on to FastAPI, whose routes also
 document these in the OpenAPI schema. An exception other than the server's own
 errors reaches uvicorn, which answers 500 and logs it, as Starlette's outermost
@@ -20,15 +23,15 @@ middleware would have.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from starlette.responses import Response
 
 from neffcache.protocol import HEX64, NAMESPACE, inline
 from neffcache.server.api.blobs import ACCEL_HEADER, answer_blob
-from neffcache.server.api.entries import answer_alias, answer_entry
-from neffcache.server.deps import authenticate_request
+from neffcache.server.api.entries import alias_answer, answer_alias, answer_entry, entry_answer
+from neffcache.server.deps import authenticate_request, identify
 from neffcache.server.errors import ServerError
 from neffcache.server.services import Services
 
@@ -100,3 +103,34 @@ class FastPath:
             return await answer_entry(self.backends, caller, entry[1], entry[2], ask)
         assert alias is not None
         return await answer_alias(self.backends, caller, alias[1], alias[2], ask)
+
+    def takes(self, path: str) -> bool:
+        """Whether ``immediate`` answers a GET of ``path``: an entry or alias lookup,
+        on stores called inline (a lookup on Redis or S3 awaits a worker thread)."""
+        return self.backends.inline and (
+            _ENTRY.fullmatch(path) is not None or _ALIAS.fullmatch(path) is not None
+        )
+
+    def immediate(self, path: str, headers: Iterable[tuple[bytes, bytes]]) -> Response | None:
+        """The answer to a GET of ``path`` that ``takes`` took, made in the calling
+        thread by the functions ``answered`` awaits; None when it is not one. A
+        ServerError is its answer, as in ``answered``; any other exception is the
+        caller's."""
+        entry = _ENTRY.fullmatch(path)
+        alias = None if entry else _ALIAS.fullmatch(path)
+        if entry is None and alias is None:
+            return None
+        authorization = asked = None
+        for name, value in headers:  # the first of repeated headers, as Starlette
+            if name == b"authorization" and authorization is None:
+                authorization = value.decode("latin-1")
+            elif name == _INLINE and asked is None:
+                asked = value.decode("latin-1")
+        try:
+            caller = identify(self.backends, authorization)
+            if entry is not None:
+                return entry_answer(self.backends, caller, entry[1], entry[2], asked)
+            assert alias is not None
+            return alias_answer(self.backends, caller, alias[1], alias[2], asked)
+        except ServerError as exc:
+            return self.on_error(exc, path)

@@ -130,8 +130,7 @@ async def answer_entry(
 ) -> Response:
     """``GET /v1/ns/{namespace}/entries/{key}`` for validated names (route and fast
     path); ``asked``: the request's ``X-Neffcache-Inline``."""
-    caller.require("read", namespace)
-    return await backends.run(_entry_response, backends, namespace, key, asked)
+    return await backends.run(entry_answer, backends, caller, namespace, key, asked)
 
 
 async def answer_alias(
@@ -139,10 +138,26 @@ async def answer_alias(
 ) -> Response:
     """``GET /v1/ns/{namespace}/aliases/{alias}`` for a validated namespace (route and
     fast path); an alias that is not one is ``400``."""
+    return await backends.run(alias_answer, backends, caller, namespace, alias, asked)
+
+
+def entry_answer(
+    backends: Backends, caller: Caller, namespace: str, key: str, asked: str | None
+) -> Response:
+    """``answer_entry``'s answer, made in the calling thread (it may block on the
+    stores): for the protocol's immediate answers (immediate.py), on local stores."""
+    caller.require("read", namespace)
+    return _entry_response(backends, namespace, key, asked)
+
+
+def alias_answer(
+    backends: Backends, caller: Caller, namespace: str, alias: str, asked: str | None
+) -> Response:
+    """``answer_alias``'s answer, made in the calling thread (see ``entry_answer``)."""
     caller.require("read", namespace)
     if not is_alias(alias):
         raise BadRequest(f"{alias!r} is neither a direct key nor a Neuron cache address")
-    return await backends.run(_alias_response, backends, namespace, alias, asked)
+    return _alias_response(backends, namespace, alias, asked)
 
 
 _ALIAS_LIST = obj({"aliases": array({"type": "string"})})

@@ -1,0 +1,249 @@
+"""Lookups the HTTP protocol answers itself (server/immediate.py), against uvicorn in a
+thread with the protocol ``neffcache serve`` runs: every answer is, byte for byte but
+the date, the answer the app gives the same request; lookups never reach the app while
+every other request does; what the protocol leaves alone (HTTP/1.0, a body, a
+percent-escape, a pipelined pair) is answered the usual way, in order; and a kept-alive
+connection's head timer starts again after each answer.
+
+Requests go over a raw socket so the bytes compared are the bytes sent."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, cast
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from loopback import InThread
+from support.api import ADDRESS, KEY, admin_token, make_token, publish
+
+from neffcache.protocol import inline
+from neffcache.server.app import create_app
+from neffcache.server.blobs.memory import MemoryBlobStore
+from neffcache.server.connections import ConnectionLimits
+from neffcache.server.index.memory import MemoryIndex
+from neffcache.server.settings import ServerSettings
+
+HEAD_TIMEOUT = 30.0
+WAIT = 20.0
+
+
+class Counting:
+    """The app as uvicorn calls it, counting the paths of the requests that reach it."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.paths: list[str] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            self.paths.append(scope["path"])
+        await self.inner(scope, receive, send)
+
+
+@dataclass
+class Served:
+    port: int
+    protocol: Any  # the protocol class: its ``answers`` turns immediate answers off
+    app: Counting
+    limits: ConnectionLimits
+    reader: str  # a read token for team-a
+    other: str  # a read token for team-b
+
+    def answers_off(self) -> Any:
+        answers, self.protocol.answers = self.protocol.answers, None
+        return answers
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    blobs = MemoryBlobStore()
+    settings = ServerSettings(
+        data_dir=tmp_path_factory.mktemp("immediate"), eviction_interval_seconds=0
+    )
+    app = create_app(settings, blob_store=blobs, index=MemoryIndex())
+    limits = ConnectionLimits(100, HEAD_TIMEOUT)
+    protocol = limits.protocol_class("httptools", answers=app.fast_path)
+    counting = Counting(app)
+    # The access log off, as `neffcache serve` runs by default: uvicorn writes it from
+    # the request cycle, so the protocol answers nothing itself while it is on.
+    thread = InThread(counting, access_log=False, http=protocol)
+    try:
+        with thread as url, httpx.Client(base_url=url, trust_env=False) as client:
+            test_client = cast(TestClient, client)
+            admin = admin_token(test_client)
+            headers = {"Authorization": f"Bearer {admin}"}
+            client.headers.update(headers)
+            publish(test_client, neuron_address=ADDRESS)
+            reader = make_token(test_client, admin, "read", ["team-a"])
+            other = make_token(test_client, admin, "read", ["team-b"])
+            port = int(url.rsplit(":", 1)[1])
+            yield Served(port, protocol, counting, limits, reader, other)
+    finally:
+        blobs.close()
+
+
+def connect(served: Served) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", served.port), timeout=WAIT)
+
+
+def read_answer(sock: socket.socket, pending: bytearray) -> bytes:
+    """One whole answer (Content-Length framed) from ``sock``; what follows it stays in
+    ``pending``."""
+    while b"\r\n\r\n" not in pending:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed inside an answer's head: {bytes(pending)!r}"
+        pending += chunk
+    head, _, _ = bytes(pending).partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    size = len(head) + 4 + length
+    while len(pending) < size:
+        chunk = sock.recv(65536)
+        assert chunk, "closed inside an answer's body"
+        pending += chunk
+    answer = bytes(pending[:size])
+    del pending[:size]
+    return answer
+
+
+def without_date(answer: bytes) -> bytes:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = [line for line in head.split(b"\r\n") if not line.lower().startswith(b"date:")]
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+def exchange(served: Served, raw: bytes, answers: int = 1) -> list[bytes]:
+    with connect(served) as sock:
+        sock.sendall(raw)
+        pending = bytearray()
+        return [without_date(read_answer(sock, pending)) for _ in range(answers)]
+
+
+def get(path: str, *headers: str, version: str = "1.1") -> bytes:
+    lines = [f"GET {path} HTTP/{version}", "Host: 127.0.0.1", *headers, "", ""]
+    return "\r\n".join(lines).encode("latin-1")
+
+
+def both_ways(served: Served, raw: bytes, answers: int = 1) -> tuple[list[bytes], list[bytes]]:
+    """The answers with the protocol's own answers on, then off."""
+    on = exchange(served, raw, answers)
+    kept = served.answers_off()
+    try:
+        off = exchange(served, raw, answers)
+    finally:
+        served.protocol.answers = kept
+    return on, off
+
+
+def status(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1])
+
+
+def test_every_lookup_answer_is_the_apps_byte_for_byte(served: Served) -> None:
+    token = f"Authorization: Bearer {served.reader}"
+    entry = f"/v1/ns/team-a/entries/{KEY}"
+    cases = [
+        (get(entry, token), 200),
+        (get(f"/v1/ns/team-a/aliases/{ADDRESS}", token), 200),
+        (get(f"/v1/ns/team-a/entries/{'b' * 64}", token), 404),
+        (get(f"/v1/ns/team-a/aliases/{'c' * 64}", token), 404),
+        (get("/v1/ns/team-a/aliases/not-an-alias", token), 400),
+        (get(entry), 401),
+        (get(entry, "Authorization: Bearer nfc_nonsense"), 401),
+        (get(entry, f"Authorization: Bearer {served.other}"), 403),
+        (get(entry, token, f"{inline.HEADER}: {inline.asked('model.neff', 1 << 20)}"), 200),
+        (get(entry, token, f"{inline.HEADER}: nonsense"), 200),
+        (get(entry, token, "Connection: close"), 200),
+    ]
+    for raw, expected in cases:
+        before = len(served.app.paths)
+        on, off = both_ways(served, raw)
+        assert status(on[0]) == expected, on[0][:200]
+        assert on == off, raw
+        assert served.app.paths[before:] == [entry_path(raw)], "only the usual way reaches the app"
+
+
+def entry_path(raw: bytes) -> str:
+    return raw.split(b" ", 2)[1].decode()
+
+
+def test_an_inline_answer_carries_the_file(served: Served) -> None:
+    asked = f"{inline.HEADER}: {inline.asked('model.neff', 1 << 20)}"
+    raw = get(f"/v1/ns/team-a/entries/{KEY}", f"Authorization: Bearer {served.reader}", asked)
+    (answer,) = exchange(served, raw)
+    assert inline.MEDIA_TYPE.encode() in answer.partition(b"\r\n\r\n")[0]
+    assert answer.endswith(b"the neff of " + KEY.encode())
+
+
+def test_what_the_protocol_leaves_alone_reaches_the_app_and_is_answered_alike(
+    served: Served,
+) -> None:
+    token = f"Authorization: Bearer {served.reader}"
+    entry = f"/v1/ns/team-a/entries/{KEY}"
+    escaped = f"/v1/ns/team-a/entries/{KEY[:-1]}%{ord(KEY[-1]):02X}"
+    cases = [
+        get(entry, token, version="1.0"),
+        get(entry, token, "Content-Length: 3") + b"abc",
+        get(escaped, token),
+    ]
+    for raw in cases:
+        before = len(served.app.paths)
+        on, off = both_ways(served, raw)
+        assert status(on[0]) == 200, on[0][:200]
+        assert on == off
+        assert len(served.app.paths) - before == 2, "both ways went through the app"
+
+
+def test_pipelined_lookups_are_answered_in_order(served: Served) -> None:
+    token = f"Authorization: Bearer {served.reader}"
+    miss = get(f"/v1/ns/team-a/entries/{'b' * 64}", token)
+    hit = get(f"/v1/ns/team-a/entries/{KEY}", token)
+    health = get("/healthz")
+    raw = miss + health + hit + hit + miss
+    on, off = both_ways(served, raw, answers=5)
+    assert [status(a) for a in on] == [404, 200, 200, 200, 404]
+    assert on == off
+
+
+def test_lookups_are_answered_without_the_app_and_the_rest_with_it(served: Served) -> None:
+    token = f"Authorization: Bearer {served.reader}"
+    before = len(served.app.paths)
+    answers = exchange(
+        served,
+        get(f"/v1/ns/team-a/entries/{KEY}", token)
+        + get(f"/v1/ns/team-a/aliases/{ADDRESS}", token)
+        + get("/healthz"),
+        answers=3,
+    )
+    assert [status(a) for a in answers] == [200, 200, 200]
+    assert served.app.paths[before:] == ["/healthz"]
+
+
+def test_a_kept_alive_connection_waits_a_whole_head_timeout_after_each_answer(
+    served: Served,
+) -> None:
+    """The head timer stops when a head is complete and starts again when its answer
+    is sent: a lookup answered at once must not leave the timer that ran before it."""
+    token = f"Authorization: Bearer {served.reader}"
+    with connect(served) as sock:
+        pending = bytearray()
+        sock.sendall(get("/healthz"))
+        read_answer(sock, pending)
+        time.sleep(0.5)  # at least: a timer left from before the lookup is that much older
+        sent = time.monotonic()
+        sock.sendall(get(f"/v1/ns/team-a/entries/{KEY}", token))
+        assert status(read_answer(sock, pending)) == 200
+        mine = [c for c in served.limits.waiting if c.client == sock.getsockname()]
+        assert len(mine) == 1, "the connection waits for its next head"
+        timer = mine[0]._head_timer
+        assert timer is not None
+        # The loop's clock is time.monotonic() (in milliseconds under uvloop).
+        assert timer.when() >= sent + HEAD_TIMEOUT - 0.01
