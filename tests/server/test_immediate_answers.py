@@ -1,9 +1,11 @@
-"""Lookups the HTTP protocol answers itself (server/immediate.py), against uvicorn in a
-thread with the protocol ``neffcache serve`` runs: every answer is, byte for byte but
-the date, the answer the app gives the same request; lookups never reach the app while
-every other request does; what the protocol leaves alone (HTTP/1.0, a body, a
-percent-escape, a pipelined pair) is answered the usual way, in order; and a kept-alive
-connection's head timer starts again after each answer.
+"""Lookups and blob reads the HTTP protocol answers itself (server/immediate.py), against
+uvicorn in a thread with the protocol ``neffcache serve`` runs, on a filesystem store:
+every answer is, byte for byte but the date, the answer the app gives the same request;
+those answers never reach the app while every other request does; what the protocol
+leaves alone (HTTP/1.0, a body, a percent-escape, a range, a blob not verified since it
+changed, a large one) is answered the usual way, in order; a verified blob's file sent
+as it is arrives whole to a slow reader, and is cut off if it changes while it is sent;
+and a kept-alive connection's head timer starts again after each answer.
 
 Requests go over a raw socket so the bytes compared are the bytes sent."""
 
@@ -19,17 +21,22 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 from loopback import InThread
-from support.api import ADDRESS, KEY, admin_token, make_token, publish
+from support.api import ADDRESS, KEY, admin_token, digest, make_token, publish, put_blob
 
 from neffcache.protocol import inline
 from neffcache.server.app import create_app
-from neffcache.server.blobs.memory import MemoryBlobStore
+from neffcache.server.blobs import fs
+from neffcache.server.blobs.fs import FsBlobStore
 from neffcache.server.connections import ConnectionLimits
 from neffcache.server.index.memory import MemoryIndex
 from neffcache.server.settings import ServerSettings
 
 HEAD_TIMEOUT = 30.0
 WAIT = 20.0
+ACCEL = "/_neffcache/blobs"
+SMALL = b"a small blob " * 100
+MIB = bytes(range(256)) * 4096
+LARGE = bytes(range(251)) * (17 * 4096 * 4096 // 251 // 16)  # just over 16 MiB: streamed
 
 
 class Counting:
@@ -53,6 +60,15 @@ class Served:
     limits: ConnectionLimits
     reader: str  # a read token for team-a
     other: str  # a read token for team-b
+    blobs: FsBlobStore
+    services: Any
+
+    def verified(self, data: bytes) -> None:
+        """``data``'s file remembered as verified, as a read two seconds or more after
+        its upload leaves it (verified.py does not trust a file changed just before)."""
+        stamped = self.blobs.stamp(digest(data))
+        assert stamped is not None
+        self.services.verified.remember(digest(data), stamped[0], 0.0, time.time())
 
     def answers_off(self) -> Any:
         answers, self.protocol.answers = self.protocol.answers, None
@@ -61,9 +77,10 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    blobs = MemoryBlobStore()
+    data = tmp_path_factory.mktemp("immediate")
+    blobs = FsBlobStore(data / "blobs")
     settings = ServerSettings(
-        data_dir=tmp_path_factory.mktemp("immediate"), eviction_interval_seconds=0
+        data_dir=data, eviction_interval_seconds=0, accel_redirect_prefix=ACCEL
     )
     app = create_app(settings, blob_store=blobs, index=MemoryIndex())
     limits = ConnectionLimits(100, HEAD_TIMEOUT)
@@ -76,13 +93,19 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         with thread as url, httpx.Client(base_url=url, trust_env=False) as client:
             test_client = cast(TestClient, client)
             admin = admin_token(test_client)
-            headers = {"Authorization": f"Bearer {admin}"}
-            client.headers.update(headers)
+            client.headers.update({"Authorization": f"Bearer {admin}"})
             publish(test_client, neuron_address=ADDRESS)
+            for data_ in (SMALL, MIB, LARGE):
+                assert put_blob(test_client, data_) == 201
             reader = make_token(test_client, admin, "read", ["team-a"])
             other = make_token(test_client, admin, "read", ["team-b"])
             port = int(url.rsplit(":", 1)[1])
-            yield Served(port, protocol, counting, limits, reader, other)
+            served = Served(
+                port, protocol, counting, limits, reader, other, blobs, app.state.backends
+            )
+            for data_ in (SMALL, MIB, LARGE):
+                served.verified(data_)
+            yield served
     finally:
         blobs.close()
 
@@ -247,3 +270,122 @@ def test_a_kept_alive_connection_waits_a_whole_head_timeout_after_each_answer(
         assert timer is not None
         # The loop's clock is time.monotonic() (in milliseconds under uvloop).
         assert timer.when() >= sent + HEAD_TIMEOUT - 0.01
+
+
+# --- blobs --------------------------------------------------------------------------
+
+
+def stored(blobs: FsBlobStore, data: bytes) -> None:
+    """``data`` in the store as an upload leaves it, but not through the server: so
+    not verified by it."""
+    staged = blobs.staging_dir() / f"test-{digest(data)}"
+    staged.write_bytes(data)
+    assert blobs.commit(staged, digest(data))
+
+
+def blob(data: bytes) -> str:
+    return f"/v1/blobs/{digest(data)}"
+
+
+def body(answer: bytes) -> bytes:
+    return answer.partition(b"\r\n\r\n")[2]
+
+
+def test_a_verified_blobs_file_is_sent_as_the_app_sends_it(served: Served) -> None:
+    token = f"Authorization: Bearer {served.reader}"
+    for data in (SMALL, MIB):
+        before = len(served.app.paths)
+        on, off = both_ways(served, get(blob(data), token))
+        assert status(on[0]) == 200
+        assert body(on[0]) == data
+        assert on == off
+        assert served.app.paths[before:] == [blob(data)], "only the usual way reaches the app"
+
+
+def test_nginx_in_front_is_told_where_the_file_is_without_the_app(served: Served) -> None:
+    token = f"Authorization: Bearer {served.reader}"
+    before = len(served.app.paths)
+    on, off = both_ways(served, get(blob(MIB), token, "X-Neffcache-Accel: on"))
+    assert status(on[0]) == 200
+    assert f"x-accel-redirect: {ACCEL}".encode() in on[0]
+    assert on == off
+    assert served.app.paths[before:] == [blob(MIB)]
+
+
+def test_blob_reads_the_protocol_leaves_alone_are_answered_alike(served: Served) -> None:
+    """A range, a blob over 16 MiB (streamed with flow control), an unknown digest:
+    each through the app both ways, with the same answer."""
+    token = f"Authorization: Bearer {served.reader}"
+    cases = [
+        (get(blob(MIB), token, "Range: bytes=10-99"), 206),
+        (get(blob(LARGE), token), 200),
+        (get(blob(b"never stored"), token), 404),
+    ]
+    for raw, expected in cases:
+        before = len(served.app.paths)
+        on, off = both_ways(served, raw)
+        assert status(on[0]) == expected
+        assert on == off
+        assert len(served.app.paths) - before == 2, "both ways went through the app"
+
+
+def test_a_blob_not_verified_yet_is_read_the_usual_way(served: Served) -> None:
+    data = b"a blob the server has not read yet"
+    stored(served.blobs, data)
+    token = f"Authorization: Bearer {served.reader}"
+    before = len(served.app.paths)
+    (answer,) = exchange(served, get(blob(data), token))
+    assert body(answer) == data
+    assert served.app.paths[before:] == [blob(data)], "not verified yet: hashed by the app"
+    served.verified(data)
+    (again,) = exchange(served, get(blob(data), token))
+    assert again == answer
+    assert served.app.paths[before + 1 :] == [], "verified: sent from its file"
+
+
+def test_a_large_file_reaches_a_slow_reader_whole(served: Served) -> None:
+    """A reader whose window is small fills the socket: the rest of the file is written
+    after the part the kernel took."""
+    data = bytes(range(199)) * (12 * 1024 * 1024 // 199)
+    stored(served.blobs, data)
+    token = f"Authorization: Bearer {served.reader}"
+    served.verified(data)
+    before = len(served.app.paths)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(WAIT)
+        sock.connect(("127.0.0.1", served.port))
+        sock.sendall(get(blob(data), token))
+        time.sleep(0.2)  # the server writes what the socket takes, and holds the rest
+        answer = read_answer(sock, bytearray())
+    assert body(answer) == data
+    assert served.app.paths[before:] == []
+
+
+def test_a_file_that_changes_while_it_is_sent_is_cut_off_and_hashed_again(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = f"Authorization: Bearer {served.reader}"
+    checks: list[bool] = []
+    unchanged_since = fs.OpenBlob.unchanged_since
+
+    def changes_while_sent(self: fs.OpenBlob, stamp: object) -> bool:
+        checks.append(True)
+        # Unchanged when opened; changed once its bytes were read for sending.
+        return len(checks) == 1 and unchanged_since(self, stamp)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fs.OpenBlob, "unchanged_since", changes_while_sent)
+    before = len(served.app.paths)
+    with connect(served) as sock:
+        sock.sendall(get(blob(MIB), token))
+        received = b""
+        while chunk := sock.recv(1 << 20):
+            received += chunk
+    assert received.startswith(b"HTTP/1.1 200 OK")
+    assert len(body(received)) < len(MIB), "cut off before its last bytes"
+    assert served.app.paths[before:] == []
+    monkeypatch.setattr(fs.OpenBlob, "unchanged_since", unchanged_since)
+    (answer,) = exchange(served, get(blob(MIB), token))
+    assert body(answer) == MIB
+    assert served.app.paths[before:] == [blob(MIB)], "forgotten as verified: hashed again"
+    served.verified(MIB)  # as the other tests found it

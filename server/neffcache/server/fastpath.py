@@ -29,7 +29,7 @@ from typing import Any
 from starlette.responses import Response
 
 from neffcache.protocol import HEX64, NAMESPACE, inline
-from neffcache.server.api.blobs import ACCEL_HEADER, answer_blob
+from neffcache.server.api.blobs import ACCEL_HEADER, accel_answer, answer_blob, file_answer
 from neffcache.server.api.entries import alias_answer, answer_alias, answer_entry, entry_answer
 from neffcache.server.deps import authenticate_request, identify
 from neffcache.server.errors import ServerError
@@ -47,6 +47,8 @@ _ENTRY = re.compile(f"/v1/ns/({NAMESPACE})/entries/({HEX64})")
 _ALIAS = re.compile(rf"/v1/ns/({NAMESPACE})/aliases/([^\x00-\x1f\x7f]+)")
 _ACCEL = ACCEL_HEADER.encode()
 _INLINE = inline.HEADER.lower().encode()
+# What ``immediate`` may answer.
+_IMMEDIATE = (_ENTRY, _ALIAS, _BLOB)
 
 
 class FastPath:
@@ -105,29 +107,40 @@ class FastPath:
         return await answer_alias(self.backends, caller, alias[1], alias[2], ask)
 
     def takes(self, path: str) -> bool:
-        """Whether ``immediate`` answers a GET of ``path``: an entry or alias lookup,
-        on stores called inline (a lookup on Redis or S3 awaits a worker thread)."""
-        return self.backends.inline and (
-            _ENTRY.fullmatch(path) is not None or _ALIAS.fullmatch(path) is not None
-        )
+        """Whether ``immediate`` may answer a GET of ``path``: an entry or alias lookup,
+        or a blob, on stores called inline (a lookup on Redis or S3 awaits a worker
+        thread)."""
+        return self.backends.inline and any(p.fullmatch(path) for p in _IMMEDIATE)
 
     def immediate(self, path: str, headers: Iterable[tuple[bytes, bytes]]) -> Response | None:
         """The answer to a GET of ``path`` that ``takes`` took, made in the calling
         thread by the functions ``answered`` awaits; None when it is not one. A
         ServerError is its answer, as in ``answered``; any other exception is the
         caller's."""
-        entry = _ENTRY.fullmatch(path)
-        alias = None if entry else _ALIAS.fullmatch(path)
-        if entry is None and alias is None:
+        blob = _BLOB.fullmatch(path)
+        entry = None if blob else _ENTRY.fullmatch(path)
+        alias = None if blob or entry else _ALIAS.fullmatch(path)
+        if blob is None and entry is None and alias is None:
             return None
         authorization = asked = None
+        accel = ranged = False
         for name, value in headers:  # the first of repeated headers, as Starlette
             if name == b"authorization" and authorization is None:
                 authorization = value.decode("latin-1")
             elif name == _INLINE and asked is None:
                 asked = value.decode("latin-1")
+            elif name == _ACCEL:
+                accel = True
+            elif name == b"range":
+                ranged = True
+        if blob is not None and not accel and ranged:
+            return None  # a range is hashed first, in a worker thread
         try:
             caller = identify(self.backends, authorization)
+            if blob is not None and accel:
+                return accel_answer(self.backends, caller, blob[1])
+            if blob is not None:
+                return file_answer(self.backends, caller, blob[1])
             if entry is not None:
                 return entry_answer(self.backends, caller, entry[1], entry[2], asked)
             assert alias is not None

@@ -69,6 +69,7 @@ _MISSING_BODY_MAX = _MISSING_MAX * 80
 # Set by the nginx in front (deploy/nginx/): only its requests may be answered with
 # X-Accel-Redirect, so a client that reaches the server directly still gets bytes.
 ACCEL_HEADER = "x-neffcache-accel"
+_OCTETS = "application/octet-stream"
 _Absent = Literal["absent"]  # a blob read that missed (none, or corrupt: quarantined)
 
 
@@ -90,8 +91,17 @@ class Accel(Response):
         headers = _headers(digest, size)
         del headers["Content-Length"]  # this answer's body is empty; nginx's is the file
         headers["X-Accel-Redirect"] = location
-        super().__init__(headers=headers, media_type="application/octet-stream")
+        super().__init__(headers=headers, media_type=_OCTETS)
         self.size = size
+
+
+class FileAnswer(Response):
+    """A verified blob's file (``open_verified``), for the HTTP protocol to send itself
+    (immediate.py): the head a read's answer has, the body from ``opened``."""
+
+    def __init__(self, digest: str, opened: blob_reads.Opened) -> None:
+        super().__init__(headers=_headers(digest, opened.size), media_type=_OCTETS)
+        self.opened = opened
 
 
 _BYTES = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
@@ -175,11 +185,41 @@ async def answer_blob(
     caller.require("read")
     # A range hashes the whole blob first: too long for the event loop, whatever the store.
     run = run_in_threadpool if range_header else backends.run
-    metrics = backends.metrics
     response: Response | _Absent | None = await _accel_response(backends, digest) if accel else None
     if response is None:
         found = await run(blob_reads.read, backends, digest, range_header)
         response = "absent" if found is None else _response(backends, digest, found)
+    return _counted(backends, digest, response)
+
+
+def accel_answer(backends: Backends, caller: Caller, digest: str) -> Response | None:
+    """``answer_blob``'s answer to a request through nginx, made in the calling thread
+    (it may block on the stores), for the protocol's immediate answers (immediate.py):
+    None when the usual way must answer it (no accel prefix, no files, or a file not
+    verified since it changed, which the usual way hashes first in a worker thread)."""
+    caller.require("read")
+    target = _accel_target(backends)
+    if target is None:
+        return None
+    found = blob_reads.accel_file(backends, digest, *target, False)
+    if found == "unverified":
+        return None
+    response = found if isinstance(found, str) else Accel(found.location, digest, found.size)
+    return _counted(backends, digest, response)
+
+
+def file_answer(backends: Backends, caller: Caller, digest: str) -> Response | None:
+    """``answer_blob``'s answer to a plain GET (no range, no nginx in front) when the
+    blob's verified file can be sent as it is (``open_verified``), for the protocol's
+    immediate answers; None for the usual read."""
+    caller.require("read")
+    opened = blob_reads.open_verified(backends, digest)
+    return None if opened is None else _counted(backends, digest, FileAnswer(digest, opened))
+
+
+def _counted(backends: Backends, digest: str, response: Response | _Absent) -> Response:
+    """The answer to a blob read, counted in the metrics; ``absent`` is a 404."""
+    metrics = backends.metrics
     if response == "absent":
         metrics.blob_reads.labels("miss").inc()
         raise NotFound(f"no blob {digest}")
@@ -201,7 +241,7 @@ def _response(backends: Backends, digest: str, found: blob_reads.Read) -> Respon
         return Redirect(found.url, found.size)
     if isinstance(found, blob_reads.Whole):
         headers = _headers(digest, len(found.data))
-        return Response(found.data, headers=headers, media_type="application/octet-stream")
+        return Response(found.data, headers=headers, media_type=_OCTETS)
     headers = _headers(digest, found.end - found.start)
     if found.partial:
         headers["Content-Range"] = f"bytes {found.start}-{found.end - 1}/{found.size}"
@@ -211,7 +251,7 @@ def _response(backends: Backends, digest: str, found: blob_reads.Read) -> Respon
         found.chunks if found.blocking else _async(found.chunks),
         status_code=206 if found.partial else 200,
         headers=headers,
-        media_type="application/octet-stream",
+        media_type=_OCTETS,
     )
 
 
@@ -220,17 +260,25 @@ async def _accel_response(backends: Backends, digest: str) -> Accel | _Absent | 
     the store has files; None to serve the blob here. A file not verified since it
     last changed is hashed first, in a worker thread; corrupt, it is quarantined (a
     miss, ``absent``)."""
+    target = _accel_target(backends)
+    if target is None:
+        return None
+    accel_file = blob_reads.accel_file
+    found = await backends.run(accel_file, backends, digest, *target, False)
+    if found == "unverified":
+        found = await run_in_threadpool(accel_file, backends, digest, *target, True)
+    if isinstance(found, str):
+        return None if found == "unverified" else found
+    return Accel(found.location, digest, found.size)
+
+
+def _accel_target(backends: Backends) -> tuple[str, Path] | None:
+    """The accel prefix and the store's root, when nginx can send the blobs' files."""
     prefix = backends.settings.accel_redirect_prefix
     root = getattr(backends.blobs, "root", None)
     if prefix is None or not isinstance(root, Path):
         return None
-    accel_file = blob_reads.accel_file
-    found = await backends.run(accel_file, backends, digest, prefix, root, False)
-    if found == "unverified":
-        found = await run_in_threadpool(accel_file, backends, digest, prefix, root, True)
-    if isinstance(found, str):
-        return None if found == "unverified" else found
-    return Accel(found.location, digest, found.size)
+    return prefix, root
 
 
 async def _async(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:

@@ -24,6 +24,7 @@ from collections.abc import Hashable, Iterator
 from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import unquote, urlsplit
 
 from neffcache.server.config_errors import ConfigError
@@ -259,6 +260,19 @@ class FsBlobStore:
                 return None
         return _stamp_of(st), max(st.st_mtime_ns, st.st_ctime_ns) / 1e9
 
+    def open_file(self, digest: str) -> OpenBlob | None:
+        """The blob's file, open, or None when there is no such blob."""
+        with os_errors(f"open blob {digest}"):
+            try:
+                file = self._blob_path(digest).open("rb")
+            except FileNotFoundError:
+                return None
+            try:
+                return OpenBlob(file)
+            except BaseException:
+                file.close()
+                raise
+
     def local_path(self, digest: str) -> Path | None:
         return self._blob_path(digest) if self.size(digest) is not None else None
 
@@ -441,13 +455,36 @@ class _FileChunks:
         read to the end; False before then. An unlinked file (collected) counts as
         unchanged when only its ctime moved: unlinking sets it, and a file without a
         name changes its bytes only through an open descriptor, which sets mtime."""
-        if not self._after:
-            return False
-        st = self._after[-1]
-        found = _stamp_of(st)
-        if st.st_nlink == 0 and isinstance(stamp, tuple):
-            return found[:4] == stamp[:4]
-        return found == stamp
+        return bool(self._after) and _still(self._after[-1], stamp)
+
+
+def _still(st: os.stat_result, stamp: Hashable) -> bool:
+    """Whether an open blob file, whose stat is now ``st``, still has ``stamp``; an
+    unlinked one (collected) when only its ctime moved (``_FileChunks.unchanged_since``)."""
+    found = _stamp_of(st)
+    if st.st_nlink == 0 and isinstance(stamp, tuple):
+        return found[:4] == stamp[:4]
+    return found == stamp
+
+
+class OpenBlob:
+    """A blob's file, open for a server that sends it itself (``os.sendfile``); the
+    caller closes it."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self._file = file
+        self.size = os.fstat(file.fileno()).st_size
+
+    def fileno(self) -> int:
+        return self._file.fileno()
+
+    def unchanged_since(self, stamp: Hashable) -> bool:
+        """Whether this file, the one opened and not whatever has its name now, has
+        ``stamp`` (``FsBlobStore.stamp``) now."""
+        return _still(os.fstat(self._file.fileno()), stamp)
+
+    def close(self) -> None:
+        self._file.close()
 
 
 def _read_file(

@@ -5,7 +5,9 @@ A blob is hashed on read until its file is verified, and again whenever the file
 stamp changes (verified.py): up to ``VERIFY_FIRST`` bytes before anything is sent (a
 mismatch quarantines it, and the read is a miss); a larger one as it streams, its
 last chunk held back until the digest matches. A verified, unchanged file is sent
-unhashed, its last chunk held back until its stamp is checked once more.
+unhashed, its last chunk held back until its stamp is checked once more; a server
+that sends files itself (``open_verified``: with ``sendfile``) does the same with its
+last bytes.
 
 Each function blocks on the store; a miss (no such blob, or a corrupt one, now
 quarantined) is None, a bad range ``RangeNotSatisfiable``. Uploads are
@@ -20,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import blake3
 
@@ -28,6 +30,9 @@ from neffcache.server.blobs import BlobStore
 from neffcache.server.errors import RangeNotSatisfiable, StoreError
 from neffcache.server.scrub import Verdict, quarantine, verify
 from neffcache.server.services import Services
+
+if TYPE_CHECKING:
+    from neffcache.server.blobs.fs import OpenBlob
 
 log = logging.getLogger("neffcache.server")
 
@@ -144,6 +149,55 @@ def read(services: Services, digest: str, range_header: str | None) -> Read | No
     return Chunks(checked, 0, size, size, blocking=not services.inline)
 
 
+# The largest blob ``open_verified`` opens: what a server sending it from its file may
+# hold in memory when the socket is full, as it holds an inline NEFF (protocol/inline.py).
+OPEN_MAX = VERIFY_FIRST
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A verified blob's file, open (``OpenBlob``), and how to tell it has not changed
+    since it was verified: ``unchanged()`` after its last byte is read, before it is
+    sent; ``changed()`` when it had (forgotten as verified; the answer is cut off)."""
+
+    file: OpenBlob
+    size: int
+    unchanged: Callable[[], bool]
+    changed: Callable[[], None]
+
+
+def open_verified(services: Services, digest: str) -> Opened | None:
+    """The blob's file, open, for a server that sends it itself, when the store has
+    files, the file was verified and has not changed since, and it is at most
+    ``OPEN_MAX``; None otherwise, and a read (``read``) then says what to send."""
+    blobs = services.blobs
+    opener: Callable[[str], OpenBlob | None] | None = getattr(blobs, "open_file", None)
+    if opener is None:
+        return None
+    stamped = blobs.stamp(digest)
+    if stamped is None or not services.verified.trusted(digest, stamped[0]):
+        return None
+    opened = opener(digest)
+    if opened is None:
+        return None
+    stamp = stamped[0]
+    if opened.size > OPEN_MAX or not opened.unchanged_since(stamp):
+        opened.close()  # larger: streamed; or another file than the one verified
+        return None
+    services.blob_use.touch((digest,))  # as any read: the evictor leaves it alone
+
+    def unchanged() -> bool:
+        return opened.unchanged_since(stamp)
+
+    return Opened(opened, opened.size, unchanged, lambda: _cut_off(services, digest))
+
+
+def _cut_off(services: Services, digest: str) -> None:
+    """A verified blob's file changed while it was sent: hashed again on its next read."""
+    services.verified.forget(digest)
+    log.error("blob %s changed while it was served; the response was cut off", digest)
+
+
 def accel_file(
     services: Services, digest: str, prefix: str, root: Path, hash_first: bool
 ) -> File | Literal["absent", "unverified"]:
@@ -248,8 +302,7 @@ def _trusted(
     def still_verified() -> bool:
         if unchanged(chunks):
             return True
-        services.verified.forget(digest)
-        log.error("blob %s changed while it was served; the response was cut off", digest)
+        _cut_off(services, digest)
         return False
 
     checked = services.blob_use.streaming(digest, _hold_last(chunks, digest, still_verified))
