@@ -389,3 +389,14 @@ def test_a_file_that_changes_while_it_is_sent_is_cut_off_and_hashed_again(
     assert body(answer) == MIB
     assert served.app.paths[before:] == [blob(MIB)], "forgotten as verified: hashed again"
     served.verified(MIB)  # as the other tests found it
+
+
+def test_a_file_sent_on_a_connection_asked_to_close_ends_it(served: Served) -> None:
+    token = f"Authorization: Bearer {served.reader}"
+    with connect(served) as sock:
+        sock.sendall(get(blob(MIB), token, "Connection: close"))
+        received = b""
+        while chunk := sock.recv(1 << 20):  # fails by timeout if the server keeps it
+            received += chunk
+    assert b"connection: close" in received.partition(b"\r\n\r\n")[0]
+    assert body(received) == MIB

@@ -137,8 +137,8 @@ class ImmediateAnswers(HttpToolsProtocol):
                 self.transport.write(parts[0])
             else:
                 self.transport.writelines(parts)
-            if not keep_alive:
-                self.transport.close()
+        if not keep_alive and not self.transport.is_closing():
+            self.transport.close()  # what is written or held goes first
         self.on_response_complete()
         return True
 
@@ -167,8 +167,9 @@ class ImmediateAnswers(HttpToolsProtocol):
                 return
             transport.writelines([head])  # now: the file's bytes follow it on the socket
             sent = 0
-            if transport.get_write_buffer_size() == 0:  # the head is in the socket
-                socket = transport.get_extra_info("socket")
+            socket = transport.get_extra_info("socket")
+            if socket is not None and transport.get_write_buffer_size() == 0:
+                # The head is in the socket: the file's bytes may follow it there.
                 sent = _sendfile(socket.fileno(), opened.file.fileno(), opened.size - _LAST)
             rest = os.pread(opened.file.fileno(), opened.size - sent, sent)
             if len(rest) != opened.size - sent or not opened.unchanged():
