@@ -9,6 +9,7 @@ deadline; none of them times it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import resource
 import select
@@ -16,13 +17,15 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import blake3
 import httpx
 import pytest
+import uvicorn
 from loopback import InThread
 from support.served import Server
+from uvicorn.server import ServerState
 
 from neffcache.server.app import create_app
 from neffcache.server.blobs.memory import MemoryBlobStore
@@ -238,3 +241,63 @@ def test_the_cap_leaves_an_eighth_of_the_descriptor_limit(
     assert ConnectionLimits(4096, 10).max_connections == 256 - 64
     limit[0] = resource.RLIM_INFINITY
     assert ConnectionLimits(4096, 10).max_connections == 4096
+
+
+# --- a slow reader of the last answer --------------------------------------------------
+
+
+class Unsent(asyncio.Transport):
+    """A transport whose unsent bytes the test sets; it records a close or an abort."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unsent = 0
+        self.ended: str | None = None
+
+    def get_write_buffer_size(self) -> int:
+        return self.unsent
+
+    def is_closing(self) -> bool:
+        return self.ended is not None
+
+    def close(self) -> None:
+        self.ended = "closed"
+
+    def abort(self) -> None:
+        self.ended = "aborted"
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 1), "sockname": ("127.0.0.1", 2)}.get(name, default)
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+
+def test_the_head_timer_waits_again_for_a_peer_still_reading_the_last_answer() -> None:
+    """An answer written whole (a blob up to 16 MiB) ends its request while it is still
+    being sent; the head timer then runs. When it runs out with fewer bytes unsent than
+    when it started, the peer is reading: it starts again. When nothing was taken in a
+    whole wait, the connection is closed. The timer's end is called here directly."""
+
+    async def run() -> None:
+        limits = ConnectionLimits(CAP, HEAD_TIMEOUT)
+        protocol_class = limits.protocol_class("httptools")
+        config = uvicorn.Config(app=None, log_config=None, access_log=False)
+        config.load()
+        protocol: Any = protocol_class(  # type: ignore[call-arg]
+            config=config, server_state=ServerState(), app_state={}
+        )
+        transport = Unsent()
+        transport.unsent = 12 << 20  # the answer's bytes still buffered as the timer starts
+        protocol.connection_made(transport)
+        assert protocol._head_timer is not None
+        transport.unsent = 5 << 20  # the peer took some
+        protocol._head_late()
+        assert transport.ended is None
+        assert protocol._head_timer is not None, "started again"
+        assert limits.timed_out == 0
+        protocol._head_late()  # nothing taken since
+        assert transport.ended == "aborted"
+        assert limits.timed_out == 1
+
+    asyncio.run(run())

@@ -6,135 +6,44 @@ leaves alone (HTTP/1.0, a body, a percent-escape, a range, a blob not verified s
 changed, a large one) is answered the usual way, in order; a verified blob's file sent
 as it is arrives whole to a slow reader, and is cut off if it changes while it is sent;
 and a kept-alive connection's head timer starts again after each answer.
-
-Requests go over a raw socket so the bytes compared are the bytes sent."""
+"""
 
 from __future__ import annotations
 
 import socket
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any, cast
 
-import httpx
 import pytest
-from fastapi.testclient import TestClient
-from loopback import InThread
-from support.api import ADDRESS, KEY, admin_token, digest, make_token, publish, put_blob
+from support.api import ADDRESS, KEY, digest
+from support.immediate import (
+    WAIT,
+    Served,
+    blob,
+    body,
+    connect,
+    get,
+    read_answer,
+    serving,
+    status,
+)
 
 from neffcache.protocol import inline
-from neffcache.server.app import create_app
 from neffcache.server.blobs import fs
 from neffcache.server.blobs.fs import FsBlobStore
-from neffcache.server.connections import ConnectionLimits
-from neffcache.server.index.memory import MemoryIndex
-from neffcache.server.settings import ServerSettings
 
 HEAD_TIMEOUT = 30.0
-WAIT = 20.0
 ACCEL = "/_neffcache/blobs"
 SMALL = b"a small blob " * 100
 MIB = bytes(range(256)) * 4096
 LARGE = bytes(range(251)) * (17 * 4096 * 4096 // 251 // 16)  # just over 16 MiB: streamed
 
 
-class Counting:
-    """The app as uvicorn calls it, counting the paths of the requests that reach it."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.paths: list[str] = []
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            self.paths.append(scope["path"])
-        await self.inner(scope, receive, send)
-
-
-@dataclass
-class Served:
-    port: int
-    protocol: Any  # the protocol class: its ``answers`` turns immediate answers off
-    app: Counting
-    limits: ConnectionLimits
-    reader: str  # a read token for team-a
-    other: str  # a read token for team-b
-    blobs: FsBlobStore
-    services: Any
-
-    def verified(self, data: bytes) -> None:
-        """``data``'s file remembered as verified, as a read two seconds or more after
-        its upload leaves it (verified.py does not trust a file changed just before)."""
-        stamped = self.blobs.stamp(digest(data))
-        assert stamped is not None
-        self.services.verified.remember(digest(data), stamped[0], 0.0, time.time())
-
-    def answers_off(self) -> Any:
-        answers, self.protocol.answers = self.protocol.answers, None
-        return answers
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     data = tmp_path_factory.mktemp("immediate")
-    blobs = FsBlobStore(data / "blobs")
-    settings = ServerSettings(
-        data_dir=data, eviction_interval_seconds=0, accel_redirect_prefix=ACCEL
-    )
-    app = create_app(settings, blob_store=blobs, index=MemoryIndex())
-    limits = ConnectionLimits(100, HEAD_TIMEOUT)
-    protocol = limits.protocol_class("httptools", answers=app.fast_path)
-    counting = Counting(app)
-    # The access log off, as `neffcache serve` runs by default: uvicorn writes it from
-    # the request cycle, so the protocol answers nothing itself while it is on.
-    thread = InThread(counting, access_log=False, http=protocol)
-    try:
-        with thread as url, httpx.Client(base_url=url, trust_env=False) as client:
-            test_client = cast(TestClient, client)
-            admin = admin_token(test_client)
-            client.headers.update({"Authorization": f"Bearer {admin}"})
-            publish(test_client, neuron_address=ADDRESS)
-            for data_ in (SMALL, MIB, LARGE):
-                assert put_blob(test_client, data_) == 201
-            reader = make_token(test_client, admin, "read", ["team-a"])
-            other = make_token(test_client, admin, "read", ["team-b"])
-            port = int(url.rsplit(":", 1)[1])
-            served = Served(
-                port, protocol, counting, limits, reader, other, blobs, app.state.backends
-            )
-            for data_ in (SMALL, MIB, LARGE):
-                served.verified(data_)
-            yield served
-    finally:
-        blobs.close()
-
-
-def connect(served: Served) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", served.port), timeout=WAIT)
-
-
-def read_answer(sock: socket.socket, pending: bytearray) -> bytes:
-    """One whole answer (Content-Length framed) from ``sock``; what follows it stays in
-    ``pending``."""
-    while b"\r\n\r\n" not in pending:
-        chunk = sock.recv(65536)
-        assert chunk, f"closed inside an answer's head: {bytes(pending)!r}"
-        pending += chunk
-    head, _, _ = bytes(pending).partition(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value)
-    size = len(head) + 4 + length
-    while len(pending) < size:
-        chunk = sock.recv(65536)
-        assert chunk, "closed inside an answer's body"
-        pending += chunk
-    answer = bytes(pending[:size])
-    del pending[:size]
-    return answer
+    with serving(data, [SMALL, MIB, LARGE], HEAD_TIMEOUT, accel=ACCEL) as served:
+        yield served
 
 
 def without_date(answer: bytes) -> bytes:
@@ -150,24 +59,12 @@ def exchange(served: Served, raw: bytes, answers: int = 1) -> list[bytes]:
         return [without_date(read_answer(sock, pending)) for _ in range(answers)]
 
 
-def get(path: str, *headers: str, version: str = "1.1") -> bytes:
-    lines = [f"GET {path} HTTP/{version}", "Host: 127.0.0.1", *headers, "", ""]
-    return "\r\n".join(lines).encode("latin-1")
-
-
 def both_ways(served: Served, raw: bytes, answers: int = 1) -> tuple[list[bytes], list[bytes]]:
     """The answers with the protocol's own answers on, then off."""
     on = exchange(served, raw, answers)
-    kept = served.answers_off()
-    try:
+    with served.usual_way():
         off = exchange(served, raw, answers)
-    finally:
-        served.protocol.answers = kept
     return on, off
-
-
-def status(answer: bytes) -> int:
-    return int(answer.split(b" ", 2)[1])
 
 
 def test_every_lookup_answer_is_the_apps_byte_for_byte(served: Served) -> None:
@@ -281,14 +178,6 @@ def stored(blobs: FsBlobStore, data: bytes) -> None:
     staged = blobs.staging_dir() / f"test-{digest(data)}"
     staged.write_bytes(data)
     assert blobs.commit(staged, digest(data))
-
-
-def blob(data: bytes) -> str:
-    return f"/v1/blobs/{digest(data)}"
-
-
-def body(answer: bytes) -> bytes:
-    return answer.partition(b"\r\n\r\n")[2]
 
 
 def test_a_verified_blobs_file_is_sent_as_the_app_sends_it(served: Served) -> None:

@@ -17,7 +17,10 @@ picks (httptools when installed, else h11) with two rules:
   waiting for its head, so this replaces uvicorn's keep-alive timeout), cancelled once
   a request head is complete. Bytes that arrive do not extend it: a head sent a byte
   at a time is closed too. No timer runs while a request is served (its body, the
-  app's work, a long-poll): a body that trickles is not covered here.
+  app's work, a long-poll): a body that trickles is not covered here. An answer
+  written whole (up to 16 MiB) ends its request while it is still being sent: when
+  the timer runs out with fewer of its bytes unsent than when it started, the peer
+  is reading it slowly, and the timer starts again.
 - **A cap on open connections.** A connection beyond it closes the one that has
   waited longest for a head (idle or stalled: what an attack holds, and what a client
   loses least by, since it reconnects), so ``/healthz`` still answers while the held
@@ -74,7 +77,10 @@ class _JoinedWrites(asyncio.Transport):
         self._held: bytes | None = None
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not data:  # h11 ends every answer with one; it would only cost a turn
+        if not data or self._inner.is_closing():
+            # Empty: h11 ends every answer with one; it would only cost a turn. Closing:
+            # the peer is gone (a reset), and uvloop raises on a closed transport where
+            # uvicorn marks only its latest request, not pipelined ones, disconnected.
             return
         held = self._held
         if held is not None:
@@ -241,6 +247,7 @@ class _Limited(asyncio.Protocol):
     timeout_keep_alive_task: asyncio.TimerHandle | None
     ws_protocol_class: type[asyncio.Protocol] | None
     _head_timer: asyncio.TimerHandle | None = None
+    _unsent = 0  # bytes of answers not yet sent when the head timer was armed
     _has_slot = False
 
     def _awaiting_head(self) -> bool:
@@ -290,11 +297,22 @@ class _Limited(asyncio.Protocol):
             if self._head_timer is not None:
                 self._stop_head_timer()
         elif self._head_timer is None and self._has_slot and not self.transport.is_closing():
-            self._head_timer = self.loop.call_later(self.limits.header_timeout, self._head_late)
+            self._arm_head_timer()
             self.limits.waiting[self] = None
+
+    def _arm_head_timer(self) -> None:
+        self._head_timer = self.loop.call_later(self.limits.header_timeout, self._head_late)
+        self._unsent = self.transport.get_write_buffer_size()
 
     def _head_late(self) -> None:
         self._head_timer = None
+        unsent = self.transport.get_write_buffer_size()
+        if 0 < unsent < self._unsent and not self.transport.is_closing():
+            # The peer is still reading the last answer (a blob up to 16 MiB is one
+            # write, its request over once it is buffered): a slow reader, not an idle
+            # connection. One that took nothing in a whole wait does not read at all.
+            self._arm_head_timer()
+            return
         self.limits.timed_out += 1
         self.close_waiting()
 

@@ -14,8 +14,10 @@ the page cache to the socket with ``sendfile`` rather than read into Python and
 written out, which took most of a 1 MiB GET's time (pinned: 1.5 GB/s read and
 written, 2.8 GB/s with ``sendfile``). Its last 64 KiB are read and the file's stamp
 checked before they are written, so a file changed while it is sent cuts the answer
-off, as the usual way does (services/blobs.py); if the socket fills, the rest is read
-and written. Larger blobs stream the usual way, with its flow control.
+off (where the usual way, which reads a blob up to 16 MiB whole before sending it,
+hashes it again; a file of at most 64 KiB is read whole first here too, and handed
+back to the usual way if it changed); if the socket fills, the rest is read and
+written. Over TLS the file goes through the transport. Larger blobs stream the usual way, with its flow control.
 
 The answer is written as one small write, which the connection holds until the loop's
 next turn (connections.py): the answers to all the requests that arrived in one turn
@@ -34,9 +36,9 @@ Only a plain case is taken, and everything else goes the usual way, unchanged:
   ``root_path``.
 
 The answer is made in a fresh ``contextvars.Context``, as a task would have one. A
-``ServerError`` is its answer (the fast path's); any other exception sends the request
-the usual way, where it runs again and, if it fails again, uvicorn answers 500 and logs
-it. An answer only reads, so running it twice changes nothing.
+``ServerError`` is its answer (the fast path's); any other exception is answered 500
+and logged, as uvicorn answers an app that raises: not run again the usual way, since
+what it did is done (a hit counted, an entry's use recorded).
 """
 
 from __future__ import annotations
@@ -47,12 +49,11 @@ from collections.abc import Iterable
 from typing import ClassVar, Protocol
 
 import httptools
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from neffcache.server.api.blobs import FileAnswer
 from neffcache.server.api.entries import InlineBody
-from neffcache.server.services.blobs import Opened
 
 # The last bytes of a file sent from it are read and its stamp checked before they go.
 _LAST = 64 * 1024
@@ -123,12 +124,17 @@ class ImmediateAnswers(HttpToolsProtocol):
         try:
             response = contextvars.Context().run(answers.immediate, path, self.headers)
         except Exception:
-            return False  # the usual way answers it, and says what went wrong
-        if response is None or response.background is not None:
-            return False
-        keep_alive = self.parser.should_keep_alive()
+            # Not run again the usual way: what it did is done (a hit counted, an
+            # entry's use recorded). Answered as uvicorn answers an app that raises.
+            self.logger.error("Exception in ASGI application\n", exc_info=True)
+            response, keep_alive = _FAILED, False
+        else:
+            if response is None:
+                return False
+            keep_alive = self.parser.should_keep_alive()
         if isinstance(response, FileAnswer):
-            self._send_file(self._http(response, keep_alive)[0], response.opened)
+            if not self._send_file(self._http(response, keep_alive)[0], response):
+                return False  # its file changed before anything was sent: read it again
         elif not self.transport.is_closing():
             parts = self._http(response, keep_alive)
             if len(parts) == 1:
@@ -156,18 +162,32 @@ class ImmediateAnswers(HttpToolsProtocol):
             return [b"".join(head), response.data]  # the file is not copied into the head
         return [b"".join(head)]
 
-    def _send_file(self, head: bytes, opened: Opened) -> None:
+    def _send_file(self, head: bytes, answer: FileAnswer) -> bool:
         """The head, then the file: from the page cache to the socket (``sendfile``)
-        while the socket takes it, the rest read and written; its last bytes are read
-        and its stamp checked before they are written, so a file changed while it was
-        sent cuts the answer off, as the usual way does (services/blobs.py)."""
-        transport = self.transport
+        while the socket takes it, the rest read and written. Its last 64 KiB are read
+        and its stamp checked before they are written: a file that changed cuts the
+        answer off, where the usual way, reading a blob up to 16 MiB whole before it
+        sends anything, hashes it again; so a file of at most 64 KiB, read whole here
+        before its head, is handed back to the usual way instead (False)."""
+        opened, transport = answer.opened, self.transport
         try:
+            if opened.size <= _LAST:
+                data = os.pread(opened.file.fileno(), opened.size, 0)
+                if len(data) != opened.size or not opened.unchanged():
+                    opened.forget()
+                    return False
+                answer.sent()
+                if not transport.is_closing():
+                    transport.write(head + data)
+                return True
+            answer.sent()
             if transport.is_closing():
-                return
+                return True
             transport.writelines([head])  # now: the file's bytes follow it on the socket
             sent = 0
-            socket = transport.get_extra_info("socket")
+            # Over TLS the socket carries records: the file goes through the transport.
+            tls = transport.get_extra_info("sslcontext") is not None
+            socket = None if tls else transport.get_extra_info("socket")
             if socket is not None and transport.get_write_buffer_size() == 0:
                 # The head is in the socket: the file's bytes may follow it there.
                 sent = _sendfile(socket.fileno(), opened.file.fileno(), opened.size - _LAST)
@@ -175,12 +195,17 @@ class ImmediateAnswers(HttpToolsProtocol):
             if len(rest) != opened.size - sent or not opened.unchanged():
                 opened.changed()
                 transport.abort()
-                return
+                return True
             transport.write(rest)
         except OSError:  # the peer went away; or the file could not be read
             transport.abort()
         finally:
             opened.file.close()
+        return True
+
+
+# uvicorn's answer when an app raises before it answers.
+_FAILED = PlainTextResponse("Internal Server Error", status_code=500)
 
 
 def _sendfile(socket: int, file: int, end: int) -> int:

@@ -97,11 +97,17 @@ class Accel(Response):
 
 class FileAnswer(Response):
     """A verified blob's file (``open_verified``), for the HTTP protocol to send itself
-    (immediate.py): the head a read's answer has, the body from ``opened``."""
+    (immediate.py): the head a read's answer has, the body from ``opened``; ``sent()``
+    counts it in the metrics once the protocol sends it (it may hand the request back
+    to the usual way first, which counts what it answers)."""
 
-    def __init__(self, digest: str, opened: blob_reads.Opened) -> None:
+    def __init__(self, backends: Backends, digest: str, opened: blob_reads.Opened) -> None:
         super().__init__(headers=_headers(digest, opened.size), media_type=_OCTETS)
         self.opened = opened
+        self._backends, self._digest = backends, digest
+
+    def sent(self) -> None:
+        _counted(self._backends, self._digest, self)
 
 
 _BYTES = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
@@ -214,7 +220,7 @@ def file_answer(backends: Backends, caller: Caller, digest: str) -> Response | N
     immediate answers; None for the usual read."""
     caller.require("read")
     opened = blob_reads.open_verified(backends, digest)
-    return None if opened is None else _counted(backends, digest, FileAnswer(digest, opened))
+    return None if opened is None else FileAnswer(backends, digest, opened)
 
 
 def _counted(backends: Backends, digest: str, response: Response | _Absent) -> Response:

@@ -158,12 +158,14 @@ OPEN_MAX = VERIFY_FIRST
 class Opened:
     """A verified blob's file, open (``OpenBlob``), and how to tell it has not changed
     since it was verified: ``unchanged()`` after its last byte is read, before it is
-    sent; ``changed()`` when it had (forgotten as verified; the answer is cut off)."""
+    sent; ``changed()`` when it had and the answer is cut off (forgotten as verified,
+    and logged), ``forget()`` when it had before anything was sent."""
 
     file: OpenBlob
     size: int
     unchanged: Callable[[], bool]
     changed: Callable[[], None]
+    forget: Callable[[], None]  # changed before anything was sent: hashed on the next read
 
 
 def open_verified(services: Services, digest: str) -> Opened | None:
@@ -189,7 +191,10 @@ def open_verified(services: Services, digest: str) -> Opened | None:
     def unchanged() -> bool:
         return opened.unchanged_since(stamp)
 
-    return Opened(opened, opened.size, unchanged, lambda: _cut_off(services, digest))
+    def forget() -> None:
+        services.verified.forget(digest)
+
+    return Opened(opened, opened.size, unchanged, lambda: _cut_off(services, digest), forget)
 
 
 def _cut_off(services: Services, digest: str) -> None:
