@@ -17,7 +17,8 @@ checked before they are written, so a file changed while it is sent cuts the ans
 off (where the usual way, which reads a blob up to 16 MiB whole before sending it,
 hashes it again; a file of at most 64 KiB is read whole first here too, and handed
 back to the usual way if it changed); if the socket fills, the rest is read and
-written. Over TLS the file goes through the transport. Larger blobs stream the usual way, with its flow control.
+written. Over TLS the file goes through the transport. Larger blobs stream the usual
+way, with its flow control.
 
 The answer is written as one small write, which the connection holds until the loop's
 next turn (connections.py): the answers to all the requests that arrived in one turn
