@@ -10,13 +10,14 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from fastapi.testclient import TestClient
 from support.api import ADDRESS, admin_token, digest, make_token, manifest, put_blob
 
 from neffcache.server.app import create_app
+from neffcache.server.auth import ensure_bootstrap_token
 from neffcache.server.blobs import BlobStore
 from neffcache.server.blobs.memory import MemoryBlobStore
 from neffcache.server.errors import StoreFull
@@ -330,6 +331,34 @@ def test_a_changed_bootstrap_secret_rotates_it(
         assert client.get("/v1/admin/tokens", headers=old).status_code == 401
     with app_with("nfc_new_secret") as client:  # and again with the same one
         assert client.get("/v1/admin/tokens", headers=new).status_code == 200
+
+
+def test_replicas_starting_together_share_the_bootstrap_token(
+    stores: tuple[BlobStore, Index],
+) -> None:
+    """Two replicas with the same bootstrap secret, starting at once: each finds no
+    token for it, and the one that writes second finds the other's. Neither fails to
+    start, and there is one token."""
+    index = stores[1]
+
+    class Racing:
+        """The index as the second replica sees it: its lookup before the first
+        replica's write, everything else after."""
+
+        looked = False
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(index, name)
+
+        def token_by_hash(self, secret_hash: str) -> Any:
+            if not self.looked:
+                self.looked = True
+                assert ensure_bootstrap_token(index, "nfc_boot_secret")  # the first replica
+                return None
+            return index.token_by_hash(secret_hash)
+
+    assert ensure_bootstrap_token(cast(Index, Racing()), "nfc_boot_secret") == []
+    assert [t.name for t in index.tokens()] == ["bootstrap"]
 
 
 def test_small_json_bodies_are_capped_and_read_after_the_token(client: TestClient) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import blake3
 
-from neffcache.server.errors import BadRequest, Forbidden, Unauthorized
+from neffcache.server.errors import BadRequest, Forbidden, StoreError, Unauthorized
 from neffcache.server.index import AuditRecord, Index, Token
 from neffcache.server.manifest import NAMESPACE
 
@@ -107,7 +107,13 @@ def ensure_bootstrap_token(index: Index, secret: str) -> list[AuditRecord]:
             changes.append(record("server start-up", "token.revoke", "", token.token_id))
     if index.token_by_hash(secret_hash) is None:
         token_id = f"{BOOTSTRAP}-{secret_hash[:12]}"
-        index.put_token(Token(token_id, secret_hash, "admin", ("*",), BOOTSTRAP, time.time()))
+        try:
+            index.put_token(Token(token_id, secret_hash, "admin", ("*",), BOOTSTRAP, time.time()))
+        except StoreError:
+            # Replicas starting together: another one made it since it was looked up.
+            if index.token_by_hash(secret_hash) is None:
+                raise
+            return changes
         changes.append(
             record("server start-up", "token.create", "", token_id, scope="admin", name=BOOTSTRAP)
         )
