@@ -47,8 +47,6 @@ _ENTRY = re.compile(f"/v1/ns/({NAMESPACE})/entries/({HEX64})")
 _ALIAS = re.compile(rf"/v1/ns/({NAMESPACE})/aliases/([^\x00-\x1f\x7f]+)")
 _ACCEL = ACCEL_HEADER.encode()
 _INLINE = inline.HEADER.lower().encode()
-# What ``immediate`` may answer.
-_IMMEDIATE = (_ENTRY, _ALIAS, _BLOB)
 
 
 class FastPath:
@@ -64,43 +62,26 @@ class FastPath:
         if scope["type"] != "http" or scope["method"] != "GET":
             return False
         path = scope["path"]
-        blob = _BLOB.fullmatch(path)
-        entry = None if blob else _ENTRY.fullmatch(path)
-        alias = None if blob or entry else _ALIAS.fullmatch(path)
-        if blob is None and entry is None and alias is None:
+        shape = _shape(path)
+        if shape is None:
             return False
-        headers: dict[bytes, bytes] = {}
-        for name, value in scope["headers"]:
-            headers.setdefault(name, value)  # the first of repeated headers, as Starlette
         try:
-            response = await self._answer(headers, blob, entry, alias)
+            response = await self._answer(_first(scope["headers"]), *shape)
         except ServerError as exc:
             response = self.on_error(exc, path)
         await response(scope, receive, send)
         return True
 
     async def _answer(
-        self,
-        headers: dict[bytes, bytes],
-        blob: re.Match[str] | None,
-        entry: re.Match[str] | None,
-        alias: re.Match[str] | None,
+        self, headers: dict[bytes, bytes], blob: _Match, entry: _Match, alias: _Match
     ) -> Response:
-        authorization = headers.get(b"authorization")
-        caller = await authenticate_request(
-            self.backends, authorization.decode("latin-1") if authorization else None
-        )
+        caller = await authenticate_request(self.backends, _text(headers.get(b"authorization")))
         if blob is not None:
-            range_header = headers.get(b"range")
+            range_header = _text(headers.get(b"range"))
             return await answer_blob(
-                self.backends,
-                caller,
-                blob[1],
-                range_header.decode("latin-1") if range_header else None,
-                _ACCEL in headers,
+                self.backends, caller, blob[1], range_header, _ACCEL in headers
             )
-        asked = headers.get(_INLINE)
-        ask = asked.decode("latin-1") if asked else None
+        ask = _text(headers.get(_INLINE))
         if entry is not None:
             return await answer_entry(self.backends, caller, entry[1], entry[2], ask)
         assert alias is not None
@@ -110,31 +91,22 @@ class FastPath:
         """Whether ``immediate`` may answer a GET of ``path``: an entry or alias lookup,
         or a blob, on stores called inline (a lookup on Redis or S3 awaits a worker
         thread)."""
-        return self.backends.inline and any(p.fullmatch(path) for p in _IMMEDIATE)
+        return self.backends.inline and _shape(path) is not None
 
     def immediate(self, path: str, headers: Iterable[tuple[bytes, bytes]]) -> Response | None:
         """The answer to a GET of ``path`` that ``takes`` took, made in the calling
         thread by the functions ``answered`` awaits; None when it is not one. A
         ServerError is its answer, as in ``answered``; any other exception is the
         caller's."""
-        blob = _BLOB.fullmatch(path)
-        entry = None if blob else _ENTRY.fullmatch(path)
-        alias = None if blob or entry else _ALIAS.fullmatch(path)
-        if blob is None and entry is None and alias is None:
+        shape = _shape(path)
+        if shape is None:
             return None
-        authorization = asked = None
-        accel = ranged = False
-        for name, value in headers:  # the first of repeated headers, as Starlette
-            if name == b"authorization" and authorization is None:
-                authorization = value.decode("latin-1")
-            elif name == _INLINE and asked is None:
-                asked = value.decode("latin-1")
-            elif name == _ACCEL:
-                accel = True
-            elif name == b"range":
-                ranged = True
-        if blob is not None and not accel and ranged:
+        blob, entry, alias = shape
+        first = _first(headers)
+        accel = _ACCEL in first
+        if blob is not None and not accel and b"range" in first:
             return None  # a range is hashed first, in a worker thread
+        authorization, asked = _text(first.get(b"authorization")), _text(first.get(_INLINE))
         try:
             caller = identify(self.backends, authorization)
             if blob is not None and accel:
@@ -147,3 +119,28 @@ class FastPath:
             return alias_answer(self.backends, caller, alias[1], alias[2], asked)
         except ServerError as exc:
             return self.on_error(exc, path)
+
+
+_Match = re.Match[str] | None
+
+
+def _shape(path: str) -> tuple[_Match, _Match, _Match] | None:
+    """The path's match as a blob, an entry or an alias (one of the three), or None
+    when it is none of them."""
+    blob = _BLOB.fullmatch(path)
+    entry = None if blob else _ENTRY.fullmatch(path)
+    alias = None if blob or entry else _ALIAS.fullmatch(path)
+    return None if blob is None and entry is None and alias is None else (blob, entry, alias)
+
+
+def _first(headers: Iterable[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
+    """Each header's first value, as Starlette reads repeated headers."""
+    first: dict[bytes, bytes] = {}
+    for name, value in headers:
+        first.setdefault(name, value)
+    return first
+
+
+def _text(value: bytes | None) -> str | None:
+    """A header's value as text; None for one absent or empty, as if not sent."""
+    return value.decode("latin-1") if value else None

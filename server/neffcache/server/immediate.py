@@ -171,10 +171,11 @@ class ImmediateAnswers(HttpToolsProtocol):
         sends anything, hashes it again; so a file of at most 64 KiB, read whole here
         before its head, is handed back to the usual way instead (False)."""
         opened, transport = answer.opened, self.transport
+        size, fd = opened.file.size, opened.file.fileno()
         try:
-            if opened.size <= _LAST:
-                data = os.pread(opened.file.fileno(), opened.size, 0)
-                if len(data) != opened.size or not opened.unchanged():
+            if size <= _LAST:
+                data = os.pread(fd, size, 0)
+                if len(data) != size or not opened.unchanged():
                     opened.forget()
                     return False
                 answer.sent()
@@ -191,9 +192,9 @@ class ImmediateAnswers(HttpToolsProtocol):
             socket = None if tls else transport.get_extra_info("socket")
             if socket is not None and transport.get_write_buffer_size() == 0:
                 # The head is in the socket: the file's bytes may follow it there.
-                sent = _sendfile(socket.fileno(), opened.file.fileno(), opened.size - _LAST)
-            rest = os.pread(opened.file.fileno(), opened.size - sent, sent)
-            if len(rest) != opened.size - sent or not opened.unchanged():
+                sent = _sendfile(socket.fileno(), fd, size - _LAST)
+            rest = os.pread(fd, size - sent, sent)
+            if len(rest) != size - sent or not opened.unchanged():
                 opened.changed()
                 transport.abort()
                 return True

@@ -102,7 +102,7 @@ class FileAnswer(Response):
     to the usual way first, which counts what it answers)."""
 
     def __init__(self, backends: Backends, digest: str, opened: blob_reads.Opened) -> None:
-        super().__init__(headers=_headers(digest, opened.size), media_type=_OCTETS)
+        super().__init__(headers=_headers(digest, opened.file.size), media_type=_OCTETS)
         self.opened = opened
         self._backends, self._digest = backends, digest
 

@@ -162,7 +162,6 @@ class Opened:
     and logged), ``forget()`` when it had before anything was sent."""
 
     file: OpenBlob
-    size: int
     unchanged: Callable[[], bool]
     changed: Callable[[], None]
     forget: Callable[[], None]  # changed before anything was sent: hashed on the next read
@@ -194,7 +193,7 @@ def open_verified(services: Services, digest: str) -> Opened | None:
     def forget() -> None:
         services.verified.forget(digest)
 
-    return Opened(opened, opened.size, unchanged, lambda: _cut_off(services, digest), forget)
+    return Opened(opened, unchanged, lambda: _cut_off(services, digest), forget)
 
 
 def _cut_off(services: Services, digest: str) -> None:
