@@ -1051,8 +1051,8 @@ def run(plan: Plan, client_kind: str, quick: bool, cores: Cores | None) -> None:
         # How neffcache sends each figure's bytes (server/immediate.py), on the page.
         sent_file = "neffcache sends the verified file with sendfile, as nginx does"
         streamed = (
-            "neffcache streams a blob over 16 MiB in 1 MiB chunks read and written by "
-            "Python; nginx uses sendfile"
+            "neffcache sends a verified blob over 16 MiB with sendfile each time the "
+            "socket has room (server/filestream.py), as nginx does"
         )
         answered = "neffcache's HTTP protocol answers the lookup itself (no ASGI task)"
         shared = (

@@ -3,21 +3,20 @@ uvicorn in a thread with the protocol ``neffcache serve`` runs, on a filesystem 
 every answer is, byte for byte but the date, the answer the app gives the same request;
 those answers never reach the app while every other request does; what the protocol
 leaves alone (HTTP/1.0, a body, a percent-escape, a range, a blob not verified since it
-changed, a large one) is answered the usual way, in order; a verified blob's file sent
-as it is arrives whole to a slow reader, and is cut off if it changes while it is sent;
-and a kept-alive connection's head timer starts again after each answer.
+changed) is answered the usual way, in order; a verified blob's file sent as it is, up
+to 16 MiB or larger (filestream.py), arrives whole to a slow reader, before the
+requests pipelined behind it, and is cut off if it changes while it is sent; and a
+kept-alive connection's head timer starts again after each answer.
 """
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 
 import pytest
 from support.api import ADDRESS, KEY, digest
 from support.immediate import (
-    WAIT,
     Served,
     blob,
     body,
@@ -36,7 +35,8 @@ HEAD_TIMEOUT = 30.0
 ACCEL = "/_neffcache/blobs"
 SMALL = b"a small blob " * 100
 MIB = bytes(range(256)) * 4096
-LARGE = bytes(range(251)) * (17 * 4096 * 4096 // 251 // 16)  # just over 16 MiB: streamed
+# Over 16 MiB: sent with sendfile each time the socket has room (filestream.py).
+LARGE = bytes(range(251)) * (17 * 4096 * 4096 // 251 // 16)
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +52,10 @@ def without_date(answer: bytes) -> bytes:
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
-def exchange(served: Served, raw: bytes, answers: int = 1) -> list[bytes]:
-    with connect(served) as sock:
+def exchange(
+    served: Served, raw: bytes, answers: int = 1, window: int | None = None
+) -> list[bytes]:
+    with connect(served, window) as sock:
         sock.sendall(raw)
         pending = bytearray()
         return [without_date(read_answer(sock, pending)) for _ in range(answers)]
@@ -182,7 +184,7 @@ def stored(blobs: FsBlobStore, data: bytes) -> None:
 
 def test_a_verified_blobs_file_is_sent_as_the_app_sends_it(served: Served) -> None:
     token = f"Authorization: Bearer {served.reader}"
-    for data in (SMALL, MIB):
+    for data in (SMALL, MIB, LARGE):
         before = len(served.app.paths)
         on, off = both_ways(served, get(blob(data), token))
         assert status(on[0]) == 200
@@ -202,12 +204,12 @@ def test_nginx_in_front_is_told_where_the_file_is_without_the_app(served: Served
 
 
 def test_blob_reads_the_protocol_leaves_alone_are_answered_alike(served: Served) -> None:
-    """A range, a blob over 16 MiB (streamed with flow control), an unknown digest:
-    each through the app both ways, with the same answer."""
+    """A range, an unknown digest: each through the app both ways, with the same
+    answer."""
     token = f"Authorization: Bearer {served.reader}"
     cases = [
         (get(blob(MIB), token, "Range: bytes=10-99"), 206),
-        (get(blob(LARGE), token), 200),
+        (get(blob(LARGE), token, "Range: bytes=17000000-"), 206),
         (get(blob(b"never stored"), token), 404),
     ]
     for raw, expected in cases:
@@ -216,6 +218,23 @@ def test_blob_reads_the_protocol_leaves_alone_are_answered_alike(served: Served)
         assert status(on[0]) == expected
         assert on == off
         assert len(served.app.paths) - before == 2, "both ways went through the app"
+
+
+def test_requests_pipelined_behind_a_large_file_are_answered_after_it(served: Served) -> None:
+    token = f"Authorization: Bearer {served.reader}"
+    lookup = get(f"/v1/ns/team-a/entries/{KEY}", token)
+    raw = get(blob(LARGE), token) + lookup + get(blob(SMALL), token) + get(blob(LARGE), token)
+    before = len(served.app.paths)
+    # A small window: the file fills the socket, and is still being sent when the
+    # requests behind it are read.
+    on = exchange(served, raw, answers=4, window=4096)
+    # Queued behind the file, the rest are answered the usual way, in order.
+    assert served.app.paths[before:] == [entry_path(lookup), blob(SMALL), blob(LARGE)]
+    with served.usual_way():
+        off = exchange(served, raw, answers=4)
+    assert [status(a) for a in on] == [200, 200, 200, 200]
+    assert [body(a) for a in (on[0], on[2], on[3])] == [LARGE, SMALL, LARGE]
+    assert on == off
 
 
 def test_a_blob_not_verified_yet_is_read_the_usual_way(served: Served) -> None:
@@ -232,18 +251,16 @@ def test_a_blob_not_verified_yet_is_read_the_usual_way(served: Served) -> None:
     assert served.app.paths[before + 1 :] == [], "verified: sent from its file"
 
 
-def test_a_large_file_reaches_a_slow_reader_whole(served: Served) -> None:
+@pytest.mark.parametrize("mib", [12, 20], ids=["written-whole", "streamed"])
+def test_a_large_file_reaches_a_slow_reader_whole(served: Served, mib: int) -> None:
     """A reader whose window is small fills the socket: the rest of the file is written
-    after the part the kernel took."""
-    data = bytes(range(199)) * (12 * 1024 * 1024 // 199)
+    after the part the kernel took (up to 16 MiB), or sent as the socket takes it."""
+    data = bytes(range(199)) * (mib * 1024 * 1024 // 199)
     stored(served.blobs, data)
     token = f"Authorization: Bearer {served.reader}"
     served.verified(data)
     before = len(served.app.paths)
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.settimeout(WAIT)
-        sock.connect(("127.0.0.1", served.port))
+    with connect(served, window=4096) as sock:
         sock.sendall(get(blob(data), token))
         time.sleep(0.2)  # the server writes what the socket takes, and holds the rest
         answer = read_answer(sock, bytearray())
@@ -251,8 +268,9 @@ def test_a_large_file_reaches_a_slow_reader_whole(served: Served) -> None:
     assert served.app.paths[before:] == []
 
 
+@pytest.mark.parametrize("data", [MIB, LARGE], ids=["1MiB", "over-16MiB"])
 def test_a_file_that_changes_while_it_is_sent_is_cut_off_and_hashed_again(
-    served: Served, monkeypatch: pytest.MonkeyPatch
+    served: Served, monkeypatch: pytest.MonkeyPatch, data: bytes
 ) -> None:
     token = f"Authorization: Bearer {served.reader}"
     checks: list[bool] = []
@@ -266,26 +284,27 @@ def test_a_file_that_changes_while_it_is_sent_is_cut_off_and_hashed_again(
     monkeypatch.setattr(fs.OpenBlob, "unchanged_since", changes_while_sent)
     before = len(served.app.paths)
     with connect(served) as sock:
-        sock.sendall(get(blob(MIB), token))
+        sock.sendall(get(blob(data), token))
         received = b""
         while chunk := sock.recv(1 << 20):
             received += chunk
     assert received.startswith(b"HTTP/1.1 200 OK")
-    assert len(body(received)) < len(MIB), "cut off before its last bytes"
+    assert len(body(received)) < len(data), "cut off before its last bytes"
     assert served.app.paths[before:] == []
     monkeypatch.setattr(fs.OpenBlob, "unchanged_since", unchanged_since)
-    (answer,) = exchange(served, get(blob(MIB), token))
-    assert body(answer) == MIB
-    assert served.app.paths[before:] == [blob(MIB)], "forgotten as verified: hashed again"
-    served.verified(MIB)  # as the other tests found it
+    (answer,) = exchange(served, get(blob(data), token))
+    assert body(answer) == data
+    assert served.app.paths[before:] == [blob(data)], "forgotten as verified: hashed again"
+    served.verified(data)  # as the other tests found it
 
 
-def test_a_file_sent_on_a_connection_asked_to_close_ends_it(served: Served) -> None:
+@pytest.mark.parametrize("data", [MIB, LARGE], ids=["1MiB", "over-16MiB"])
+def test_a_file_sent_on_a_connection_asked_to_close_ends_it(served: Served, data: bytes) -> None:
     token = f"Authorization: Bearer {served.reader}"
     with connect(served) as sock:
-        sock.sendall(get(blob(MIB), token, "Connection: close"))
+        sock.sendall(get(blob(data), token, "Connection: close"))
         received = b""
         while chunk := sock.recv(1 << 20):  # fails by timeout if the server keeps it
             received += chunk
     assert b"connection: close" in received.partition(b"\r\n\r\n")[0]
-    assert body(received) == MIB
+    assert body(received) == data

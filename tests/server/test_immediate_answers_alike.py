@@ -38,6 +38,8 @@ SMALL = b"a small blob " * 100
 # Larger than the 64 KiB the protocol reads itself (its first part goes with
 # sendfile), at most 16 MiB: sent from its file by the protocol.
 FILLS = bytes(range(199)) * (12 * 1024 * 1024 // 199)
+# Over 16 MiB: sent as the socket takes it (filestream.py).
+STREAMED = bytes(range(197)) * (17 * 1024 * 1024 // 197)
 
 
 @pytest.fixture(scope="module")
@@ -158,16 +160,18 @@ def over_tls(tmp_path: Path) -> Iterator[Served]:
     """The server behind TLS, as uvicorn serves it with a certificate."""
     cert, key = self_signed(tmp_path)
     tls = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
-    with serving(tmp_path / "data", [SMALL, FILLS], HEAD_TIMEOUT, **tls) as it:
+    with serving(tmp_path / "data", [SMALL, FILLS, STREAMED], HEAD_TIMEOUT, **tls) as it:
         yield it
 
 
+@pytest.mark.parametrize("data", [FILLS, STREAMED], ids=["12MiB", "17MiB"])
 @pytest.mark.parametrize("on", [True, False], ids=["on", "off"])
-def test_a_blob_read_over_tls_arrives_whole(over_tls: Served, on: bool) -> None:
+def test_a_blob_read_over_tls_arrives_whole(over_tls: Served, on: bool, data: bytes) -> None:
     """Over TLS the socket carries records, not the file's bytes: a file sent to it
     with ``sendfile`` breaks the connection (the protocol asks for the raw socket)."""
     if not on:
         over_tls.answers_off()
+    before = len(over_tls.app.paths)
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
@@ -175,10 +179,11 @@ def test_a_blob_read_over_tls_arrives_whole(over_tls: Served, on: bool) -> None:
         socket.create_connection(("127.0.0.1", over_tls.port), timeout=WAIT) as raw,
         context.wrap_socket(raw) as sock,
     ):
-        sock.sendall(get(blob(FILLS), f"Authorization: Bearer {over_tls.reader}"))
+        sock.sendall(get(blob(data), f"Authorization: Bearer {over_tls.reader}"))
         try:
             received = read_answer(sock, bytearray())
         except (ssl.SSLError, ConnectionResetError) as exc:
             pytest.fail(f"the TLS connection broke: {exc!r}")
     assert status(received) == 200
-    assert received.partition(b"\r\n\r\n")[2] == FILLS
+    assert received.partition(b"\r\n\r\n")[2] == data
+    assert len(over_tls.app.paths) - before == (0 if on else 1), "sent by the protocol when on"

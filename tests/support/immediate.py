@@ -120,8 +120,15 @@ def _stock(served: Served, url: str, blobs: list[bytes]) -> None:
         time.sleep(0.01)
 
 
-def connect(served: Served) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", served.port), timeout=WAIT)
+def connect(served: Served, window: int | None = None) -> socket.socket:
+    """A connection to the server; ``window``: its receive buffer, so that what the
+    server sends fills the socket until this side reads."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if window is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, window)
+    sock.settimeout(WAIT)
+    sock.connect(("127.0.0.1", served.port))
+    return sock
 
 
 def read_answer(sock: socket.socket, pending: bytearray) -> bytes:

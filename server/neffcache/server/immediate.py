@@ -9,16 +9,16 @@ server's time. Here the protocol answers a lookup the moment its request has arr
 with the very functions the routes and the fast path call (``FastPath.immediate``),
 and writes the answer uvicorn would have written, byte for byte. So it answers a blob
 read through nginx in front (the file's location, nginx sends it), and a plain blob
-read of a verified file up to 16 MiB (``FileAnswer``): the head, then the file from
-the page cache to the socket with ``sendfile`` rather than read into Python and
-written out, which took most of a 1 MiB GET's time (pinned: 1.5 GB/s read and
-written, 2.8 GB/s with ``sendfile``). Its last 64 KiB are read and the file's stamp
-checked before they are written, so a file changed while it is sent cuts the answer
-off (where the usual way, which reads a blob up to 16 MiB whole before sending it,
-hashes it again; a file of at most 64 KiB is read whole first here too, and handed
-back to the usual way if it changed); if the socket fills, the rest is read and
-written. Over TLS the file goes through the transport. Larger blobs stream the usual
-way, with its flow control.
+read of a verified file (``FileAnswer``): the head, then the file from the page cache
+to the socket with ``sendfile`` rather than read into Python and written out, which
+took most of a 1 MiB GET's time (pinned: 1.5 GB/s read and written, 2.8 GB/s with
+``sendfile``). Its last 64 KiB are read and the file's stamp checked before they are
+written, so a file changed while it is sent cuts the answer off (where the usual way,
+which reads a blob up to 16 MiB whole before sending it, hashes it again; a file of at
+most 64 KiB is read whole first here too, and handed back to the usual way if it
+changed). Up to 16 MiB, if the socket fills, the rest is read and written at once, as
+an inline NEFF is; a larger file goes on with ``sendfile`` each time the socket has
+room (filestream.py). Over TLS the file goes through the transport.
 
 The answer is written as one small write, which the connection holds until the loop's
 next turn (connections.py): the answers to all the requests that arrived in one turn
@@ -47,17 +47,24 @@ from __future__ import annotations
 import contextvars
 import os
 from collections.abc import Iterable
-from typing import ClassVar, Protocol
+from typing import ClassVar, Protocol, cast
 
 import httptools
 from starlette.responses import PlainTextResponse, Response
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 from neffcache.server.api.blobs import FileAnswer
 from neffcache.server.api.entries import InlineBody
+from neffcache.server.filestream import LAST as _LAST
+from neffcache.server.filestream import FileStream
 
-# The last bytes of a file sent from it are read and its stamp checked before they go.
-_LAST = 64 * 1024
+# The largest file whose rest is read and written at once when the socket fills, as the
+# server holds an inline NEFF (protocol/inline.py); a larger one waits for room.
+_WHOLE_MAX = 16 * 2**20
 # A request with a body is never a lookup; these say it has one.
 _BODY_HEADERS = (b"content-length", b"transfer-encoding")
 
@@ -76,6 +83,7 @@ class ImmediateAnswers(HttpToolsProtocol):
 
     answers: ClassVar[Answers | None] = None
     _deferred: str | None = None  # the path of the request to answer at its end
+    _stream: FileStream | None = None  # a large file being sent
 
     def on_headers_complete(self) -> None:
         path = self._immediate_path()
@@ -133,6 +141,9 @@ class ImmediateAnswers(HttpToolsProtocol):
             if response is None:
                 return False
             keep_alive = self.parser.should_keep_alive()
+        if isinstance(response, FileAnswer) and response.opened.file.size > _WHOLE_MAX:
+            self._start_stream(response, keep_alive)
+            return True  # its request ends once the file is sent
         if isinstance(response, FileAnswer):
             if not self._send_file(self._http(response, keep_alive)[0], response):
                 return False  # its file changed before anything was sent: read it again
@@ -162,6 +173,32 @@ class ImmediateAnswers(HttpToolsProtocol):
         if isinstance(response, InlineBody):
             return [b"".join(head), response.data]  # the file is not copied into the head
         return [b"".join(head)]
+
+    def _start_stream(self, answer: FileAnswer, keep_alive: bool) -> None:
+        """A large file sent as the socket takes it (filestream.py); meanwhile its
+        stand-in is the request cycle, so uvicorn queues a request pipelined behind it."""
+        answer.sent()
+        opened = answer.opened
+        stream = FileStream(self.transport, self.flow, opened, keep_alive, self._stream_ended)
+        self._stream = stream
+        self.cycle = cast(RequestResponseCycle, stream.cycle)
+        stream.start(self._http(answer, keep_alive)[0])
+
+    def _stream_ended(self, stream: FileStream) -> None:
+        self._stream = None
+        if not stream.cycle.keep_alive and not self.transport.is_closing():
+            self.transport.close()  # what is written goes first
+        self.on_response_complete()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._stream is not None:
+            self._stream.pump()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._stream is not None:
+            self._stream.stop()
+        super().connection_lost(exc)
 
     def _send_file(self, head: bytes, answer: FileAnswer) -> bool:
         """The head, then the file: from the page cache to the socket (``sendfile``)

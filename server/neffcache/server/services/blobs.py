@@ -149,28 +149,25 @@ def read(services: Services, digest: str, range_header: str | None) -> Read | No
     return Chunks(checked, 0, size, size, blocking=not services.inline)
 
 
-# The largest blob ``open_verified`` opens: what a server sending it from its file may
-# hold in memory when the socket is full, as it holds an inline NEFF (protocol/inline.py).
-OPEN_MAX = VERIFY_FIRST
-
-
 @dataclass(frozen=True)
 class Opened:
     """A verified blob's file, open (``OpenBlob``), and how to tell it has not changed
     since it was verified: ``unchanged()`` after its last byte is read, before it is
     sent; ``changed()`` when it had and the answer is cut off (forgotten as verified,
-    and logged), ``forget()`` when it had before anything was sent."""
+    and logged), ``forget()`` when it had before anything was sent. ``touch()`` as it is
+    sent: the blob is in use, and the evictor leaves it alone."""
 
     file: OpenBlob
     unchanged: Callable[[], bool]
     changed: Callable[[], None]
     forget: Callable[[], None]  # changed before anything was sent: hashed on the next read
+    touch: Callable[[], None]
 
 
 def open_verified(services: Services, digest: str) -> Opened | None:
     """The blob's file, open, for a server that sends it itself, when the store has
-    files, the file was verified and has not changed since, and it is at most
-    ``OPEN_MAX``; None otherwise, and a read (``read``) then says what to send."""
+    files and the file was verified and has not changed since; None otherwise, and a
+    read (``read``) then says what to send."""
     blobs = services.blobs
     opener: Callable[[str], OpenBlob | None] | None = getattr(blobs, "open_file", None)
     if opener is None:
@@ -182,10 +179,12 @@ def open_verified(services: Services, digest: str) -> Opened | None:
     if opened is None:
         return None
     stamp = stamped[0]
-    if opened.size > OPEN_MAX or not opened.unchanged_since(stamp):
-        opened.close()  # larger: streamed; or another file than the one verified
+    if not opened.unchanged_since(stamp):
+        opened.close()  # another file than the one verified
         return None
-    services.blob_use.touch((digest,))  # as any read: the evictor leaves it alone
+
+    def touch() -> None:
+        services.blob_use.touch((digest,))
 
     def unchanged() -> bool:
         return opened.unchanged_since(stamp)
@@ -193,7 +192,8 @@ def open_verified(services: Services, digest: str) -> Opened | None:
     def forget() -> None:
         services.verified.forget(digest)
 
-    return Opened(opened, unchanged, lambda: _cut_off(services, digest), forget)
+    touch()  # as any read
+    return Opened(opened, unchanged, lambda: _cut_off(services, digest), forget, touch)
 
 
 def _cut_off(services: Services, digest: str) -> None:
