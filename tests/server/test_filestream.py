@@ -137,7 +137,14 @@ async def connected(
     return carrier, Counted(transport, socketless), theirs
 
 
-def start(carrier: Carrier, transport: Counted, record: Record, path: Path) -> FileStream:
+def start(
+    carrier: Carrier,
+    transport: Counted,
+    record: Record,
+    path: Path,
+    meanwhile: Callable[[], object] = lambda: None,
+) -> FileStream:
+    """The file at ``path`` sent; ``meanwhile`` runs once it is open, before it is sent."""
     stream = FileStream(
         transport,  # type: ignore[arg-type]
         carrier.flow,
@@ -145,6 +152,7 @@ def start(carrier: Carrier, transport: Counted, record: Record, path: Path) -> F
         keep_alive=True,
         ended=record.ended.append,
     )
+    meanwhile()
     carrier.stream = stream
     stream.start(HEAD)
     return stream
@@ -240,16 +248,8 @@ def test_a_file_shortened_while_it_is_sent_is_cut_off_and_forgotten(
 
     async def main() -> None:
         carrier, transport, theirs = await connected()
-        stream = FileStream(
-            transport,  # type: ignore[arg-type]
-            carrier.flow,
-            record.opened(stored),
-            keep_alive=True,
-            ended=record.ended.append,
-        )
-        os.truncate(stored, len(DATA) // 2)  # after it was opened at its full size
-        carrier.stream = stream
-        stream.start(HEAD)
+        # Shortened after it was opened at its full size.
+        start(carrier, transport, record, stored, lambda: os.truncate(stored, len(DATA) // 2))
         got = await receive(theirs, len(HEAD) + len(DATA))
         assert len(got) <= len(HEAD) + len(DATA) // 2
         await asyncio.wait_for(carrier.lost, 20)
