@@ -86,15 +86,12 @@ class FileStream:
     ) -> None:
         self.cycle = Sending(keep_alive)
         self._transport, self._flow, self._opened = transport, flow, opened
-        self._touch, self._ended = opened.touch, ended
+        self._ended = ended
         self._fd = opened.file.fileno()
         self._size = opened.file.size
         self._sent = 0
         self._done = False
-        # Over TLS the socket carries records: the file goes through the transport.
-        tls = transport.get_extra_info("sslcontext") is not None
-        socket = None if tls else transport.get_extra_info("socket")
-        self._socket: int | None = None if socket is None else socket.fileno()
+        self._socket = raw_socket(transport)
         self._limits = transport.get_write_buffer_limits()  # (low, high), put back at the end
 
     def start(self, head: bytes) -> None:
@@ -111,7 +108,7 @@ class FileStream:
                 if self._transport.is_closing():
                     self.stop()
                 elif self._sent < self._size - LAST:
-                    self._step(self._size - LAST - self._sent)
+                    self._step(self._size - LAST)
                 else:
                     self._last()
         except OSError:  # the peer went away, or the file could not be read
@@ -122,26 +119,21 @@ class FileStream:
         if not self._done:
             self._finish()
 
-    def _step(self, remaining: int) -> None:
+    def _step(self, end: int) -> None:
+        """The file's bytes up to ``end``: with ``sendfile`` until the socket is full,
+        then a probe written through the transport, which waits for room."""
         if self._socket is not None and self._transport.get_write_buffer_size() == 0:
-            try:
-                count = os.sendfile(self._socket, self._fd, self._sent, remaining)
-            except BlockingIOError:
-                count = None  # the socket is full: the probe below waits for room
-            if count == 0:
-                self._cut_off(changed=True)  # the file is shorter than it was
+            self._sent = send_file(self._socket, self._fd, self._sent, end)
+            self._opened.touch()
+            if self._sent == end:
                 return
-            if count is not None:
-                self._sent += count
-                self._touch()
-                return
-        size = min(remaining, _PROBE if self._socket is not None else _CHUNK)
+        size = min(end - self._sent, _PROBE if self._socket is not None else _CHUNK)
         data = os.pread(self._fd, size, self._sent)
         if len(data) != size:
-            self._cut_off(changed=True)
+            self._cut_off(changed=True)  # the file is shorter than it was
             return
         self._sent += size
-        self._touch()
+        self._opened.touch()
         self._transport.write(data)
 
     def _last(self) -> None:
@@ -170,3 +162,27 @@ class FileStream:
         self._restore()
         self.cycle.response_complete = True
         self._ended(self)
+
+
+def raw_socket(transport: asyncio.BaseTransport) -> int | None:
+    """The descriptor a file may be sent to with ``sendfile``; None over TLS, where the
+    socket carries records and the file goes through the transport, or with no socket."""
+    if transport.get_extra_info("sslcontext") is not None:
+        return None
+    socket = transport.get_extra_info("socket")
+    return None if socket is None else int(socket.fileno())
+
+
+def send_file(socket: int, file: int, start: int, end: int) -> int:
+    """Bytes ``start`` to ``end`` of ``file`` sent to the non-blocking ``socket``, all
+    or as many as it took before it was full (or the file ended); where they stopped."""
+    sent = start
+    while sent < end:
+        try:
+            count = os.sendfile(socket, file, sent, end - sent)
+        except BlockingIOError:
+            break
+        if count == 0:
+            break
+        sent += count
+    return sent

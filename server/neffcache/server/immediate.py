@@ -60,7 +60,7 @@ from uvicorn.protocols.http.httptools_impl import (
 from neffcache.server.api.blobs import FileAnswer
 from neffcache.server.api.entries import InlineBody
 from neffcache.server.filestream import LAST as _LAST
-from neffcache.server.filestream import FileStream
+from neffcache.server.filestream import FileStream, raw_socket, send_file
 
 # The largest file whose rest is read and written at once when the socket fills, as the
 # server holds an inline NEFF (protocol/inline.py); a larger one waits for room.
@@ -141,10 +141,10 @@ class ImmediateAnswers(HttpToolsProtocol):
             if response is None:
                 return False
             keep_alive = self.parser.should_keep_alive()
-        if isinstance(response, FileAnswer) and response.opened.file.size > _WHOLE_MAX:
-            self._start_stream(response, keep_alive)
-            return True  # its request ends once the file is sent
         if isinstance(response, FileAnswer):
+            if response.opened.file.size > _WHOLE_MAX:
+                self._start_stream(response, keep_alive)
+                return True  # its request ends once the file is sent
             if not self._send_file(self._http(response, keep_alive)[0], response):
                 return False  # its file changed before anything was sent: read it again
         elif not self.transport.is_closing():
@@ -178,8 +178,9 @@ class ImmediateAnswers(HttpToolsProtocol):
         """A large file sent as the socket takes it (filestream.py); meanwhile its
         stand-in is the request cycle, so uvicorn queues a request pipelined behind it."""
         answer.sent()
-        opened = answer.opened
-        stream = FileStream(self.transport, self.flow, opened, keep_alive, self._stream_ended)
+        stream = FileStream(
+            self.transport, self.flow, answer.opened, keep_alive, self._stream_ended
+        )
         self._stream = stream
         self.cycle = cast(RequestResponseCycle, stream.cycle)
         stream.start(self._http(answer, keep_alive)[0])
@@ -224,12 +225,10 @@ class ImmediateAnswers(HttpToolsProtocol):
                 return True
             transport.writelines([head])  # now: the file's bytes follow it on the socket
             sent = 0
-            # Over TLS the socket carries records: the file goes through the transport.
-            tls = transport.get_extra_info("sslcontext") is not None
-            socket = None if tls else transport.get_extra_info("socket")
+            socket = raw_socket(transport)
             if socket is not None and transport.get_write_buffer_size() == 0:
                 # The head is in the socket: the file's bytes may follow it there.
-                sent = _sendfile(socket.fileno(), fd, size - _LAST)
+                sent = send_file(socket, fd, 0, size - _LAST)
             rest = os.pread(fd, size - sent, sent)
             if len(rest) != size - sent or not opened.unchanged():
                 opened.changed()
@@ -245,18 +244,3 @@ class ImmediateAnswers(HttpToolsProtocol):
 
 # uvicorn's answer when an app raises before it answers.
 _FAILED = PlainTextResponse("Internal Server Error", status_code=500)
-
-
-def _sendfile(socket: int, file: int, end: int) -> int:
-    """Bytes 0 to ``end`` of ``file`` sent to the non-blocking ``socket`` (all, or as
-    many as it took before it was full); how many."""
-    sent = 0
-    while sent < end:
-        try:
-            count = os.sendfile(socket, file, sent, end - sent)
-        except BlockingIOError:
-            break
-        if count == 0:
-            break
-        sent += count
-    return sent
