@@ -62,6 +62,7 @@ BENCHES = (
     Bench("reports", "bench_reports.py", ("--quick",)),
     Bench("reports_load", "bench_reports_load.py", ("--quick",)),
     Bench("eviction", "bench_eviction.py", ("--scale", "0.3")),
+    Bench("index", "bench_index.py", ("--quick",), needs=("redis-server",)),
     Bench("client", "bench_client.py", ("--quick",), needs=("nginx", "curl")),
     Bench("herd", "bench_herd.py", ("--quick",)),
     Bench("fleet", "bench_fleet.py", ("--quick",)),

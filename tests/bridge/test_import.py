@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,9 @@ from support.bridge_server import Run, Server, StartServer
 
 from neffcache.server.blobs.memory import MemoryBlobStore
 from neffcache.server.errors import StoreFull
-from neffcache.server.index import Entry, PutResult
+from neffcache.server.index import Entry, EntryFacts
+from neffcache.server.index.catalogs import MemoryCatalogs
+from neffcache.server.index.entries import CatalogEntries
 from neffcache.server.index.memory import MemoryIndex
 
 
@@ -75,16 +78,30 @@ def test_json_details_say_why_entries_were_unkeyable(
     assert {d["outcome"] for d in summary["details"]} == {"unkeyable"}
 
 
-class CountingIndex(MemoryIndex):
-    """Counts the manifests the server was asked to publish."""
+class CountingCatalogs(MemoryCatalogs):
+    """Counts the rows put: every manifest the server was asked to publish comes here,
+    through the durable index's documented catalogs (recovery/documented.py)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.puts = 0
 
-    def put_entry(self, entry: Entry, aliases: tuple[str, ...]) -> PutResult:
+    def put_new(self, row: Entry, facts: EntryFacts, names: Sequence[str]) -> Entry | None:
         self.puts += 1
-        return super().put_entry(entry, aliases)
+        return super().put_new(row, facts, names)
+
+
+class CountingIndex(MemoryIndex):
+    """A memory index over ``CountingCatalogs``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.catalogs = self.counted = CountingCatalogs()
+        self._entries = CatalogEntries(self.catalogs)
+
+    @property
+    def puts(self) -> int:
+        return self.counted.puts
 
 
 def test_a_second_run_imports_nothing_new(

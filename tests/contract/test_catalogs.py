@@ -20,9 +20,18 @@ FACTS = EntryFacts(size=42, compile_seconds=1.5, compiler_version="2.20", model=
 THIRD_KEY = "ef" * 32
 
 
+@pytest.fixture(params=[False, True], ids=["plain", "documented"])
+def documented(request: pytest.FixtureRequest) -> bool:
+    """Also run every case over the catalogs ``DurableIndex`` writes entries through,
+    which must keep this whole contract while they write documents."""
+    return bool(request.param)
+
+
 @pytest.fixture(params=backends("memory", "sqlite", "redis"))
-def handles(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[IndexHandles]:
-    store = IndexHandles(request.param, request, tmp_path / "data")
+def handles(
+    request: pytest.FixtureRequest, tmp_path: Path, documented: bool
+) -> Iterator[IndexHandles]:
+    store = IndexHandles(request.param, request, tmp_path / "data", documented=documented)
     yield store
     store.close()
 

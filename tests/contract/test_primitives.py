@@ -215,6 +215,7 @@ def test_a_map_field_is_put_once_then_swapped_and_deleted_only_as_expected(
     assert not maps.swap("m", "absent", "one", "two")
     assert maps.swap("m", "f", "one", "two")
     assert maps.get("m", "f") == "two"
+    assert maps.swap("m", "f", "two", "two")  # to the value held: a write, and True
     assert not maps.delete_if("m", "f", "one")
     assert maps.delete_if("m", "f", "two")
     assert maps.get("m", "f") is None

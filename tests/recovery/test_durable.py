@@ -42,6 +42,7 @@ from neffcache.server.index.memory import MemoryIndex
 from neffcache.server.index.redis import RedisIndex
 from neffcache.server.index.sqlite import SqliteIndex
 from neffcache.server.manifest import canonical_json
+from neffcache.server.namespaces import POLICY
 from neffcache.server.recovery import documents as docs
 from neffcache.server.recovery.durable import (
     META,
@@ -550,6 +551,37 @@ def test_a_revocation_in_the_document_sticks(pair: Pair) -> None:
     pair.durable.sync_token("t1")  # and again: nothing flips back
     assert [t.revoked for t in pair.index.tokens()] == [True]
     assert pair.document(name) == data
+
+
+def test_a_revocation_retried_after_its_document_failed_is_documented(pair: Pair) -> None:
+    """Nothing lost: a revocation whose document could not be written (503 to the
+    admin) stands in the index; the admin's retry finds the token revoked already and
+    still writes the document, so a rebuilt index never brings the token back."""
+    token = Token("t1", "12" * 32, "write", (NS,), "ci", 1_712_000_000.5)
+    pair.durable.put_token(token)
+    pair.spy.fail_put = True
+    with pytest.raises(StoreError):
+        pair.durable.revoke_token("t1")
+    pair.spy.fail_put = False
+    assert [t.revoked for t in pair.index.tokens()] == [True]
+    assert docs.token_from(pair.document(docs.token_name("t1")) or b"").revoked is False
+
+    assert pair.durable.revoke_token("t1") is True
+    assert docs.token_from(pair.document(docs.token_name("t1")) or b"").revoked is True
+
+
+def test_a_policy_put_again_after_its_document_failed_is_documented(pair: Pair) -> None:
+    """Nothing lost: the same for a policy: put again unchanged, it is documented."""
+    record = Record(POLICY, NS, "expiry", '{"days":7}')
+    pair.spy.fail_put = True
+    with pytest.raises(StoreError):
+        pair.durable.put_record(record)
+    pair.spy.fail_put = False
+    assert pair.index.get_record(POLICY, NS, "expiry") == record
+    assert pair.document(docs.record_name(POLICY, NS, "expiry")) is None
+
+    assert pair.durable.put_record(record) is True
+    assert pair.document(docs.record_name(POLICY, NS, "expiry")) == docs.record_document(record)
 
 
 def test_a_live_token_document_does_not_revive_a_revoked_token(pair: Pair) -> None:

@@ -115,27 +115,43 @@ def open_index_of(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> 
 
 class IndexHandles:
     """One index of a kind, and new handles on it as a replica would open them (memory:
-    the same index, which has no second handle); ``close`` closes every handle."""
+    the same index, which has no second handle); ``close`` closes every handle.
+    ``documented``: each handle wrapped in ``DurableIndex`` over one shared in-memory
+    blob store, whose ``documents`` are then ``self.documents``."""
 
-    def __init__(self, kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    def __init__(
+        self,
+        kind: str,
+        request: pytest.FixtureRequest,
+        tmp_path: Path,
+        *,
+        documented: bool = False,
+    ) -> None:
+        from neffcache.server.blobs.memory import MemoryBlobStore
         from neffcache.server.index.memory import MemoryIndex
 
         self.kind = kind
         self._handles: list[Index] = []
         self._memory = MemoryIndex() if kind == "memory" else None
         self._url = "" if kind == "memory" else index_url(kind, request, tmp_path)
+        self.documents = MemoryBlobStore() if documented else None
 
     def open(self) -> Index:
         from neffcache.server.index import open_index
+        from neffcache.server.recovery.durable import DurableIndex
 
         if self._memory is not None:
-            return self._memory
-        self._handles.append(open_index(self._url))
-        return self._handles[-1]
+            index = self._memory
+        else:
+            index = open_index(self._url)
+            self._handles.append(index)
+        return index if self.documents is None else DurableIndex(index, self.documents)
 
     def close(self) -> None:
         for handle in self._handles:
             handle.close()
+        if self.documents is not None:
+            self.documents.close()
 
 
 class LentClient:

@@ -42,7 +42,7 @@ from neffcache.server.blobs import BlobStore
 from neffcache.server.deps import REQUEST_CALLER
 from neffcache.server.errors import BadRequest, ServerError
 from neffcache.server.fastpath import FastPath
-from neffcache.server.index import Index
+from neffcache.server.index.primitive_roles import IndexBackend
 from neffcache.server.reports.prices import load_prices
 from neffcache.server.scrub import Integrity
 from neffcache.server.services import Services, build_services
@@ -55,7 +55,7 @@ def create_app(
     settings: ServerSettings | None = None,
     *,
     blob_store: BlobStore | None = None,
-    index: Index | None = None,
+    index: IndexBackend | None = None,
     clock: Callable[[], float] = time.time,
 ) -> ServerApp:
     settings = settings or ServerSettings()

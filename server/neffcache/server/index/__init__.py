@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .base import (
     AuditRecord,
     Entry,
@@ -17,6 +19,9 @@ from .base import (
     entry_facts,
 )
 from .roles import AuditLog, Entries, EventLog, Failures, Index, Leases, Records, Tokens
+
+if TYPE_CHECKING:
+    from .primitive_roles import IndexBackend
 
 __all__ = [
     "AuditLog",
@@ -51,10 +56,10 @@ _SCHEMES = {
 }
 
 
-def open_index(url: str) -> Index:
+def open_index(url: str) -> IndexBackend:
     """Open the index a URL names; an unknown scheme or a missing extra is a
     ConfigError that says how to fix it."""
     from neffcache.server.config_errors import open_by_scheme
 
-    index: Index = open_by_scheme(url, "index", _SCHEMES)
+    index: IndexBackend = open_by_scheme(url, "index", _SCHEMES)
     return index

@@ -9,6 +9,7 @@ the events log (events.py). A backend passes its own ``Cells``, ``Logs``, ``Maps
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from .audit import SequenceAudit
 from .base import (
@@ -30,8 +31,22 @@ from .failures import LogFailures
 from .leases import CellLeases
 from .primitives import Cells, Logs, Maps
 from .records import MapRecords
+from .roles import Index
 from .sequences import Sequences
 from .tokens import MapTokens
+
+
+class IndexBackend(Index, Protocol):
+    """An index as every backend is: its roles over primitives it exposes, so that a
+    wrapper (``DurableIndex``) can write them over wrapped primitives of its own."""
+
+    maps: Maps
+    catalogs: Catalogs
+
+    def tokens_ready(self) -> MapTokens:
+        """The tokens role, once tokens stored by earlier servers have moved into
+        ``maps``."""
+        ...
 
 
 class PrimitiveRoles:
@@ -57,7 +72,7 @@ class PrimitiveRoles:
         self._audit = SequenceAudit(sequences)
         self._events = SequenceEvents(sequences)
 
-    def _tokens_ready(self) -> MapTokens:
+    def tokens_ready(self) -> MapTokens:
         """The tokens role, once the backend has moved any tokens an earlier server
         stored elsewhere (Redis does, on first use)."""
         return self._tokens
@@ -126,16 +141,16 @@ class PrimitiveRoles:
     # --- tokens
 
     def put_token(self, token: Token) -> None:
-        self._tokens_ready().put_token(token)
+        self.tokens_ready().put_token(token)
 
     def token_by_hash(self, secret_hash: str) -> Token | None:
-        return self._tokens_ready().token_by_hash(secret_hash)
+        return self.tokens_ready().token_by_hash(secret_hash)
 
     def tokens(self) -> list[Token]:
-        return self._tokens_ready().tokens()
+        return self.tokens_ready().tokens()
 
     def revoke_token(self, token_id: str) -> bool:
-        return self._tokens_ready().revoke_token(token_id)
+        return self.tokens_ready().revoke_token(token_id)
 
     # --- records
 

@@ -20,12 +20,21 @@ from .primitives import Maps
 ROUNDS = 16
 
 
+_MAP = "records:"
+
+
 def records_map(kind: str) -> str:
-    return f"records:{kind}"
+    return f"{_MAP}{kind}"
 
 
 def record_field(namespace: str, name: str) -> str:
     return json.dumps([namespace, name])
+
+
+def documented_kind(map_name: str, kinds: frozenset[str]) -> str | None:
+    """The kind whose records ``map_name`` holds, if it is one of ``kinds``."""
+    kind = map_name.removeprefix(_MAP)
+    return kind if kind != map_name and kind in kinds else None
 
 
 class MapRecords:
@@ -48,7 +57,9 @@ class MapRecords:
             if current is None:
                 if self._maps.put_new(where, field, record.value):
                     return True
-            elif current == record.value or self._maps.swap(where, field, current, record.value):
+            elif self._maps.swap(where, field, current, record.value):
+                # Also when equal: a write of the value, as a retry's must be (a
+                # documented map writes the record's document after it).
                 return True
         raise StoreError(f"record {where} {field}: still contended after {ROUNDS} rounds")
 

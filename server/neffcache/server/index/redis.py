@@ -181,7 +181,7 @@ class RedisIndex(PrimitiveRoles):
         except redis.RedisError as exc:
             raise StoreError(f"redis index {self._where}: {exc}") from exc
 
-    def _tokens_ready(self) -> MapTokens:
+    def tokens_ready(self) -> MapTokens:
         # Once per process: tokens an earlier server stored move into the map first.
         if not self._tokens_moved:
             with self._mapped():

@@ -79,10 +79,10 @@ class MapTokens:
             if found is None:
                 return False
             token = token_from(found, held[found])
-            if token.revoked:
-                return True
             revoked = token_value(dataclasses.replace(token, revoked=True))
-            # Against the value as stored, not as this code would write it again.
+            # Against the value as stored, not as this code would write it again; also
+            # when revoked already: a retry's write (a documented map writes the
+            # token's document after it, which the first try may not have).
             if self._maps.swap(TOKENS, found, held[found], revoked):
                 return True
         raise StoreError(f"token {token_id}: still contended after {ROUNDS} rounds")

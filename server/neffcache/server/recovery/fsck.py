@@ -44,7 +44,8 @@ from neffcache.server.index import Entry
 from neffcache.server.services import Services
 
 from . import documents as docs
-from .durable import TOMBSTONE, DurableIndex, finish_removal
+from .documented import TOMBSTONE
+from .durable import DurableIndex, finish_removal
 from .reindex import ReindexReport, all_entries, decoded, restore_entry, untrusted
 
 ACTOR = "fsck"

@@ -33,9 +33,9 @@ from neffcache.server.index import Entry, Index, PutResult, Touch
 from neffcache.server.namespaces import POLICY
 
 from . import documents as docs
+from .documented import TOMBSTONE
 from .durable import (
     EMPTY_BESIDE_BLOBS,
-    TOMBSTONE,
     DurableIndex,
     finish_removal,
     is_complete,

@@ -29,6 +29,7 @@ from neffcache.server.eviction.evictor import Evictor
 from neffcache.server.eviction.maintenance import Maintenance
 from neffcache.server.eviction.usage import UsageMemo
 from neffcache.server.index import Index, open_index
+from neffcache.server.index.primitive_roles import IndexBackend
 from neffcache.server.metrics import Metrics, Usage
 from neffcache.server.namespaces import Policies
 from neffcache.server.recovery.durable import DurableIndex
@@ -123,7 +124,7 @@ def build_services(
     settings: ServerSettings,
     *,
     blob_store: BlobStore | None = None,
-    index: Index | None = None,
+    index: IndexBackend | None = None,
     clock: Callable[[], float] = time.time,
     starting: bool = True,
 ) -> Services:
@@ -140,10 +141,10 @@ def build_services(
     if index is None:
         index = open_index(settings.index_store_url())
         owned.append(index)
-    index = durable(index, blob_store, at_start=starting)
+    wrapped = durable(index, blob_store, at_start=starting)
     changes = []
     if starting and settings.bootstrap_admin_token is not None:
-        changes = ensure_bootstrap_token(index, settings.bootstrap_admin_token.get_secret_value())
+        changes = ensure_bootstrap_token(wrapped, settings.bootstrap_admin_token.get_secret_value())
     # Debug: `neffcache serve` prints where its data is in its start-up banner (banner.py).
     log.debug(
         "blobs %s, index %s",
@@ -153,8 +154,8 @@ def build_services(
     services = Services(
         settings,
         blob_store,
-        index,
-        TokenPresence(index),
+        wrapped,
+        TokenPresence(wrapped),
         clock=clock,
         verified=VerifiedMemo(settings.reverify_seconds),
         owned=tuple(owned),
@@ -163,7 +164,7 @@ def build_services(
     return services
 
 
-def durable(index: Index, blob_store: BlobStore, *, at_start: bool = True) -> Index:
+def durable(index: IndexBackend, blob_store: BlobStore, *, at_start: bool = True) -> Index:
     """The index with its durable copy kept in the blob store's documents (recovery/);
     ``at_start``, also marked complete when it is (``check_at_start``). A store
     without documents (a test's stand-in) leaves the index as it is: there is nothing
