@@ -338,6 +338,7 @@ def _not_in_children(listener: socket.socket) -> None:
 def _answer(conn: socket.socket, serve_hit: Callable[..., int | None]) -> None:
     fds: list[int] = []
     served = None
+    beat = _Heartbeat(conn)
     try:
         conn.settimeout(_READ_TIMEOUT)
         conn.sendall(shimclient.ALIVE)  # taken: the caller waits while it hears from us
@@ -347,12 +348,15 @@ def _answer(conn: socket.socket, serve_hit: Callable[..., int | None]) -> None:
         # network (shimclient.named: the socket is named after them). Nothing is
         # written for a caller that hung up (``beat.wanted``): it serves itself.
         if request is not None and _same_caller(conn) and request.named == shimclient.named():
-            with _Heartbeat(conn) as beat:
+            with beat:
                 served = _serve(request, fds, lambda argv: serve_hit(argv, beat.wanted))
         conn.sendall(shimclient.DECLINED if served is None else b"=%03d" % served)
     except OSError:
         return  # the caller went, or timed out: it serves itself
     finally:
+        # After the answer, not before it: the beat's thread must wake to end, a
+        # switch the caller need not wait for (and none may run when _after_hit forks).
+        beat.join()
         for fd in fds:
             os.close(fd)
     if served is not None:
@@ -379,9 +383,9 @@ def _same_caller(conn: socket.socket) -> bool:
 
 
 class _Heartbeat:
-    """While a request is served: a byte every second to the caller (it waits as long
-    as it hears from us, and gives up on silence), and whether it still waits
-    (``wanted``: it has not hung up)."""
+    """While a request is served (``with``): a byte every second to the caller (it
+    waits as long as it hears from us, and gives up on silence), and whether it still
+    waits (``wanted``: it has not hung up). ``join`` once the answer is sent."""
 
     def __init__(self, conn: socket.socket) -> None:
         self._conn = conn
@@ -396,7 +400,11 @@ class _Heartbeat:
     def __exit__(self, *exc: object) -> None:
         with self._lock:  # no beat after this: the answer follows
             self._stop.set()
-        self._thread.join()
+
+    def join(self) -> None:
+        """Wait for the beat's thread to end, if it started."""
+        if self._thread.ident is not None:
+            self._thread.join()
 
     def _beat(self) -> None:
         while not self._stop.wait(1.0):
