@@ -140,6 +140,7 @@ class IndexHandles:
         from neffcache.server.index import open_index
         from neffcache.server.recovery.durable import DurableIndex
 
+        index: Index
         if self._memory is not None:
             index = self._memory
         else:

@@ -16,18 +16,20 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from neffcache.server.auth import trusted_writer_ids
 from neffcache.server.blobs import BlobStore
 from neffcache.server.blobs.documents import DocumentStore
 from neffcache.server.errors import StoreError
-from neffcache.server.index import Entry, EntryStats, Record, Touch
+from neffcache.server.index import Entry, EntryStats, Index, Record, Touch
 from neffcache.server.index.base import EntryFacts, entry_facts
 from neffcache.server.index.catalogs import Catalogs
 from neffcache.server.index.primitives import Maps
 from neffcache.server.index.records import MapRecords, documented_kind
 from neffcache.server.index.tokens import TOKENS, token_from, token_value
+from neffcache.server.namespaces import POLICY
 
 from . import documents as docs
 
@@ -41,19 +43,43 @@ TOMBSTONE = "removed"
 ROUNDS = 3
 
 
+def untrusted(index: Index) -> Callable[[Entry], bool]:
+    """Whether an entry's writer may not publish into its namespace now (it takes only
+    trusted writers): its document outlived a take-back (services/publish.py ``publish``
+    removes an untrusted entry that raced the rule) whose document delete failed."""
+    trusted = trusted_writer_ids(index)
+    only = set()
+    for held in index.records(POLICY):
+        try:
+            value = json.loads(held.value)
+        except ValueError:
+            continue
+        if isinstance(value, dict) and value.get("trusted_writers_only") is True:
+            only.add(held.namespace)
+    return lambda entry: entry.namespace in only and entry.writer not in trusted
+
+
 class DocumentedCatalogs:
     """``Catalogs`` over ``inner``: a row's document (``entries/``) is written with it,
     create-only, and removed with it; a name's (``aliases/``) when it is claimed."""
 
     def __init__(
-        self, inner: Catalogs, store: DocumentStore, blobs: BlobStore | None, marks: MapRecords
+        self,
+        inner: Catalogs,
+        store: DocumentStore,
+        blobs: BlobStore | None,
+        marks: MapRecords,
+        refused: Callable[[Entry], bool] = lambda row: False,
     ) -> None:
         """``blobs`` tells whether a documented row's blobs are there (None: assume
-        so); ``marks`` holds tombstones, records without documents."""
+        so); ``marks`` holds tombstones, records without documents; ``refused``, whether
+        a documented row's writer may no longer write to its catalog (``untrusted``
+        above): such a row is never put back."""
         self.inner = inner
         self.store = store
         self.blobs = blobs
         self.marks = marks
+        self.refused = refused
 
     def put_new(self, row: Entry, facts: EntryFacts, names: Sequence[str]) -> Entry | None:
         held = self.inner.put_new(row, facts, names)
@@ -82,7 +108,9 @@ class DocumentedCatalogs:
         already there was acknowledged for a row the catalog has lost (a wipe not yet
         reindexed, a backup restored). Of another manifest whose blobs are all there,
         it wins: its row goes back in this one's place and is returned, as a put
-        refused by it would have returned it."""
+        refused by it would have returned it. Not a removal's leftover (a tombstone
+        says so), nor a row whose writer the catalog refuses now: reindex and fsck
+        would not put those back either, and this row replaces them."""
         name = docs.entry_name(row.namespace, row.key)
         wanted = docs.entry_document(row)
         if self.store.put_document(name, wanted, create_only=True):
@@ -101,8 +129,16 @@ class DocumentedCatalogs:
         return None
 
     def _restorable(self, row: Entry) -> bool:
+        if self._removed(row) or self.refused(row):
+            return False
         files = docs.manifest_files(row.manifest)
         return self.blobs is None or all(self.blobs.size(d) == n for d, n in files.items())
+
+    def _removed(self, row: Entry) -> bool:
+        """Whether ``row``'s document is a removal's leftover (durable.py
+        ``finish_removal`` reads the same tombstone)."""
+        tomb = self.marks.get_record(TOMBSTONE, row.namespace, row.key)
+        return tomb is not None and tomb.value == repr(row.created_at)
 
     def claim(self, catalog: str, name: str, key: str) -> tuple[bool, str] | None:
         claimed = self.inner.claim(catalog, name, key)

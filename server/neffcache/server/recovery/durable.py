@@ -35,7 +35,7 @@ from neffcache.server.index.records import MapRecords, record_field, records_map
 from neffcache.server.index.tokens import TOKENS, MapTokens
 
 from . import documents as docs
-from .documented import TOMBSTONE, DocumentedCatalogs, DocumentedMaps
+from .documented import TOMBSTONE, DocumentedCatalogs, DocumentedMaps, untrusted
 
 META = "meta"  # record kind of the marker; not a durable kind
 EMPTY_BESIDE_BLOBS = "the index is empty beside a blob store holding blobs but no documents"
@@ -59,11 +59,17 @@ class DurableIndex:
         if blobs is None and hasattr(store, "size"):
             self.blobs = cast(BlobStore, store)
         marks = MapRecords(index.maps)
-        self.catalogs = DocumentedCatalogs(index.catalogs, store, self.blobs, marks)
+        self.catalogs = DocumentedCatalogs(
+            index.catalogs, store, self.blobs, marks, refused=self._untrusted
+        )
         self.maps = DocumentedMaps(index.maps, store, marks)
         self._entries = CatalogEntries(self.catalogs)
         self._tokens = MapTokens(self.maps)
         self._records = MapRecords(self.maps)
+
+    def _untrusted(self, entry: Entry) -> bool:
+        """Whether the namespace refuses ``entry``'s writer now (documented.py)."""
+        return untrusted(self.inner)(entry)
 
     @property
     def local(self) -> bool:

@@ -44,9 +44,9 @@ from neffcache.server.index import Entry
 from neffcache.server.services import Services
 
 from . import documents as docs
-from .documented import TOMBSTONE
+from .documented import TOMBSTONE, untrusted
 from .durable import DurableIndex, finish_removal
-from .reindex import ReindexReport, all_entries, decoded, restore_entry, untrusted
+from .reindex import ReindexReport, all_entries, decoded, restore_entry
 
 ACTOR = "fsck"
 

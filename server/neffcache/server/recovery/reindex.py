@@ -16,7 +16,6 @@ any entry was published lacks them as much as one wiped later.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -25,15 +24,13 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import TypeVar
 
-from neffcache.server.auth import trusted_writer_ids
 from neffcache.server.blobs import BlobStore
 from neffcache.server.blobs.documents import DocumentStore
 from neffcache.server.errors import StoreError
 from neffcache.server.index import Entry, Index, PutResult, Touch
-from neffcache.server.namespaces import POLICY
 
 from . import documents as docs
-from .documented import TOMBSTONE
+from .documented import TOMBSTONE, untrusted
 from .durable import (
     EMPTY_BESIDE_BLOBS,
     DurableIndex,
@@ -133,22 +130,6 @@ def all_entries(index: Index) -> Iterator[Entry]:
         while page := index.list_entries(namespace, after, _BATCH):
             yield from page
             after = page[-1].key
-
-
-def untrusted(index: Index) -> Callable[[Entry], bool]:
-    """Whether an entry's writer may not publish into its namespace now (it takes only
-    trusted writers): its document outlived a take-back (services/publish.py ``publish``
-    removes an untrusted entry that raced the rule) whose document delete failed."""
-    trusted = trusted_writer_ids(index)
-    only = set()
-    for held in index.records(POLICY):
-        try:
-            value = json.loads(held.value)
-        except ValueError:
-            continue
-        if isinstance(value, dict) and value.get("trusted_writers_only") is True:
-            only.add(held.namespace)
-    return lambda entry: entry.namespace in only and entry.writer not in trusted
 
 
 def restore_entry(
