@@ -102,25 +102,25 @@ def measure(backend: str, url: Callable[[str], str], root: Path, ops: int, round
     """Alternating rounds on two fresh indexes of one backend: one wrapped, one plain."""
     durable = DurableIndex(open_index(url("durable")), FsBlobStore(root / "durable"))
     plain = open_index(url("plain"))
-    runs: dict[str, dict[str, list[float]]] = {"publish": {}, "lookup": {}}
+    runs: dict[str, dict[str, list[float]]] = {"publishes": {}, "lookups": {}}
     for n in range(rounds):
         for name, index in (("durable", durable), ("plain", plain)):
             batch = entries(f"{name} {n}", ops)
-            runs["publish"].setdefault(name, []).append(publishes(index, batch))
-            runs["lookup"].setdefault(name, []).append(lookups(index, batch))
+            runs["publishes"].setdefault(name, []).append(publishes(index, batch))
+            runs["lookups"].setdefault(name, []).append(lookups(index, batch))
     for what, by in runs.items():
         ratios = sorted(d / p for d, p in zip(by["durable"], by["plain"], strict=True))
         value, peer = statistics.median(by["durable"]), statistics.median(by["plain"])
         spread = f"{ratios[0]:.2f}-{ratios[-1]:.2f}"
         print(
-            f"{backend:>7} {what:>8}: durable {value:>9,.0f}/s  plain {peer:>9,.0f}/s  "
+            f"{backend:>7} {what:>9}: durable {value:>9,.0f}/s  plain {peer:>9,.0f}/s  "
             f"ratio {statistics.median(ratios):.3f} (rounds {spread})"
         )
         record(
             "index",
-            f"{what}s through DurableIndex, {backend} index, documents on the filesystem",
+            f"{what} through DurableIndex, {backend} index, documents on the filesystem",
             value,
-            f"{what}s on the {backend} index alone",
+            f"{what} on the {backend} index alone",
             peer,
             "ops/s",
             better="higher",
