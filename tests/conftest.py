@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from loopback import uses_fakeredis
 from support import backends
-from support.backends import any_index, s3_client, stores
+from support.backends import any_index, documented_index, s3_client, stores
 from support.daemons import stop_daemons
 from support.services import redis_server, s3_bucket, s3_endpoint, unused_port
 
@@ -48,6 +48,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 __all__ = [
     "any_index",
+    "documented_index",
     "redis_server",
     "s3_bucket",
     "s3_client",

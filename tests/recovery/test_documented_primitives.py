@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from support.backends import IndexHandles, backends
 from support.indexes import KEY, OTHER_KEY, entry
 
 from neffcache.server.blobs.memory import MemoryBlobStore
@@ -31,13 +28,9 @@ NS = "team-a"
 MANIFEST = '{"neff":"11"}'
 
 
-@pytest.fixture(params=backends("memory", "sqlite", "redis"))
-def durable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[DurableIndex]:
-    handles = IndexHandles(request.param, request, tmp_path / "data", documented=True)
-    index = handles.open()
-    assert isinstance(index, DurableIndex)
-    yield index
-    handles.close()
+@pytest.fixture
+def durable(documented_index: DurableIndex) -> DurableIndex:
+    return documented_index
 
 
 def documents_of(durable: DurableIndex) -> dict[str, bytes]:

@@ -11,12 +11,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
-from support.backends import IndexHandles, backends
 from support.recovery import NS, commit, publish
 
 from neffcache.server.errors import StoreError
@@ -28,13 +25,9 @@ from neffcache.server.recovery.documented import TOMBSTONE
 from neffcache.server.recovery.durable import DurableIndex
 
 
-@pytest.fixture(params=backends("memory", "sqlite", "redis"))
-def durable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[DurableIndex]:
-    handles = IndexHandles(request.param, request, tmp_path / "data", documented=True)
-    index = handles.open()
-    assert isinstance(index, DurableIndex)
-    yield index
-    handles.close()
+@pytest.fixture
+def durable(documented_index: DurableIndex) -> DurableIndex:
+    return documented_index
 
 
 def rebuilt(durable: DurableIndex, of: Entry, writer: str = "tok1") -> Entry:

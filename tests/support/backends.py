@@ -10,7 +10,8 @@ default chooses all. A param that uses Redis or S3 starts ``redis-server`` or mo
 
 A test that asks for ``redis_server`` or ``s3_endpoint`` itself is marked the same way
 (``mark_service_users``). ``stores`` is the shared (blob store, index) fixture and
-``any_index`` the shared index fixture; ``open_index_of``, ``IndexHandles``,
+``any_index`` the shared index fixture (``documented_index`` the same wrapped in
+``DurableIndex``); ``open_index_of``, ``IndexHandles``,
 ``open_blob_store_of`` and ``stores_of`` open one backend of a kind, for modules whose
 matrix or whose fixture's shape is their own.
 """
@@ -233,6 +234,19 @@ def any_index(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Index]
     index = open_index_of(request.param, request, tmp_path)
     yield index
     index.close()
+
+
+@pytest.fixture(params=backends(*INDEXES))
+def documented_index(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """An empty index of each kind wrapped in ``DurableIndex``, its documents in an
+    in-memory blob store (``IndexHandles(documented=True)``)."""
+    from neffcache.server.recovery.durable import DurableIndex
+
+    handles = IndexHandles(request.param, request, tmp_path / "data", documented=True)
+    index = handles.open()
+    assert isinstance(index, DurableIndex)
+    yield index
+    handles.close()
 
 
 # The fixtures that start a service, and the backend each serves: a test that asks for
