@@ -27,6 +27,7 @@ import pytest
 if TYPE_CHECKING:  # the server is imported when a test opens a store, not before
     from neffcache.server.blobs import BlobStore
     from neffcache.server.index import Index
+    from neffcache.server.recovery.durable import DurableIndex
 
 INDEXES = ("memory", "sqlite", "redis")
 BLOB_STORES = ("memory", "filesystem", "s3")
@@ -237,7 +238,7 @@ def any_index(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Index]
 
 
 @pytest.fixture(params=backends(*INDEXES))
-def documented_index(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+def documented_index(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[DurableIndex]:
     """An empty index of each kind wrapped in ``DurableIndex``, its documents in an
     in-memory blob store (``IndexHandles(documented=True)``)."""
     from neffcache.server.recovery.durable import DurableIndex

@@ -69,7 +69,7 @@ class DocumentedCatalogs:
         store: DocumentStore,
         blobs: BlobStore | None,
         marks: MapRecords,
-        refused: Callable[[Entry], bool] = lambda row: False,
+        refused: Callable[[Entry], bool],
     ) -> None:
         """``blobs`` tells whether a documented row's blobs are there (None: assume
         so); ``marks`` holds tombstones, records without documents; ``refused``, whether
